@@ -1,0 +1,47 @@
+// Picks the next token from logits. The chain follows llama.cpp's order:
+// penalties -> top-k -> top-p -> min-p -> temperature -> draw. temperature <= 0
+// is greedy (argmax, lowest id on ties). Seeded: same seed, same logits, same picks.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace tandem {
+
+struct SamplingParams {
+  float temperature = 0.8f;
+  int32_t top_k = 40;          // <= 0: off
+  float top_p = 0.95f;         // >= 1: off
+  float min_p = 0.05f;         // <= 0: off
+  float repeat_penalty = 1.0f; // 1: off (llama.cpp's rule: divide positive logits, multiply negative)
+  int32_t repeat_last_n = 64;  // how many recent tokens the penalties look at (-1: all)
+  float frequency_penalty = 0.0f;  // OpenAI-style, subtracts count * f
+  float presence_penalty = 0.0f;   // subtracts p once for any token seen
+  uint64_t seed = 0xFFFFFFFF;      // 0xFFFFFFFF: random seed
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& p);  // throws kInvalidArgument on absurd values
+  // history: the tokens so far (prompt + generated) that penalties look at.
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  const SamplingParams& params() const { return p_; }
+
+ private:
+  SamplingParams p_;
+  std::mt19937 rng_;
+  std::vector<std::pair<float, int32_t>> cand_;  // reused scratch
+};
+
+// Finds the earliest occurrence of any stop string in `text`. Returns the
+// position or std::string::npos. `partial_ok_from` reports how much of the
+// text's end may be the beginning of a stop string (to hold back when streaming).
+struct StopMatch {
+  size_t pos = std::string::npos;      // where a full stop string starts
+  size_t safe_len = 0;                 // prefix of text that can be emitted now
+};
+StopMatch find_stop(std::string_view text, std::span<const std::string> stops);
+
+}  // namespace tandem

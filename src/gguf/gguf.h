@@ -1,0 +1,134 @@
+// GGUF files (v2, v3): a validated, memory-mapped view of the metadata and the
+// tensor table. Every count, length, offset and size is checked against the
+// file before use; a malformed file throws tandem::Error(kInvalidFile) naming
+// the problem and the key or tensor. Tensor data is never copied.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "core/ggml_type.h"
+
+namespace tandem {
+
+enum class GgufType : uint32_t {
+  UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5,
+  FLOAT32 = 6, BOOL = 7, STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
+};
+std::string_view gguf_type_name(GgufType t);
+
+// One metadata value. Scalars are held by value; arrays hold their elements
+// (arrays of arrays are allowed by the format and supported).
+struct GgufValue {
+  GgufType type = GgufType::UINT8;
+  GgufType elem_type = GgufType::UINT8;  // for ARRAY
+  std::variant<uint64_t, int64_t, double, bool, std::string, std::vector<GgufValue>> v;
+
+  bool is_integer() const;  // any of the 8 integer types
+  bool is_float() const;    // FLOAT32/FLOAT64
+  std::string to_display(size_t max_array_elems = 8) const;  // for `tandem inspect`
+};
+
+struct GgufKV {
+  std::string key;
+  GgufValue value;
+};
+
+struct GgufTensor {
+  std::string name;
+  GgmlType type;
+  std::vector<int64_t> dims;  // ne[0] first (ne[0] is the contiguous dimension)
+  int64_t n_elements = 0;
+  uint64_t offset = 0;        // relative to the start of the data section
+  uint64_t n_bytes = 0;
+  const uint8_t* data = nullptr;  // points into the mapping
+  int64_t rows() const { return dims.empty() ? 1 : n_elements / dims[0]; }
+};
+
+class GgufFile {
+ public:
+  // Maps and validates the file. Throws tandem::Error.
+  static std::unique_ptr<GgufFile> open(const std::string& path);
+  // Validates an in-memory image (used by tests and fuzzing); the buffer must
+  // outlive the returned object.
+  static std::unique_ptr<GgufFile> from_memory(const uint8_t* data, size_t size,
+                                               std::string name = "<memory>");
+  ~GgufFile();
+  GgufFile(const GgufFile&) = delete;
+  GgufFile& operator=(const GgufFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  uint32_t version() const { return version_; }
+  uint64_t alignment() const { return alignment_; }
+  uint64_t data_offset() const { return data_offset_; }
+  uint64_t file_size() const { return size_; }
+
+  const std::vector<GgufKV>& metadata() const { return kvs_; }
+  const GgufValue* find(std::string_view key) const;
+
+  // Typed lookups: nullopt when absent; throw kInvalidFile when present with
+  // the wrong type (the message names the key and both types). Integer getters
+  // accept any integer type whose value fits.
+  std::optional<int64_t> get_int(std::string_view key) const;
+  std::optional<double> get_float(std::string_view key) const;  // also accepts integers
+  std::optional<bool> get_bool(std::string_view key) const;
+  std::optional<std::string> get_string(std::string_view key) const;
+  std::optional<std::vector<std::string>> get_string_array(std::string_view key) const;
+  std::optional<std::vector<float>> get_float_array(std::string_view key) const;
+  std::optional<std::vector<int64_t>> get_int_array(std::string_view key) const;
+
+  const std::vector<GgufTensor>& tensors() const { return tensors_; }
+  const GgufTensor* find_tensor(std::string_view name) const;
+
+ private:
+  GgufFile() = default;
+  void parse();
+
+  std::string path_;
+  const uint8_t* base_ = nullptr;
+  uint64_t size_ = 0;
+  void* mapping_ = nullptr;  // non-null when we own an mmap
+  uint32_t version_ = 0;
+  uint64_t alignment_ = 32;
+  uint64_t data_offset_ = 0;
+  std::vector<GgufKV> kvs_;
+  std::vector<GgufTensor> tensors_;
+};
+
+// Writes GGUF v3 files (convert, synth, tests). Keys and tensors are written in
+// the order added; tensor data is aligned to `alignment`.
+class GgufWriter {
+ public:
+  explicit GgufWriter(uint64_t alignment = 32) : alignment_(alignment) {}
+  void add(std::string key, GgufValue value);
+  void add_string(std::string key, std::string v);
+  void add_u32(std::string key, uint32_t v);
+  void add_i32(std::string key, int32_t v);
+  void add_f32(std::string key, float v);
+  void add_bool(std::string key, bool v);
+  void add_string_array(std::string key, const std::vector<std::string>& v);
+  void add_f32_array(std::string key, const std::vector<float>& v);
+  void add_i32_array(std::string key, const std::vector<int32_t>& v);
+  // `data` must hold exactly the bytes of a tensor of this type and shape.
+  void add_tensor(std::string name, GgmlType type, std::vector<int64_t> dims,
+                  std::vector<uint8_t> data);
+  void write(const std::string& path) const;  // throws kIo on failure
+
+ private:
+  struct PendingTensor {
+    std::string name;
+    GgmlType type;
+    std::vector<int64_t> dims;
+    std::vector<uint8_t> data;
+  };
+  uint64_t alignment_;
+  std::vector<GgufKV> kvs_;
+  std::vector<PendingTensor> tensors_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,63 @@
+// Text <-> token ids from a GGUF vocabulary, matching llama.cpp's tokenizer.
+//   SPM ("llama"): SentencePiece-style merges by score, byte fallback <0xNN>.
+//   BPE ("gpt2"):  byte-level BPE over pre-tokenized words, ranked merges; the
+//                  pre-tokenizer regexes are chosen by tokenizer.ggml.pre.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tandem {
+
+class GgufFile;
+
+enum class TokenType : int32_t {  // tokenizer.ggml.token_type values
+  kUndefined = 0, kNormal = 1, kUnknown = 2, kControl = 3,
+  kUserDefined = 4, kUnused = 5, kByte = 6,
+};
+
+class Tokenizer {
+ public:
+  // Reads tokenizer.ggml.* keys; works on vocab-only files (no tensors).
+  // Throws tandem::Error naming a missing/invalid key or an unknown model/pre.
+  static std::unique_ptr<Tokenizer> from_gguf(const GgufFile& f);
+  virtual ~Tokenizer() = default;
+
+  // add_special: prepend BOS / append EOS as the vocab's add_bos/add_eos rules say.
+  // parse_special: text matching control/user-defined token strings (e.g.
+  // "<start_of_turn>") becomes that token instead of being tokenized as text.
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_special,
+                                      bool parse_special) const = 0;
+  // The raw bytes a token stands for (may be part of a UTF-8 character).
+  // Control tokens give "" unless `render_special` is true.
+  virtual std::string token_to_piece(int32_t id, bool render_special = false) const = 0;
+  std::string decode(const std::vector<int32_t>& ids, bool render_special = false) const;
+
+  virtual int32_t n_vocab() const = 0;
+  virtual int32_t bos_id() const = 0;  // -1 when none
+  virtual int32_t eos_id() const = 0;  // -1 when none
+  virtual bool add_bos() const = 0;
+  // End-of-generation: EOS, EOT and any other token the vocab marks as such
+  // (e.g. gemma's <end_of_turn>, llama-3's <|eot_id|>, chatml's <|im_end|>).
+  virtual bool is_eog(int32_t id) const = 0;
+  // The id of an exact token string, -1 when absent.
+  virtual int32_t find_token(std::string_view piece) const = 0;
+};
+
+// Turns a stream of token ids into text that never ends in half a UTF-8
+// character: bytes of an incomplete character are held back until it completes.
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
+  std::string push(int32_t id);  // printable text completed by this token
+  std::string flush();           // whatever is held back (invalid bytes as U+FFFD)
+
+ private:
+  const Tokenizer& tok_;
+  std::string pending_;
+};
+
+}  // namespace tandem
