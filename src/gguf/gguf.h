@@ -118,6 +118,8 @@ class GgufWriter {
   void add_tensor(std::string name, GgmlType type, std::vector<int64_t> dims,
                   std::vector<uint8_t> data);
   void write(const std::string& path) const;  // throws kIo on failure
+  // The whole file image in memory (tests, small files).
+  std::vector<uint8_t> to_bytes() const;
 
  private:
   struct PendingTensor {
