@@ -1,8 +1,16 @@
 // Chat formats. The model's tokenizer.chat_template (Jinja) is not executed;
-// like llama.cpp's built-in templates, we recognise the family by its markers
-// and render that family's format ourselves.
+// like llama.cpp's built-in templates (llm_chat_detect_template /
+// llm_chat_apply_template), we recognise the family by its markers and render
+// that family's format ourselves, byte for byte as llama.cpp's
+// llama_chat_apply_template does. Within a family, the variants llama.cpp
+// tells apart (llama2 with/without <<SYS>>, stripped, BOS inside history;
+// mistral v1/v3/v3-tekken/v7/v7-tekken) are rendered as llama.cpp renders them.
+// from_family(kMistral) is mistral-v3 (Mistral-7B-Instruct-v0.3's format,
+// "[INST] user[/INST] answer</s>"); from_family(kLlama2) is llama2-sys-strip,
+// which is what llama.cpp detects for Meta's own Llama-2-chat template.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,24 +26,38 @@ enum class ChatFamily { kGemma, kLlama2, kLlama3, kChatML, kMistral };
 
 class ChatTemplate {
  public:
-  // Recognises the family from the template text. Throws
-  // tandem::Error(kUnsupported) quoting the start of a template it does not know.
+  // Recognises the family from the template text, or from a name: a family
+  // name ("gemma", "llama2", "llama3", "chatml", "mistral") or a variant name
+  // (see variant()). Throws tandem::Error(kUnsupported) quoting the start of a
+  // template it does not know, or naming the format llama.cpp would have used.
   static ChatTemplate detect(std::string_view template_text);
   static ChatTemplate from_family(ChatFamily f);
 
   ChatFamily family() const { return family_; }
   std::string_view name() const;  // "gemma", "llama2", "llama3", "chatml", "mistral"
+  // llama.cpp's name for the exact rendering, e.g. "llama2-sys-strip", "mistral-v3".
+  std::string_view variant() const;
   // The prompt text. Includes the BOS text only where the family's template
   // writes it literally (it is left to the tokenizer's add_bos otherwise).
-  // add_generation_prompt: end with the opening of the assistant's turn.
+  // add_generation_prompt: end with the opening of the assistant's turn
+  // (llama2 and mistral formats always end a user turn with [/INST], which is
+  // that opening, so there it changes nothing, as in llama.cpp).
+  // Roles must be "system", "user" or "assistant" (else kInvalidArgument).
   std::string apply(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) const;
   // Strings that end the assistant's turn when they appear in generated text
   // (for models whose end-of-turn is not a special token).
   std::vector<std::string> stop_strings() const;
 
  private:
-  explicit ChatTemplate(ChatFamily f) : family_(f) {}
+  enum class Variant : uint8_t {
+    kGemma, kLlama3, kChatML,
+    kLlama2, kLlama2Sys, kLlama2SysBos, kLlama2SysStrip,
+    kMistralV1, kMistralV3, kMistralV3Tekken, kMistralV7, kMistralV7Tekken,
+  };
+  static ChatFamily family_of(Variant v);
+  explicit ChatTemplate(Variant v) : family_(family_of(v)), variant_(v) {}
   ChatFamily family_;
+  Variant variant_;
 };
 
 }  // namespace tandem

@@ -1,11 +1,15 @@
 // Picks the next token from logits. The chain follows llama.cpp's order:
 // penalties -> top-k -> top-p -> min-p -> temperature -> draw. temperature <= 0
-// is greedy (argmax, lowest id on ties). Seeded: same seed, same logits, same picks.
+// (negative included, as in llama.cpp) is greedy: argmax of the penalized
+// logits, lowest id on ties, the other filters ignored. Seeded: same seed, same
+// logits, same picks. NaN logits count as -inf; -inf tokens are never picked.
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 namespace tandem {
@@ -19,7 +23,7 @@ struct SamplingParams {
   int32_t repeat_last_n = 64;  // how many recent tokens the penalties look at (-1: all)
   float frequency_penalty = 0.0f;  // OpenAI-style, subtracts count * f
   float presence_penalty = 0.0f;   // subtracts p once for any token seen
-  uint64_t seed = 0xFFFFFFFF;      // 0xFFFFFFFF: random seed
+  uint64_t seed = 0xFFFFFFFF;      // 0xFFFFFFFF: random seed; all 64 bits count
 };
 
 class Sampler {
@@ -35,9 +39,10 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> cand_;  // reused scratch
 };
 
-// Finds the earliest occurrence of any stop string in `text`. Returns the
-// position or std::string::npos. `partial_ok_from` reports how much of the
-// text's end may be the beginning of a stop string (to hold back when streaming).
+// Finds the earliest occurrence of any stop string in `text` (empty stop
+// strings are ignored). `safe_len` is how much of the text can be emitted now:
+// up to the match, or, without one, everything before the longest tail of the
+// text that is a proper prefix of some stop string (held back when streaming).
 struct StopMatch {
   size_t pos = std::string::npos;      // where a full stop string starts
   size_t safe_len = 0;                 // prefix of text that can be emitted now
