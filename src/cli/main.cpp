@@ -1,2 +1,27 @@
+// tandem: the command-line front end. Parses, calls the library, prints.
 #include <cstdio>
-int main() { std::puts("tandem"); return 0; }
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Tandem: LLM inference for GGUF models"};
+  app.require_subcommand(1);
+  int rc = 0;
+  tandem::cli::add_run_command(app, rc);
+  tandem::cli::add_inspect_command(app, rc);
+  tandem::cli::add_tokenize_command(app, rc);
+  tandem::cli::add_convert_command(app, rc);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const tandem::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return rc;
+}

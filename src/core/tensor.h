@@ -1,0 +1,22 @@
+// A view of a 2-D matrix stored row by row in any tensor type (the layout of
+// a GGUF weight: ne0 = cols is contiguous, ne1 = rows).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/ggml_type.h"
+
+namespace tandem {
+
+struct WeightMatrix {
+  GgmlType type = GgmlType::F32;
+  const uint8_t* data = nullptr;
+  int64_t cols = 0;
+  int64_t rows = 0;
+  size_t row_stride = 0;  // bytes
+  const uint8_t* row(int64_t r) const { return data + r * row_stride; }
+  explicit operator bool() const { return data != nullptr; }
+};
+
+}  // namespace tandem

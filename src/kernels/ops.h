@@ -1,0 +1,38 @@
+// Element-wise and per-row operations of the forward pass. They follow ggml's
+// arithmetic where it affects results (double-precision sums in RMS norm, the
+// iterative rope angle, gelu through an f16 table) so that our logits stay
+// close to llama.cpp's.
+#pragma once
+
+#include <cstdint>
+
+
+namespace tandem {
+
+enum class RopeStyle { kNormal, kNeox };  // adjacent pairs (llama) / two halves (neox)
+enum class Activation { kSilu, kGeluTanh };
+
+// out = x / rms(x) * w   (w may be null: no weight). out may alias x.
+void rms_norm(const float* x, const float* w, int64_t n, float eps, float* out);
+
+// Rotary position embedding for one head vector of `head_dim` floats, the
+// first `rope_dims` rotated. freq_factors (rope_dims/2 entries) may be null.
+struct RopeParams {
+  RopeStyle style = RopeStyle::kNormal;
+  int32_t dims = 0;
+  float base = 10000.0f;
+  float scale = 1.0f;
+  const float* freq_factors = nullptr;
+};
+// cos/sin for position `pos`, rope_dims/2 pairs each: computed once per token
+// and shared by all heads.
+void rope_angles(const RopeParams& p, int32_t pos, float* cos_out, float* sin_out);
+void rope_apply(const RopeParams& p, const float* cos_v, const float* sin_v, float* vec);
+
+// gate[i] = act(gate[i]) * up[i]
+void gated_activation(Activation act, float* gate, const float* up, int64_t n);
+
+float gelu_tanh(float x);  // llama.cpp-equivalent (f16-table) GELU
+float silu(float x);
+
+}  // namespace tandem

@@ -1,0 +1,138 @@
+#include "model/config.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "gguf/gguf.h"
+
+namespace tandem {
+
+const char* arch_name(Arch a) {
+  switch (a) {
+    case Arch::kLlama: return "llama";
+    case Arch::kQwen2: return "qwen2";
+    case Arch::kQwen3: return "qwen3";
+    case Arch::kGemma3: return "gemma3";
+  }
+  return "?";
+}
+
+namespace {
+
+struct Keys {
+  const GgufFile& f;
+  std::string prefix;
+
+  std::string k(std::string_view suffix) const { return prefix + "." + std::string(suffix); }
+
+  int32_t req_int(std::string_view suffix, int64_t lo, int64_t hi) const {
+    auto v = f.get_int(k(suffix));
+    if (!v) fail(ErrorKind::kInvalidFile, "{}: missing metadata key '{}'", f.path(), k(suffix));
+    return check(suffix, *v, lo, hi);
+  }
+  int32_t opt_int(std::string_view suffix, int64_t def, int64_t lo, int64_t hi) const {
+    auto v = f.get_int(k(suffix));
+    return v ? check(suffix, *v, lo, hi) : static_cast<int32_t>(def);
+  }
+  float opt_float(std::string_view suffix, double def) const {
+    auto v = f.get_float(k(suffix));
+    double x = v ? *v : def;
+    if (!std::isfinite(x)) fail(ErrorKind::kInvalidFile, "{}: '{}' is not finite", f.path(), k(suffix));
+    return static_cast<float>(x);
+  }
+  int32_t check(std::string_view suffix, int64_t v, int64_t lo, int64_t hi) const {
+    if (v < lo || v > hi)
+      fail(ErrorKind::kInvalidFile, "{}: '{}' = {} is outside [{}, {}]", f.path(), k(suffix), v, lo, hi);
+    return static_cast<int32_t>(v);
+  }
+};
+
+}  // namespace
+
+ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
+  ModelConfig c;
+  auto arch = f.get_string("general.architecture");
+  if (!arch) fail(ErrorKind::kInvalidFile, "{}: missing 'general.architecture'", f.path());
+  c.arch_name = *arch;
+  if (*arch == "llama") c.arch = Arch::kLlama;
+  else if (*arch == "qwen2") c.arch = Arch::kQwen2;
+  else if (*arch == "qwen3") c.arch = Arch::kQwen3;
+  else if (*arch == "gemma3") c.arch = Arch::kGemma3;
+  else
+    fail(ErrorKind::kUnsupported, "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3, gemma3)",
+         f.path(), *arch);
+  c.name = f.get_string("general.name").value_or(*arch);
+
+  Keys k{f, *arch};
+  constexpr int64_t kBig = 1 << 20;
+  c.n_embd = k.req_int("embedding_length", 1, kBig);
+  c.n_layer = k.req_int("block_count", 1, 1024);
+  c.n_head = k.req_int("attention.head_count", 1, 4096);
+  c.n_head_kv = k.opt_int("attention.head_count_kv", c.n_head, 1, c.n_head);
+  if (c.n_head % c.n_head_kv != 0)
+    fail(ErrorKind::kInvalidFile, "{}: head_count {} is not a multiple of head_count_kv {}", f.path(), c.n_head,
+         c.n_head_kv);
+  c.n_ff = k.req_int("feed_forward_length", 1, kBig);
+  c.n_ctx_train = k.opt_int("context_length", 2048, 1, 1 << 24);
+  c.head_dim = k.opt_int("attention.key_length", c.n_embd / c.n_head, 1, 4096);
+  c.head_dim_v = k.opt_int("attention.value_length", c.head_dim, 1, 4096);
+  if (c.head_dim % 2 != 0) fail(ErrorKind::kInvalidFile, "{}: head dimension {} is odd", f.path(), c.head_dim);
+  c.rms_eps = k.opt_float("attention.layer_norm_rms_epsilon", 1e-5);
+  c.rope_dims = k.opt_int("rope.dimension_count", c.head_dim, 2, c.head_dim);
+  c.rope_base = k.opt_float("rope.freq_base", 10000.0);
+
+  // Linear position scaling (rope.scaling.type = linear). Llama 3's
+  // frequency-dependent scaling comes as a rope_freqs tensor instead.
+  auto scaling = f.get_string(k.k("rope.scaling.type"));
+  if (scaling && *scaling == "linear") {
+    float factor = k.opt_float("rope.scaling.factor", 1.0);
+    if (factor <= 0) fail(ErrorKind::kInvalidFile, "{}: rope.scaling.factor {} <= 0", f.path(), factor);
+    c.rope_scale = 1.0f / factor;
+  } else if (scaling && *scaling != "none" && !scaling->empty()) {
+    fail(ErrorKind::kUnsupported, "{}: rope scaling type '{}' is not supported", f.path(), *scaling);
+  }
+  c.rope_base_swa = c.rope_base;
+  c.rope_scale_swa = c.rope_scale;
+  c.layer_is_swa.assign(c.n_layer, false);
+
+  switch (c.arch) {
+    case Arch::kLlama:
+      c.rope_style = RopeStyle::kNormal;
+      break;
+    case Arch::kQwen2:
+      c.rope_style = RopeStyle::kNeox;
+      c.qkv_bias = true;
+      break;
+    case Arch::kQwen3:
+      c.rope_style = RopeStyle::kNeox;
+      c.qk_norm = true;
+      break;
+    case Arch::kGemma3: {
+      c.rope_style = RopeStyle::kNeox;
+      c.qk_norm = true;
+      c.sandwich_norm = true;
+      c.act = Activation::kGeluTanh;
+      c.embed_scale = std::sqrt(static_cast<float>(c.n_embd));
+      // Five sliding-window layers, then one global layer; local layers use
+      // their own rope base and no scaling (as Gemma 3 was trained).
+      c.sliding_window = k.opt_int("attention.sliding_window", 4096, 1, 1 << 24);
+      int32_t pattern = k.opt_int("attention.sliding_window_pattern", 6, 1, 1024);
+      for (int32_t il = 0; il < c.n_layer; ++il) c.layer_is_swa[il] = (il % pattern) < pattern - 1;
+      c.rope_base_swa = 10000.0f;
+      c.rope_scale_swa = 1.0f;
+      break;
+    }
+  }
+  // Gemma 3 27B scales queries by 1/sqrt(n_embd/n_head); the others by 1/sqrt(head_dim).
+  c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (c.arch == Arch::kGemma3 && c.n_layer == 62)
+    c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head));
+  return c;
+}
+
+std::string ModelConfig::summary() const {
+  return fmt::format("{} ({}): {} layers, {} wide, {} heads ({} kv, dim {}), ffn {}, vocab {}, ctx {}", name,
+                     arch_name(arch), n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train);
+}
+
+}  // namespace tandem

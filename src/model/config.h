@@ -1,0 +1,59 @@
+// Hyperparameters of a decoder-only transformer, read from GGUF metadata.
+// One struct covers every supported family; the family-specific switches
+// (QKV bias, QK-norm, sandwich norms, sliding windows...) are plain fields so
+// the forward pass reads as one algorithm with a few branches.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace tandem {
+
+class GgufFile;
+
+enum class Arch { kLlama, kQwen2, kQwen3, kGemma3 };
+
+struct ModelConfig {
+  Arch arch = Arch::kLlama;
+  std::string arch_name;
+  std::string name;
+
+  int32_t n_vocab = 0;
+  int32_t n_embd = 0;
+  int32_t n_layer = 0;
+  int32_t n_head = 0;
+  int32_t n_head_kv = 0;
+  int32_t head_dim = 0;     // key/query width per head
+  int32_t head_dim_v = 0;   // value width per head
+  int32_t n_ff = 0;
+  int32_t n_ctx_train = 0;
+  float rms_eps = 1e-5f;
+
+  RopeStyle rope_style = RopeStyle::kNormal;
+  int32_t rope_dims = 0;          // rotated dims per head (<= head_dim)
+  float rope_base = 10000.0f;     // global layers
+  float rope_scale = 1.0f;        // position multiplier (1/linear factor)
+  float rope_base_swa = 10000.0f; // sliding-window layers (gemma3)
+  float rope_scale_swa = 1.0f;
+
+  int32_t sliding_window = 0;     // 0: none
+  std::vector<bool> layer_is_swa; // per layer
+
+  Activation act = Activation::kSilu;
+  float embed_scale = 1.0f;       // gemma multiplies embeddings by sqrt(n_embd)
+  float attn_scale = 0.0f;        // multiplier on QK^T
+  bool qkv_bias = false;          // qwen2
+  bool qk_norm = false;           // qwen3, gemma3
+  bool sandwich_norm = false;     // gemma3: norms after attention and FFN too
+
+  // Builds and validates the config. Throws tandem::Error naming the key.
+  static ModelConfig from_gguf(const GgufFile& f);
+  std::string summary() const;
+};
+
+const char* arch_name(Arch a);
+
+}  // namespace tandem

@@ -1,0 +1,250 @@
+#include "model/model.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/quant.h"
+#include "core/thread_pool.h"
+#include "gguf/gguf.h"
+#include "kernels/attention.h"
+#include "kernels/ops.h"
+#include "kv/kv_cache.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem {
+
+// Activations of the rows in flight, one row per batch row.
+struct Model::Scratch {
+  std::vector<float> x, xn, q, k, v, attn, o, gate, up;
+  std::vector<float> rope_cos, rope_sin;  // [row][rope_dims/2]
+  std::vector<KvLayerView> views;
+  std::vector<int32_t> positions;
+  std::vector<int64_t> decode_rows;
+  std::vector<float> q_decode, out_decode;
+  Matmul mm;
+};
+
+Model::~Model() = default;
+
+std::unique_ptr<Model> Model::load(const std::string& path) {
+  std::unique_ptr<Model> m(new Model());
+  m->file_ = GgufFile::open(path);
+  m->cfg_ = ModelConfig::from_gguf(*m->file_);
+  m->w_ = ModelWeights::bind(*m->file_, m->cfg_);
+  m->tok_ = Tokenizer::from_gguf(*m->file_);
+  if (m->tok_->n_vocab() != m->cfg_.n_vocab)
+    fail(ErrorKind::kInvalidFile, "{}: the vocabulary has {} tokens but token_embd.weight has {} rows", path,
+         m->tok_->n_vocab(), m->cfg_.n_vocab);
+  m->s_ = std::make_unique<Scratch>();
+  return m;
+}
+
+void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
+                    std::vector<float>& logits) {
+  const ModelConfig& c = cfg_;
+  const int64_t R = static_cast<int64_t>(batch.size());
+  if (R == 0) return;
+  for (int64_t r = 0; r < R; ++r) {
+    const BatchRow& row = batch[r];
+    if (row.token < 0 || row.token >= c.n_vocab)
+      fail(ErrorKind::kInvalidArgument, "token id {} is outside the vocabulary (0..{})", row.token, c.n_vocab - 1);
+    if (row.seq < 0 || row.seq >= static_cast<int32_t>(seqs.size()))
+      fail(ErrorKind::kInvalidArgument, "batch row names sequence {} of {}", row.seq, seqs.size());
+    const SeqKv& sk = *seqs[row.seq];
+    if (row.pos < 0 || row.pos >= static_cast<int64_t>(sk.blocks.size()) * kv.block_size())
+      fail(ErrorKind::kInvalidArgument, "position {} has no KV block reserved", row.pos);
+    if (r > 0 && batch[r - 1].seq == row.seq && batch[r - 1].pos + 1 != row.pos)
+      fail(ErrorKind::kInvalidArgument, "rows of sequence {} are not at consecutive positions", row.seq);
+  }
+
+  Scratch& s = *s_;
+  const int64_t E = c.n_embd;
+  s.x.resize(R * E);
+  s.xn.resize(R * E);
+  pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* xr = s.x.data() + r * E;
+      dequantize_row(w_.tok_embd.type, w_.tok_embd.row(batch[r].token), xr, E);
+      if (c.embed_scale != 1.0f)
+        for (int64_t i = 0; i < E; ++i) xr[i] *= c.embed_scale;
+    }
+  });
+
+  for (int32_t il = 0; il < c.n_layer; ++il) layer(il, batch, seqs, kv, pool);
+
+  // Logits only for the rows that asked: in prefill that is the last row, so
+  // the vocab-sized product runs once, not N times.
+  std::vector<int64_t> want;
+  for (int64_t r = 0; r < R; ++r)
+    if (batch[r].logits) want.push_back(r);
+  for (size_t i = 0; i < want.size(); ++i)
+    rms_norm(s.x.data() + want[i] * E, w_.output_norm.data(), E, c.rms_eps, s.xn.data() + i * E);
+  const size_t base = logits.size();
+  logits.resize(base + want.size() * c.n_vocab);
+  s.mm.run(w_.output, s.xn.data(), E, static_cast<int64_t>(want.size()), logits.data() + base, c.n_vocab, pool);
+
+  for (int64_t r = 0; r < R; ++r) {
+    SeqKv& sk = *seqs[batch[r].seq];
+    sk.n_tokens = std::max(sk.n_tokens, batch[r].pos + 1);
+  }
+}
+
+void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool) {
+  const ModelConfig& c = cfg_;
+  const LayerWeights& L = w_.layers[il];
+  Scratch& s = *s_;
+  const int64_t R = static_cast<int64_t>(batch.size());
+  const int64_t E = c.n_embd;
+  const int64_t QW = int64_t{c.n_head} * c.head_dim, KW = int64_t{c.n_head_kv} * c.head_dim;
+  const int64_t VW = int64_t{c.n_head_kv} * c.head_dim_v, OW = int64_t{c.n_head} * c.head_dim_v;
+  const bool swa = c.layer_is_swa[il];
+
+  // --- attention block ---
+  pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      rms_norm(s.x.data() + r * E, L.attn_norm.data(), E, c.rms_eps, s.xn.data() + r * E);
+  });
+  s.q.resize(R * QW);
+  s.k.resize(R * KW);
+  s.v.resize(R * VW);
+  s.mm.run(L.wq, s.xn.data(), E, R, s.q.data(), QW, pool);
+  s.mm.run(L.wk, s.xn.data(), E, R, s.k.data(), KW, pool);
+  s.mm.run(L.wv, s.xn.data(), E, R, s.v.data(), VW, pool);
+
+  RopeParams rope;
+  rope.style = c.rope_style;
+  rope.dims = c.rope_dims;
+  rope.base = swa ? c.rope_base_swa : c.rope_base;
+  rope.scale = swa ? c.rope_scale_swa : c.rope_scale;
+  rope.freq_factors = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data();
+  const int32_t half = c.rope_dims / 2;
+  s.rope_cos.resize(R * half);
+  s.rope_sin.resize(R * half);
+
+  pool.parallel_for(R, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* q = s.q.data() + r * QW;
+      float* k = s.k.data() + r * KW;
+      float* v = s.v.data() + r * VW;
+      if (c.qkv_bias) {
+        for (int64_t i = 0; i < QW; ++i) q[i] += L.bq[i];
+        for (int64_t i = 0; i < KW; ++i) k[i] += L.bk[i];
+        for (int64_t i = 0; i < VW; ++i) v[i] += L.bv[i];
+      }
+      if (c.qk_norm) {
+        for (int32_t h = 0; h < c.n_head; ++h)
+          rms_norm(q + h * c.head_dim, L.q_norm.data(), c.head_dim, c.rms_eps, q + h * c.head_dim);
+        for (int32_t h = 0; h < c.n_head_kv; ++h)
+          rms_norm(k + h * c.head_dim, L.k_norm.data(), c.head_dim, c.rms_eps, k + h * c.head_dim);
+      }
+      float* cs = s.rope_cos.data() + r * half;
+      float* sn = s.rope_sin.data() + r * half;
+      rope_angles(rope, batch[r].pos, cs, sn);
+      for (int32_t h = 0; h < c.n_head; ++h) {
+        rope_apply(rope, cs, sn, q + h * c.head_dim);
+        for (int32_t i = 0; i < c.head_dim; ++i) q[h * c.head_dim + i] *= c.attn_scale;
+      }
+      for (int32_t h = 0; h < c.n_head_kv; ++h) rope_apply(rope, cs, sn, k + h * c.head_dim);
+
+      const SeqKv& sk = *seqs[batch[r].seq];
+      const int32_t pos = batch[r].pos;
+      const int32_t block = sk.blocks[pos / kv.block_size()], slot = pos % kv.block_size();
+      std::copy(k, k + KW, kv.key(il, block, slot));
+      std::copy(v, v + VW, kv.value(il, block, slot));
+    }
+  });
+
+  AttnShape shape{c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, swa ? c.sliding_window : 0};
+  auto view_of = [&](const SeqKv& sk) {
+    KvLayerView v;
+    v.keys = kv.layer_keys(il);
+    v.values = kv.layer_values(il);
+    v.block_size = kv.block_size();
+    v.k_width = static_cast<int32_t>(KW);
+    v.v_width = static_cast<int32_t>(VW);
+    v.blocks = sk.blocks.data();
+    return v;
+  };
+  s.attn.resize(R * OW);
+  s.views.clear();
+  s.positions.clear();
+  s.decode_rows.clear();
+  for (int64_t r0 = 0; r0 < R;) {
+    int64_t r1 = r0 + 1;
+    while (r1 < R && batch[r1].seq == batch[r0].seq) ++r1;
+    const SeqKv& sk = *seqs[batch[r0].seq];
+    if (r1 - r0 > 1) {
+      attention_prefill(shape, view_of(sk), s.q.data() + r0 * QW, QW, batch[r0].pos, static_cast<int32_t>(r1 - r0),
+                        s.attn.data() + r0 * OW, OW, pool);
+    } else {
+      s.views.push_back(view_of(sk));
+      s.positions.push_back(batch[r0].pos);
+      s.decode_rows.push_back(r0);
+    }
+    r0 = r1;
+  }
+  if (!s.decode_rows.empty()) {
+    // Decode rows may be scattered among prefill chunks; gather them so one
+    // parallel loop covers all of them.
+    const int64_t B = static_cast<int64_t>(s.decode_rows.size());
+    s.q_decode.resize(B * QW);
+    s.out_decode.resize(B * OW);
+    for (int64_t b = 0; b < B; ++b)
+      std::copy_n(s.q.data() + s.decode_rows[b] * QW, QW, s.q_decode.data() + b * QW);
+    attention_decode(shape, s.views.data(), s.positions.data(), static_cast<int32_t>(B), s.q_decode.data(), QW,
+                     s.out_decode.data(), OW, pool);
+    for (int64_t b = 0; b < B; ++b)
+      std::copy_n(s.out_decode.data() + b * OW, OW, s.attn.data() + s.decode_rows[b] * OW);
+  }
+
+  s.o.resize(R * E);
+  s.mm.run(L.wo, s.attn.data(), OW, R, s.o.data(), E, pool);
+  pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* o = s.o.data() + r * E;
+      float* x = s.x.data() + r * E;
+      if (c.sandwich_norm) rms_norm(o, L.post_attn_norm.data(), E, c.rms_eps, o);
+      for (int64_t i = 0; i < E; ++i) x[i] += o[i];
+      rms_norm(x, L.ffn_norm.data(), E, c.rms_eps, s.xn.data() + r * E);
+    }
+  });
+
+  // --- feed-forward block ---
+  const int64_t F = c.n_ff;
+  s.gate.resize(R * F);
+  s.up.resize(R * F);
+  s.mm.run(L.w_gate, s.xn.data(), E, R, s.gate.data(), F, pool);
+  s.mm.run(L.w_up, s.xn.data(), E, R, s.up.data(), F, pool);
+  pool.parallel_for(R, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) gated_activation(c.act, s.gate.data() + r * F, s.up.data() + r * F, F);
+  });
+  s.mm.run(L.w_down, s.gate.data(), F, R, s.o.data(), E, pool);
+  pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* o = s.o.data() + r * E;
+      float* x = s.x.data() + r * E;
+      if (c.sandwich_norm) rms_norm(o, L.post_ffn_norm.data(), E, c.rms_eps, o);
+      for (int64_t i = 0; i < E; ++i) x[i] += o[i];
+    }
+  });
+}
+
+void Model::prefill(SeqKv& seq, std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
+                    std::vector<float>& logits) {
+  Batch b(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) b[i] = {tokens[i], seq.n_tokens + static_cast<int32_t>(i), 0, false};
+  if (!b.empty()) b.back().logits = true;
+  SeqKv* one[] = {&seq};
+  forward(b, one, kv, pool, logits);
+}
+
+void Model::decode(std::span<SeqKv* const> seqs, std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
+                   std::vector<float>& logits) {
+  if (tokens.size() != seqs.size())
+    fail(ErrorKind::kInvalidArgument, "decode: {} tokens for {} sequences", tokens.size(), seqs.size());
+  Batch b(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) b[i] = {tokens[i], seqs[i]->n_tokens, static_cast<int32_t>(i), true};
+  forward(b, seqs, kv, pool, logits);
+}
+
+}  // namespace tandem

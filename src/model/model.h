@@ -1,0 +1,75 @@
+// A loaded model: its file, config, weights, tokenizer, and the forward pass.
+//
+// forward() runs one batch of token rows through every layer. A batch is any
+// mix of sequences: a prompt's N tokens (prefill), one new token of each of B
+// sequences (decode), or both. The phase shows in the kernels each step picks:
+// matrix-matrix products and causal-chunk attention for many rows of a
+// sequence, matrix-vector products and single-query attention for one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/matmul.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace tandem {
+
+class GgufFile;
+class KvCache;
+class ThreadPool;
+class Tokenizer;
+struct SeqKv;
+
+struct BatchRow {
+  int32_t token = 0;
+  int32_t pos = 0;
+  int32_t seq = 0;       // index into the `seqs` span given to forward()
+  bool logits = false;   // compute this row's next-token logits
+};
+// Rows of one sequence must be adjacent and at consecutive positions.
+using Batch = std::vector<BatchRow>;
+
+class Model {
+ public:
+  // Maps the file and binds everything. Throws tandem::Error.
+  static std::unique_ptr<Model> load(const std::string& path);
+  ~Model();
+
+  const GgufFile& file() const { return *file_; }
+  const ModelConfig& config() const { return cfg_; }
+  const ModelWeights& weights() const { return w_; }
+  const Tokenizer& tokenizer() const { return *tok_; }
+
+  // Writes K/V of every row into its sequence's blocks (which must already
+  // cover the row's position) and, for rows with logits = true, appends
+  // n_vocab logits to `logits` in row order.
+  void forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
+               std::vector<float>& logits);
+
+  // The two phases as the engine calls them.
+  // Prefill: the N prompt tokens of one sequence from position seq.n_tokens;
+  // returns the last position's logits.
+  void prefill(SeqKv& seq, std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
+               std::vector<float>& logits);
+  // Decode: one new token for each sequence; logits[b * n_vocab ...] for each.
+  void decode(std::span<SeqKv* const> seqs, std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
+              std::vector<float>& logits);
+
+ private:
+  Model() = default;
+  struct Scratch;
+  void layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool);
+
+  std::unique_ptr<GgufFile> file_;
+  ModelConfig cfg_;
+  ModelWeights w_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::unique_ptr<Scratch> s_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,107 @@
+#include "model/weights.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/quant.h"
+#include "gguf/gguf.h"
+#include "kernels/dot.h"
+
+namespace tandem {
+namespace {
+
+class Binder {
+ public:
+  Binder(const GgufFile& f) : f_(f) {}
+
+  const GgufTensor* find(const std::string& name, bool required) const {
+    const GgufTensor* t = f_.find_tensor(name);
+    if (!t && required) fail(ErrorKind::kInvalidFile, "{}: missing tensor '{}'", f_.path(), name);
+    return t;
+  }
+
+  WeightMatrix matrix(const std::string& name, int64_t cols, int64_t rows, bool required = true) const {
+    const GgufTensor* t = find(name, required);
+    if (!t) return {};
+    if (t->dims.size() != 2 || t->dims[0] != cols || (rows >= 0 && t->dims[1] != rows))
+      fail(ErrorKind::kInvalidFile, "{}: tensor '{}' has shape {}, expected [{}, {}]", f_.path(), name,
+           shape(*t), cols, rows);
+    if (!type_traits(t->type).can_dequantize)
+      fail(ErrorKind::kUnsupported, "{}: tensor '{}' has type {}, which Tandem cannot compute with", f_.path(),
+           name, type_traits(t->type).name);
+    vec_dot_type(t->type);  // throws if no kernel exists for the type
+    WeightMatrix m;
+    m.type = t->type;
+    m.data = t->data;
+    m.cols = t->dims[0];
+    m.rows = t->dims[1];
+    m.row_stride = row_bytes(t->type, m.cols);
+    return m;
+  }
+
+  WeightVector vector(const std::string& name, int64_t n, bool required = true) const {
+    const GgufTensor* t = find(name, required);
+    if (!t) return {};
+    if (t->n_elements != n)
+      fail(ErrorKind::kInvalidFile, "{}: tensor '{}' has shape {}, expected {} elements", f_.path(), name,
+           shape(*t), n);
+    if (!type_traits(t->type).can_dequantize || n % type_traits(t->type).block_elems != 0)
+      fail(ErrorKind::kUnsupported, "{}: tensor '{}' has type {}, expected a float type", f_.path(), name,
+           type_traits(t->type).name);
+    WeightVector v(static_cast<size_t>(n));
+    dequantize_row(t->type, t->data, v.data(), n);
+    return v;
+  }
+
+ private:
+  static std::string shape(const GgufTensor& t) { return fmt::format("[{}]", fmt::join(t.dims, ", ")); }
+  const GgufFile& f_;
+};
+
+}  // namespace
+
+ModelWeights ModelWeights::bind(const GgufFile& f, ModelConfig& c) {
+  Binder b(f);
+  ModelWeights w;
+  w.tok_embd = b.matrix("token_embd.weight", c.n_embd, -1);
+  c.n_vocab = static_cast<int32_t>(w.tok_embd.rows);
+  w.output_norm = b.vector("output_norm.weight", c.n_embd);
+  w.output = b.matrix("output.weight", c.n_embd, c.n_vocab, /*required=*/false);
+  if (!w.output) w.output = w.tok_embd;
+  w.rope_freqs = b.vector("rope_freqs.weight", c.rope_dims / 2, /*required=*/false);
+
+  const int64_t q_width = int64_t{c.n_head} * c.head_dim;
+  const int64_t k_width = int64_t{c.n_head_kv} * c.head_dim;
+  const int64_t v_width = int64_t{c.n_head_kv} * c.head_dim_v;
+  const int64_t o_width = int64_t{c.n_head} * c.head_dim_v;
+  for (int32_t il = 0; il < c.n_layer; ++il) {
+    auto n = [il](const char* s) { return fmt::format("blk.{}.{}", il, s); };
+    LayerWeights L;
+    L.attn_norm = b.vector(n("attn_norm.weight"), c.n_embd);
+    L.wq = b.matrix(n("attn_q.weight"), c.n_embd, q_width);
+    L.wk = b.matrix(n("attn_k.weight"), c.n_embd, k_width);
+    L.wv = b.matrix(n("attn_v.weight"), c.n_embd, v_width);
+    L.wo = b.matrix(n("attn_output.weight"), o_width, c.n_embd);
+    if (c.qkv_bias) {
+      L.bq = b.vector(n("attn_q.bias"), q_width);
+      L.bk = b.vector(n("attn_k.bias"), k_width);
+      L.bv = b.vector(n("attn_v.bias"), v_width);
+    }
+    if (c.qk_norm) {
+      L.q_norm = b.vector(n("attn_q_norm.weight"), c.head_dim);
+      L.k_norm = b.vector(n("attn_k_norm.weight"), c.head_dim);
+    }
+    if (c.sandwich_norm) {
+      L.post_attn_norm = b.vector(n("post_attention_norm.weight"), c.n_embd);
+      L.post_ffn_norm = b.vector(n("post_ffw_norm.weight"), c.n_embd);
+    }
+    L.ffn_norm = b.vector(n("ffn_norm.weight"), c.n_embd);
+    L.w_gate = b.matrix(n("ffn_gate.weight"), c.n_embd, c.n_ff);
+    L.w_up = b.matrix(n("ffn_up.weight"), c.n_embd, c.n_ff);
+    L.w_down = b.matrix(n("ffn_down.weight"), c.n_ff, c.n_embd);
+    w.layers.push_back(std::move(L));
+  }
+  return w;
+}
+
+}  // namespace tandem
