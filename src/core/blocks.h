@@ -1,0 +1,131 @@
+// Block structs of the quantized formats. They mirror ggml's block_* structs
+// (ggml-common.h) field for field, so a pointer into a GGUF tensor can be read
+// through them directly; the static_asserts pin the byte counts that
+// ggml_type.cpp also states. Half-precision fields are raw IEEE binary16 bits.
+//
+// Alignment: every struct but BlockQ8K needs only 2-byte alignment, which GGUF
+// tensor data (32-byte aligned, blocks of even size) always has. BlockQ8K holds
+// a float and so needs 4; it only ever lives in buffers we allocate.
+#pragma once
+
+#include <cstdint>
+
+namespace tandem {
+
+inline constexpr int kQK = 32;    // elements per block of the 32-element formats
+inline constexpr int kQKK = 256;  // elements per K-quant super-block
+inline constexpr int kKScaleBytes = 12;
+
+struct BlockQ4_0 {
+  uint16_t d;            // scale
+  uint8_t qs[kQK / 2];   // element j in the low nibble of qs[j], j+16 in the high one
+};
+
+struct BlockQ4_1 {
+  uint16_t d;            // scale
+  uint16_t m;            // min
+  uint8_t qs[kQK / 2];
+};
+
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];         // fifth bit of element j is bit j of this little-endian word
+  uint8_t qs[kQK / 2];
+};
+
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[kQK / 2];
+};
+
+struct BlockQ8_0 {
+  uint16_t d;
+  int8_t qs[kQK];
+};
+
+struct BlockQ8_1 {
+  uint16_t d;
+  uint16_t s;            // d * sum(qs), so x = d*q + m dots need no pass over qs
+  int8_t qs[kQK];
+};
+
+struct BlockQ2K {
+  uint8_t scales[kQKK / 16];  // low nibble scale, high nibble min, per 16 elements
+  uint8_t qs[kQKK / 4];
+  uint16_t d;
+  uint16_t dmin;
+};
+
+struct BlockQ3K {
+  uint8_t hmask[kQKK / 8];
+  uint8_t qs[kQKK / 4];
+  uint8_t scales[12];         // 16 six-bit scales, offset by 32
+  uint16_t d;
+};
+
+struct BlockQ4K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[kKScaleBytes];  // 8 six-bit scales and 8 six-bit mins
+  uint8_t qs[kQKK / 2];
+};
+
+struct BlockQ5K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[kKScaleBytes];
+  uint8_t qh[kQKK / 8];
+  uint8_t qs[kQKK / 2];
+};
+
+struct BlockQ6K {
+  uint8_t ql[kQKK / 2];
+  uint8_t qh[kQKK / 4];
+  int8_t scales[kQKK / 16];
+  uint16_t d;
+};
+
+struct BlockQ8K {
+  float d;
+  int8_t qs[kQKK];
+  int16_t bsums[kQKK / 16];   // sums of qs in groups of 16, for the K-quants' min terms
+};
+
+static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ5_0) == 22);
+static_assert(sizeof(BlockQ5_1) == 24);
+static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ8_1) == 36);
+static_assert(sizeof(BlockQ2K) == 84);
+static_assert(sizeof(BlockQ3K) == 110);
+static_assert(sizeof(BlockQ4K) == 144);
+static_assert(sizeof(BlockQ5K) == 176);
+static_assert(sizeof(BlockQ6K) == 210);
+static_assert(sizeof(BlockQ8K) == 292);
+
+// The 6-bit scale and min of sub-block j (0..7) of a q4_K/q5_K super-block:
+// the first four sit in the low 6 bits of bytes 0..3 / 4..7, the last four
+// are split between the nibbles of bytes 8..11 and the top 2 bits of 0..7.
+inline void k4_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+// The 16 signed scales (-32..31) of a q3_K super-block.
+inline void k3_scales(const uint8_t* packed, int8_t out[16]) {
+  for (int j = 0; j < 16; ++j) {
+    int lo = j < 8 ? (packed[j] & 0xF) : (packed[j - 8] >> 4);
+    int hi = (packed[8 + (j % 4)] >> (2 * (j / 4))) & 3;
+    out[j] = static_cast<int8_t>((lo | (hi << 4)) - 32);
+  }
+}
+
+}  // namespace tandem
