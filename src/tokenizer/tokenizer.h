@@ -45,6 +45,12 @@ class Tokenizer {
   virtual bool is_eog(int32_t id) const = 0;
   // The id of an exact token string, -1 when absent.
   virtual int32_t find_token(std::string_view piece) const = 0;
+
+ protected:
+  // decode() delegates here. The default concatenates token_to_piece; the
+  // GGUF tokenizer also applies llama.cpp's detokenize rules (first-token space
+  // strip when add_space_prefix, clean_up_tokenization_spaces for BPE).
+  virtual std::string detokenize(const std::vector<int32_t>& ids, bool render_special) const;
 };
 
 // Turns a stream of token ids into text that never ends in half a UTF-8
