@@ -26,9 +26,9 @@ enum class ChatFamily { kGemma, kLlama2, kLlama3, kChatML, kMistral };
 
 class ChatTemplate {
  public:
-  // Recognises the family from the template text, or from a name: a family
-  // name ("gemma", "llama2", "llama3", "chatml", "mistral") or a variant name
-  // (see variant()). Throws tandem::Error(kUnsupported) quoting the start of a
+  // Recognises the family from the template text, or from a name as llama.cpp
+  // knows it (see variant(); "llama2" is its plain variant without <<SYS>>),
+  // or "mistral" for from_family(kMistral). Throws tandem::Error(kUnsupported) quoting the start of a
   // template it does not know, or naming the format llama.cpp would have used.
   static ChatTemplate detect(std::string_view template_text);
   static ChatTemplate from_family(ChatFamily f);

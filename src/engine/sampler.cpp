@@ -15,8 +15,6 @@ using Cand = std::pair<float, int32_t>;  // (logit, token id)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Far above any real vocabulary; a larger value is a typo, not a request.
 constexpr int32_t kMaxTopK = 1 << 24;
-// top-p sorts this many candidates first and widens only if their mass is short.
-constexpr size_t kTopPFirstSort = 256;
 
 // Ranks candidates: higher logit first, lower id first on ties, so every
 // filter and the greedy pick agree on the order and results are reproducible.
@@ -84,18 +82,140 @@ std::vector<Penalized> penalize(const SamplingParams& p, std::span<const float> 
 }
 
 // Calls fn(logit, id) for every token in id order, penalized where it applies.
+// Logits are passed raw (NaN and +inf included); runs of unpenalized ids go
+// through a tight loop.
 template <typename Fn>
 void for_each_logit(std::span<const float> logits, const std::vector<Penalized>& pen, Fn&& fn) {
-  size_t pi = 0;
-  const size_t n = logits.size();
-  for (size_t i = 0; i < n; ++i) {
-    if (pi < pen.size() && static_cast<size_t>(pen[pi].id) == i) {
-      fn(pen[pi].logit, static_cast<int32_t>(i));
-      ++pi;
-    } else {
-      fn(clean(logits[i]), static_cast<int32_t>(i));
-    }
+  size_t start = 0;
+  for (const Penalized& q : pen) {
+    const auto id = static_cast<size_t>(q.id);
+    for (size_t i = start; i < id; ++i) fn(logits[i], static_cast<int32_t>(i));
+    fn(q.logit, q.id);
+    start = id + 1;
   }
+  for (size_t i = start; i < logits.size(); ++i) fn(logits[i], static_cast<int32_t>(i));
+}
+
+// Adds a candidate to a heap of at most k whose front is the worst kept one.
+// Kept out of line so that the scan loop calling it stays small and inlined.
+[[gnu::noinline]] void heap_offer(std::vector<Cand>& heap, size_t k, Cand c) {
+  if (heap.size() < k) {
+    heap.push_back(c);
+    std::push_heap(heap.begin(), heap.end(), better);
+  } else if (better(c, heap.front())) {
+    std::pop_heap(heap.begin(), heap.end(), better);
+    heap.back() = c;
+    std::push_heap(heap.begin(), heap.end(), better);
+  }
+}
+
+// The k best tokens, best first, -inf dropped. Visiting ids in increasing
+// order means a later token equal to the worst kept one never ranks above it,
+// so one comparison rejects almost every token.
+void collect_top_k(std::span<const float> logits, const std::vector<Penalized>& pen, size_t k,
+                   std::vector<Cand>& out) {
+  out.clear();
+  out.reserve(k);
+  float threshold = kNegInf;  // the worst kept logit once k are kept
+  bool full = false;
+  for_each_logit(logits, pen, [&](float raw, int32_t id) {
+    if (raw > threshold || !full) [[unlikely]] {  // NaN fails the first test
+      heap_offer(out, k, {clean(raw), id});
+      full = out.size() == k;
+      if (full) threshold = out.front().first;
+    }
+  });
+  std::sort_heap(out.begin(), out.end(), better);
+  while (!out.empty() && out.back().first == kNegInf) out.pop_back();
+}
+
+struct Range {
+  float min, max;
+};
+
+// Every token but the -inf ones, in id order, and the range of their logits.
+Range collect_all(std::span<const float> logits, const std::vector<Penalized>& pen, std::vector<Cand>& out) {
+  out.resize(logits.size());
+  Cand* dst = out.data();
+  size_t m = 0;
+  float maxl = kNegInf;
+  float minl = std::numeric_limits<float>::infinity();
+  // Accumulators live in locals per run: stores into `out` could otherwise
+  // alias them and force a memory round trip per token.
+  auto put_run = [&](size_t begin, size_t end) {
+    size_t mm = m;
+    float mx = maxl;
+    float mn = minl;
+    for (size_t i = begin; i < end; ++i) {
+      const float l = clean(logits[i]);
+      dst[mm] = {l, static_cast<int32_t>(i)};
+      mm += l != kNegInf;
+      mx = l > mx ? l : mx;
+      mn = l < mn && l != kNegInf ? l : mn;
+    }
+    m = mm;
+    maxl = mx;
+    minl = mn;
+  };
+  size_t start = 0;
+  for (const Penalized& q : pen) {
+    put_run(start, static_cast<size_t>(q.id));
+    dst[m] = {q.logit, q.id};
+    m += q.logit != kNegInf;
+    maxl = q.logit > maxl ? q.logit : maxl;
+    minl = q.logit < minl && q.logit != kNegInf ? q.logit : minl;
+    start = static_cast<size_t>(q.id) + 1;
+  }
+  put_run(start, logits.size());
+  out.resize(m);
+  return {minl, maxl};
+}
+
+// top-p over unsorted candidates without sorting them: bucket the logits,
+// find the bucket where the mass crosses the target, and sort only that
+// bucket. Moves the kept candidates to the front and returns how many.
+size_t top_p_unsorted(std::vector<Cand>& cand, float minl, float maxl, double p) {
+  const float range = maxl - minl;
+  if (!(range > 0.0f) || !std::isfinite(range)) {
+    std::sort(cand.begin(), cand.end(), better);  // all equal, or a range no bucket width resolves
+    double total = 0.0;
+    for (const Cand& c : cand) total += std::exp(static_cast<double>(c.first - maxl));
+    double cum = 0.0;
+    for (size_t i = 0; i < cand.size(); ++i) {
+      cum += std::exp(static_cast<double>(cand[i].first - maxl));
+      if (cum >= p * total) return i + 1;
+    }
+    return cand.size();
+  }
+  constexpr int kBuckets = 4096;
+  const float scale = static_cast<float>(kBuckets) / range;
+  auto bucket = [&](float l) { return std::min(kBuckets - 1, static_cast<int>((l - minl) * scale)); };
+  std::vector<double> mass(kBuckets, 0.0);
+  double total = 0.0;
+  for (const Cand& c : cand) {
+    const double w = std::exp(c.first - maxl);
+    mass[static_cast<size_t>(bucket(c.first))] += w;
+    total += w;
+  }
+  const double target = p * total;
+  double above = 0.0;  // mass of the buckets above `edge`
+  int edge = 0;
+  for (int b = kBuckets - 1; b >= 0; --b) {
+    if (above + mass[static_cast<size_t>(b)] >= target) {
+      edge = b;
+      break;
+    }
+    above += mass[static_cast<size_t>(b)];
+  }
+  auto in_edge = std::partition(cand.begin(), cand.end(), [&](const Cand& c) { return bucket(c.first) > edge; });
+  auto below = std::partition(in_edge, cand.end(), [&](const Cand& c) { return bucket(c.first) == edge; });
+  std::sort(in_edge, below, better);
+  double cum = above;
+  for (auto it = in_edge; it != below; ++it) {
+    cum += std::exp(it->first - maxl);
+    if (cum >= target) return static_cast<size_t>(it - cand.begin()) + 1;
+  }
+  return static_cast<size_t>(below - cand.begin());
 }
 
 }  // namespace
@@ -135,79 +255,50 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   }
   const std::vector<Penalized> pen = penalize(p_, logits, history);
 
-  const bool greedy = p_.temperature <= 0.0f;
+  // A temperature so small that 1/T overflows is greedy in all but name.
+  const bool greedy = p_.temperature <= 0.0f || !std::isfinite(1.0f / p_.temperature);
   const size_t k = greedy ? 1 : (p_.top_k > 0 ? std::min(n, static_cast<size_t>(p_.top_k)) : n);
 
   // Candidates. With top-k, a bounded heap scan avoids sorting the whole vocabulary.
-  cand_.clear();
-  bool sorted = false;
-  if (k < n) {
-    cand_.reserve(k);
-    // The heap's front is the worst kept candidate.
-    for_each_logit(logits, pen, [&](float l, int32_t id) {
-      const Cand c{l, id};
-      if (cand_.size() < k) {
-        cand_.push_back(c);
-        std::push_heap(cand_.begin(), cand_.end(), better);
-      } else if (better(c, cand_.front())) {
-        std::pop_heap(cand_.begin(), cand_.end(), better);
-        cand_.back() = c;
-        std::push_heap(cand_.begin(), cand_.end(), better);
-      }
-    });
-    std::sort_heap(cand_.begin(), cand_.end(), better);
-    while (!cand_.empty() && cand_.back().first == kNegInf) cand_.pop_back();
-    sorted = true;
+  // Filters below keep the best candidate, so the largest logit stays put.
+  bool sorted = k < n;
+  Range range{kNegInf, kNegInf};
+  if (sorted) {
+    collect_top_k(logits, pen, k, cand_);
+    if (!cand_.empty()) range = {cand_.back().first, cand_.front().first};
   } else {
-    cand_.reserve(n);
-    for_each_logit(logits, pen, [&](float l, int32_t id) {
-      if (l != kNegInf) cand_.push_back({l, id});
-    });
+    range = collect_all(logits, pen, cand_);
   }
+  const float maxl = range.max;
   if (cand_.empty()) fail(ErrorKind::kInvalidArgument, "sampling: all {} logits are -inf or NaN", n);
   if (greedy || cand_.size() == 1) {
     if (!greedy) std::uniform_real_distribution<double>(0.0, 1.0)(rng_);  // one draw per pick, always
     return cand_.front().second;
   }
 
-  auto max_logit = [&] {
-    if (sorted) return cand_.front().first;
-    float m = kNegInf;
-    for (const Cand& c : cand_) m = std::max(m, c.first);
-    return m;
-  };
-
   // top-p: probabilities at temperature 1 over what top-k left.
   if (p_.top_p < 1.0f) {
-    const float maxl = max_logit();
-    double total = 0.0;
-    for (const Cand& c : cand_) total += std::exp(static_cast<double>(c.first - maxl));
-    const double target = static_cast<double>(p_.top_p) * total;
-    size_t sorted_upto = sorted ? cand_.size() : 0;
     size_t keep = cand_.size();
-    double cum = 0.0;
-    for (size_t i = 0; i < cand_.size(); ++i) {
-      if (i == sorted_upto) {
-        // Sort the next block of the best remaining candidates; the mass is usually
-        // reached within the first few hundred, so the full sort is rarely paid.
-        const size_t next = std::min(cand_.size(), std::max(kTopPFirstSort, 2 * sorted_upto));
-        std::partial_sort(cand_.begin() + static_cast<std::ptrdiff_t>(sorted_upto),
-                          cand_.begin() + static_cast<std::ptrdiff_t>(next), cand_.end(), better);
-        sorted_upto = next;
+    if (sorted) {
+      double total = 0.0;
+      for (const Cand& c : cand_) total += std::exp(static_cast<double>(c.first - maxl));
+      double cum = 0.0;
+      for (size_t i = 0; i < cand_.size(); ++i) {
+        cum += std::exp(static_cast<double>(cand_[i].first - maxl));
+        if (cum >= static_cast<double>(p_.top_p) * total) {
+          keep = i + 1;
+          break;
+        }
       }
-      cum += std::exp(static_cast<double>(cand_[i].first - maxl));
-      if (cum >= target) {
-        keep = i + 1;
-        break;
-      }
+    } else {
+      keep = top_p_unsorted(cand_, range.min, maxl, static_cast<double>(p_.top_p));
     }
     cand_.resize(keep);
-    sorted = true;
   }
 
   // min-p: p_i >= min_p * p_max is logit_i >= max_logit + log(min_p).
   if (p_.min_p > 0.0f) {
-    const float threshold = max_logit() + std::log(p_.min_p);
+    const float threshold = maxl + std::log(p_.min_p);
     if (sorted) {
       auto it = std::find_if(cand_.begin() + 1, cand_.end(), [&](const Cand& c) { return c.first < threshold; });
       cand_.erase(it, cand_.end());
@@ -219,13 +310,11 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   // Temperature, softmax and the draw, in one pass over unnormalized weights.
   const double rnd = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
   if (cand_.size() == 1) return cand_.front().second;
-  const float maxl = max_logit();
-  const double inv_t = 1.0 / static_cast<double>(p_.temperature);
+  const float inv_t = 1.0f / p_.temperature;
   double total = 0.0;
   for (Cand& c : cand_) {
-    const double w = std::exp(static_cast<double>(c.first - maxl) * inv_t);
-    c.first = static_cast<float>(w);
-    total += w;
+    c.first = std::exp((c.first - maxl) * inv_t);
+    total += c.first;
   }
   const double target = rnd * total;
   double cum = 0.0;

@@ -1,0 +1,503 @@
+#include "engine/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace tandem {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Only the filter a test names is on; everything else off.
+SamplingParams plain(float temperature, uint64_t seed = 1234) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  p.repeat_penalty = 1.0f;
+  p.seed = seed;
+  return p;
+}
+
+std::vector<float> random_logits(size_t n, uint32_t seed, float scale = 3.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+int32_t greedy_pick(const std::vector<float>& logits, const std::vector<int32_t>& history, SamplingParams p) {
+  p.temperature = 0.0f;
+  Sampler s(p);
+  return s.sample(logits, history);
+}
+
+std::vector<int> histogram(Sampler& s, const std::vector<float>& logits, int draws) {
+  std::vector<int> counts(logits.size(), 0);
+  for (int i = 0; i < draws; ++i) counts[static_cast<size_t>(s.sample(logits, {}))]++;
+  return counts;
+}
+
+std::vector<double> softmax(const std::vector<float>& logits, double t, const std::vector<bool>& keep) {
+  std::vector<double> p(logits.size(), 0.0);
+  double m = -1e300;
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (keep[i]) m = std::max(m, static_cast<double>(logits[i]));
+  double sum = 0;
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (keep[i]) sum += p[i] = std::exp((logits[i] - m) / t);
+  for (double& x : p) x /= sum;
+  return p;
+}
+
+// Empirical frequencies within 5 standard errors of the expected
+// probabilities (the seed is fixed, so this is deterministic; 5 sigma keeps
+// it from depending on a lucky seed).
+void expect_frequencies(const std::vector<int>& counts, const std::vector<double>& expected, int draws) {
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const double p = expected[i];
+    const double freq = static_cast<double>(counts[i]) / draws;
+    const double se = std::sqrt(p * (1 - p) / draws);
+    EXPECT_NEAR(freq, p, 5 * se + 1e-9) << "token " << i;
+  }
+}
+
+// Log-probabilities, so that softmax at temperature 1 gives exactly these.
+std::vector<float> logits_of(const std::vector<double>& probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(static_cast<float>(std::log(p)));
+  return l;
+}
+
+TEST(SamplerTest, GreedyIsArgmaxLowestIdOnTies) {
+  const std::vector<float> logits = {1.0f, 5.0f, 3.0f, 5.0f, 2.0f};
+  for (float t : {0.0f, -1.0f}) {
+    SamplingParams p;  // defaults: top-k, top-p, min-p on; greedy ignores them
+    p.temperature = t;
+    Sampler s(p);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(s.sample(logits, {}), 1) << "temperature " << t;
+  }
+}
+
+TEST(SamplerTest, GreedyMatchesMaxElementOnLargeVocab) {
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    std::vector<float> logits = random_logits(262144, seed);
+    logits[777] = logits[100000] = 100.0f;  // a tie: the lower id wins
+    const auto expected = std::max_element(logits.begin(), logits.end()) - logits.begin();
+    ASSERT_EQ(expected, 777);
+    EXPECT_EQ(greedy_pick(logits, {}, plain(0.0f)), expected);
+  }
+}
+
+TEST(SamplerTest, TinyTemperatureIsGreedy) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 2.999f};
+  for (float t : {1e-30f, 1e-45f}) {  // 1/T finite; 1/T overflowing
+    Sampler s(plain(t));
+    for (int i = 0; i < 10; ++i) EXPECT_EQ(s.sample(logits, {}), 1) << "temperature " << t;
+  }
+  Sampler s(plain(1e-45f));
+  EXPECT_EQ(s.sample(std::vector<float>{1.0f, 3.0f, 3.0f}, {}), 1);
+}
+
+TEST(SamplerTest, SameSeedSameSequenceDifferentSeedDifferent) {
+  const std::vector<float> logits = random_logits(1000, 7, 1.0f);
+  auto run = [&](uint64_t seed) {
+    Sampler s(plain(1.0f, seed));
+    std::vector<int32_t> out;
+    for (int i = 0; i < 200; ++i) out.push_back(s.sample(logits, {}));
+    return out;
+  };
+  EXPECT_EQ(run(42), run(42));
+  EXPECT_NE(run(42), run(43));
+  // All 64 bits of the seed count.
+  EXPECT_NE(run(5), run(5 + (uint64_t{1} << 32)));
+  // 0xFFFFFFFF asks for a random seed: two samplers draw different sequences.
+  EXPECT_NE(run(0xFFFFFFFF), run(0xFFFFFFFF));
+}
+
+TEST(SamplerTest, TopK1EqualsGreedyAtAnyTemperature) {
+  const std::vector<float> logits = random_logits(5000, 11);
+  const int32_t expected = greedy_pick(logits, {}, plain(0.0f));
+  for (float t : {0.1f, 1.0f, 2.0f, 50.0f}) {
+    SamplingParams p = plain(t);
+    p.top_k = 1;
+    Sampler s(p);
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(logits, {}), expected) << "temperature " << t;
+  }
+}
+
+TEST(SamplerTest, FrequenciesFollowSoftmaxAtTemperature) {
+  const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -1.0f, 3.0f};
+  const int draws = 20000;
+  for (float t : {1.0f, 0.7f, 2.0f}) {
+    Sampler s(plain(t, 99));
+    const auto counts = histogram(s, logits, draws);
+    SCOPED_TRACE("temperature " + std::to_string(t));
+    expect_frequencies(counts, softmax(logits, t, std::vector<bool>(logits.size(), true)), draws);
+  }
+}
+
+TEST(SamplerTest, TopKKeepsTheKBestLowestIdOnTies) {
+  const std::vector<float> logits = {1.0f, 3.0f, 3.0f, 3.0f, 0.0f};
+  SamplingParams p = plain(1.0f);
+  p.top_k = 2;
+  Sampler s(p);
+  const int draws = 20000;
+  const auto counts = histogram(s, logits, draws);
+  expect_frequencies(counts, softmax(logits, 1.0, {false, true, true, false, false}), draws);
+}
+
+TEST(SamplerTest, TopPKeepsSmallestSetReachingP) {
+  // At temperature 1: 0.5, 0.25, 0.15, 0.1. p = 0.7 needs the first two.
+  const std::vector<float> logits = logits_of({0.15, 0.5, 0.1, 0.25});
+  const std::vector<bool> keep = {false, true, false, true};
+  const int draws = 20000;
+  // The set is chosen at temperature 1 whatever the temperature; the draw then
+  // follows the softmax at that temperature over the kept tokens.
+  for (float t : {1.0f, 3.0f}) {
+    SamplingParams p = plain(t, 5);
+    p.top_p = 0.7f;
+    Sampler s(p);
+    const auto counts = histogram(s, logits, draws);
+    SCOPED_TRACE("temperature " + std::to_string(t));
+    expect_frequencies(counts, softmax(logits, t, keep), draws);
+    EXPECT_EQ(counts[0] + counts[2], 0);
+    EXPECT_GT(counts[1], 0);
+    EXPECT_GT(counts[3], 0);
+  }
+}
+
+TEST(SamplerTest, TopPKeepsAtLeastOneToken) {
+  const std::vector<float> logits = logits_of({0.9, 0.05, 0.05});
+  SamplingParams p = plain(1.0f);
+  p.top_p = 0.01f;
+  Sampler s(p);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(s.sample(logits, {}), 0);
+}
+
+TEST(SamplerTest, TopPOnLargeVocabWithoutTopK) {
+  // Mass spread over many tokens exercises the widening partial sort.
+  std::vector<float> logits = random_logits(262144, 21, 0.5f);
+  SamplingParams p = plain(1.0f, 8);
+  p.top_p = 0.9f;
+  Sampler s(p);
+  // The kept set: best tokens until 90% of the mass.
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  double total = 0;
+  const float m = logits[order[0]];
+  for (float l : logits) total += std::exp(static_cast<double>(l - m));
+  std::vector<bool> kept(logits.size(), false);
+  double cum = 0;
+  for (int32_t id : order) {
+    kept[id] = true;
+    cum += std::exp(static_cast<double>(logits[id] - m));
+    if (cum >= 0.9 * total) break;
+  }
+  for (int i = 0; i < 200; ++i) {
+    const int32_t id = s.sample(logits, {});
+    ASSERT_TRUE(kept[id]) << "token " << id << " is outside the top-p set";
+  }
+}
+
+TEST(SamplerTest, MinPDropsTokensBelowFractionOfMax) {
+  // p_max = 0.5; min_p = 0.25 keeps p >= 0.125: tokens 0, 1, 2.
+  const std::vector<float> logits = logits_of({0.5, 0.25, 0.15, 0.1});
+  const std::vector<bool> keep = {true, true, true, false};
+  const int draws = 20000;
+  for (float t : {1.0f, 1.5f}) {
+    SamplingParams p = plain(t, 17);
+    p.min_p = 0.25f;
+    Sampler s(p);
+    const auto counts = histogram(s, logits, draws);
+    SCOPED_TRACE("temperature " + std::to_string(t));
+    EXPECT_EQ(counts[3], 0);
+    for (int i = 0; i < 3; ++i) EXPECT_GT(counts[i], 0);
+    expect_frequencies(counts, softmax(logits, t, keep), draws);
+  }
+}
+
+TEST(SamplerTest, FiltersChainInOrder) {
+  // top-k 3 keeps {0,1,2}; top-p 0.75 over their renormalized mass
+  // (0.5, 0.3, 0.2) keeps {0,1} (over all five it would keep three);
+  // min-p 0.7 then drops 1 (0.3 < 0.7 * 0.5).
+  const std::vector<float> logits = logits_of({0.4, 0.24, 0.16, 0.12, 0.08});
+  SamplingParams p = plain(1.0f);
+  p.top_k = 3;
+  p.top_p = 0.75f;
+  Sampler s(p);
+  const auto counts = histogram(s, logits, 5000);
+  EXPECT_GT(counts[0], 0);
+  EXPECT_GT(counts[1], 0);
+  EXPECT_EQ(counts[2] + counts[3] + counts[4], 0);
+  p.min_p = 0.7f;
+  Sampler s2(p);
+  const auto counts2 = histogram(s2, logits, 1000);
+  EXPECT_EQ(counts2[0], 1000);
+}
+
+TEST(SamplerTest, RepeatPenaltyDividesPositiveMultipliesNegative) {
+  SamplingParams p = plain(0.0f);
+  p.repeat_penalty = 1.2f;
+  // 1.0 / 1.2 = 0.83333: just below and just above it.
+  EXPECT_EQ(greedy_pick({1.0f, 0.8334f}, {0}, p), 1);
+  EXPECT_EQ(greedy_pick({1.0f, 0.8332f}, {0}, p), 0);
+  // -1.0 * 1.2 = -1.2 (dividing would give -0.833 and keep token 0 ahead).
+  EXPECT_EQ(greedy_pick({-1.0f, -1.1999f}, {0}, p), 1);
+  EXPECT_EQ(greedy_pick({-1.0f, -1.2001f}, {0}, p), 0);
+  // A zero logit stays zero.
+  EXPECT_EQ(greedy_pick({0.0f, -0.0001f}, {0}, p), 0);
+  // The count does not matter for the repeat penalty.
+  EXPECT_EQ(greedy_pick({1.0f, 0.8332f}, {0, 0, 0, 0}, p), 0);
+}
+
+TEST(SamplerTest, FrequencyPenaltyScalesWithCount) {
+  SamplingParams p = plain(0.0f);
+  p.frequency_penalty = 0.1f;
+  // 1.0 - 3 * 0.1 = 0.7
+  EXPECT_EQ(greedy_pick({1.0f, 0.7001f}, {0, 0, 0}, p), 1);
+  EXPECT_EQ(greedy_pick({1.0f, 0.6999f}, {0, 0, 0}, p), 0);
+  // once: 0.9
+  EXPECT_EQ(greedy_pick({1.0f, 0.8999f}, {0}, p), 0);
+  EXPECT_EQ(greedy_pick({1.0f, 0.9001f}, {0}, p), 1);
+}
+
+TEST(SamplerTest, PresencePenaltyAppliesOnce) {
+  SamplingParams p = plain(0.0f);
+  p.presence_penalty = 0.3f;
+  EXPECT_EQ(greedy_pick({1.0f, 0.7001f}, {0, 0, 0}, p), 1);
+  EXPECT_EQ(greedy_pick({1.0f, 0.6999f}, {0, 0, 0}, p), 0);
+  EXPECT_EQ(greedy_pick({1.0f, 0.6999f}, {0}, p), 0);
+}
+
+TEST(SamplerTest, PenaltiesCombineInLlamaCppOrder) {
+  // repeat first, then frequency and presence: 2.0 / 2 - 2 * 0.1 - 0.05 = 0.75
+  SamplingParams p = plain(0.0f);
+  p.repeat_penalty = 2.0f;
+  p.frequency_penalty = 0.1f;
+  p.presence_penalty = 0.05f;
+  EXPECT_EQ(greedy_pick({2.0f, 0.7501f}, {0, 0}, p), 1);
+  EXPECT_EQ(greedy_pick({2.0f, 0.7499f}, {0, 0}, p), 0);
+}
+
+TEST(SamplerTest, PenaltyWindowIsLastNTokens) {
+  const std::vector<float> logits = {1.0f, 0.9f, 0.6f};
+  const std::vector<int32_t> history = {0, 1};
+  SamplingParams p = plain(0.0f);
+  p.repeat_penalty = 2.0f;
+  p.repeat_last_n = 1;  // only token 1 penalized: 0 stays best
+  EXPECT_EQ(greedy_pick(logits, history, p), 0);
+  p.repeat_last_n = 2;  // both: 0.5, 0.45, 0.6
+  EXPECT_EQ(greedy_pick(logits, history, p), 2);
+  p.repeat_last_n = -1;  // whole history
+  EXPECT_EQ(greedy_pick(logits, history, p), 2);
+  p.repeat_last_n = 100;  // longer than the history
+  EXPECT_EQ(greedy_pick(logits, history, p), 2);
+  p.repeat_last_n = 0;  // off
+  EXPECT_EQ(greedy_pick(logits, history, p), 0);
+}
+
+TEST(SamplerTest, PenaltiesApplyBeforeTopK) {
+  // Token 0 is best until penalized; top-k 1 must then keep token 1.
+  SamplingParams p = plain(1.0f);
+  p.top_k = 1;
+  p.repeat_penalty = 2.0f;
+  Sampler s(p);
+  EXPECT_EQ(s.sample(std::vector<float>{1.0f, 0.9f, 0.1f}, std::vector<int32_t>{0}), 1);
+}
+
+TEST(SamplerTest, NaNAndMinusInfAreNeverPicked) {
+  const std::vector<float> logits = {kNaN, -kInf, 0.0f, kNaN, 0.0f, -kInf};
+  EXPECT_EQ(greedy_pick(logits, {}, plain(0.0f)), 2);
+  Sampler s(plain(1.0f));
+  const auto counts = histogram(s, logits, 2000);
+  EXPECT_EQ(counts[0] + counts[1] + counts[3] + counts[5], 0);
+  EXPECT_GT(counts[2], 0);
+  EXPECT_GT(counts[4], 0);
+  // +inf is the surest token, not a NaN in the softmax.
+  Sampler s2(plain(1.0f));
+  EXPECT_EQ(s2.sample(std::vector<float>{0.0f, kInf, 1.0f}, {}), 1);
+}
+
+TEST(SamplerTest, BadInputThrows) {
+  Sampler s(plain(1.0f));
+  EXPECT_THROW(s.sample(std::vector<float>{}, {}), Error);
+  EXPECT_THROW(s.sample(std::vector<float>{-kInf, kNaN}, {}), Error);
+  SamplingParams p = plain(1.0f);
+  p.repeat_penalty = 1.1f;
+  Sampler penalized(p);
+  try {
+    penalized.sample(std::vector<float>{1.0f, 2.0f}, std::vector<int32_t>{5});
+    FAIL() << "history token outside the vocabulary was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find('5'), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(penalized.sample(std::vector<float>{1.0f, 2.0f}, std::vector<int32_t>{-1}), Error);
+}
+
+TEST(SamplerTest, InvalidParamsThrowNamingTheParameter) {
+  struct Case {
+    const char* name;
+    void (*set)(SamplingParams&);
+  };
+  const Case cases[] = {
+      {"temperature", [](SamplingParams& p) { p.temperature = kNaN; }},
+      {"temperature", [](SamplingParams& p) { p.temperature = kInf; }},
+      {"top_k", [](SamplingParams& p) { p.top_k = 1 << 30; }},
+      {"top_p", [](SamplingParams& p) { p.top_p = 0.0f; }},
+      {"top_p", [](SamplingParams& p) { p.top_p = -0.5f; }},
+      {"top_p", [](SamplingParams& p) { p.top_p = 1.01f; }},
+      {"top_p", [](SamplingParams& p) { p.top_p = kNaN; }},
+      {"min_p", [](SamplingParams& p) { p.min_p = -0.01f; }},
+      {"min_p", [](SamplingParams& p) { p.min_p = 1.5f; }},
+      {"min_p", [](SamplingParams& p) { p.min_p = kNaN; }},
+      {"repeat_penalty", [](SamplingParams& p) { p.repeat_penalty = 0.0f; }},
+      {"repeat_penalty", [](SamplingParams& p) { p.repeat_penalty = -1.0f; }},
+      {"repeat_penalty", [](SamplingParams& p) { p.repeat_penalty = kNaN; }},
+      {"repeat_penalty", [](SamplingParams& p) { p.repeat_penalty = kInf; }},
+      {"repeat_last_n", [](SamplingParams& p) { p.repeat_last_n = -2; }},
+      {"frequency_penalty", [](SamplingParams& p) { p.frequency_penalty = kNaN; }},
+      {"presence_penalty", [](SamplingParams& p) { p.presence_penalty = -kInf; }},
+  };
+  for (const Case& c : cases) {
+    SamplingParams p;
+    c.set(p);
+    try {
+      Sampler s(p);
+      ADD_FAILURE() << c.name << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(c.name), std::string::npos) << e.what();
+    }
+  }
+  // Edges that are valid.
+  SamplingParams ok;
+  ok.temperature = -1.0f;  // greedy, as in llama.cpp
+  ok.top_k = -1;           // off
+  ok.top_p = 1.0f;
+  ok.min_p = 1.0f;
+  EXPECT_NO_THROW(Sampler{ok});
+  ok.min_p = 0.0f;
+  ok.repeat_last_n = -1;
+  EXPECT_NO_THROW(Sampler{ok});
+}
+
+TEST(SamplerTest, FastOnLargeVocab) {
+  const std::vector<float> logits = random_logits(262144, 3);
+  std::vector<int32_t> history(64);
+  std::iota(history.begin(), history.end(), 1000);
+  auto ms_per_sample = [&](SamplingParams p) {
+    Sampler s(p);
+    const int n = 20;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) s.sample(logits, history);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / n;
+  };
+  SamplingParams defaults;
+  defaults.repeat_penalty = 1.1f;
+  defaults.seed = 1;
+  SamplingParams no_top_k = defaults;
+  no_top_k.top_k = 0;
+  const double with_k = ms_per_sample(defaults);
+  const double without_k = ms_per_sample(no_top_k);
+  std::printf("262144-token vocab: %.2f ms/sample with top_k=40, %.2f ms without top-k\n", with_k, without_k);
+  // Loose bounds: the machine is shared; a full sort per token would blow them.
+  EXPECT_LT(with_k, 15.0);
+  EXPECT_LT(without_k, 60.0);
+}
+
+// --- find_stop ---
+
+StopMatch stop(std::string_view text, std::vector<std::string> stops) { return find_stop(text, stops); }
+
+TEST(FindStopTest, NoStopStrings) {
+  const StopMatch m = stop("hello", {});
+  EXPECT_EQ(m.pos, std::string::npos);
+  EXPECT_EQ(m.safe_len, 5u);
+  EXPECT_EQ(stop("hello", {""}).safe_len, 5u);  // empty stops are ignored
+}
+
+TEST(FindStopTest, FullMatch) {
+  StopMatch m = stop("Hello<end_of_turn>more", {"<end_of_turn>"});
+  EXPECT_EQ(m.pos, 5u);
+  EXPECT_EQ(m.safe_len, 5u);
+  m = stop("Hello<end_of_turn>", {"<end_of_turn>"});  // complete at the very end
+  EXPECT_EQ(m.pos, 5u);
+  EXPECT_EQ(m.safe_len, 5u);
+  m = stop("<end_of_turn>", {"<end_of_turn>"});
+  EXPECT_EQ(m.pos, 0u);
+  EXPECT_EQ(m.safe_len, 0u);
+}
+
+TEST(FindStopTest, PartialMatchAtEndIsHeldBack) {
+  StopMatch m = stop("Hello<end_of", {"<end_of_turn>"});
+  EXPECT_EQ(m.pos, std::string::npos);
+  EXPECT_EQ(m.safe_len, 5u);
+  EXPECT_EQ(stop("Hello<", {"<end_of_turn>"}).safe_len, 5u);
+  EXPECT_EQ(stop("<end", {"<end_of_turn>"}).safe_len, 0u);
+  // A '<' in the middle is not held back, only a tail that could grow into a stop.
+  EXPECT_EQ(stop("a < b", {"<end_of_turn>"}).safe_len, 5u);
+  EXPECT_EQ(stop("Hello<x", {"<end_of_turn>"}).safe_len, 7u);
+}
+
+TEST(FindStopTest, SeveralStopsEarliestWins) {
+  StopMatch m = stop("a END b STOP", {"STOP", "END"});
+  EXPECT_EQ(m.pos, 2u);
+  EXPECT_EQ(m.safe_len, 2u);
+  // Partial of one stop, none of the other.
+  m = stop("hi <|eo", {"</s>", "<|eot_id|>"});
+  EXPECT_EQ(m.pos, std::string::npos);
+  EXPECT_EQ(m.safe_len, 3u);
+  // Two stops partially matching different tails: the longer tail decides.
+  m = stop("xab", {"bz", "abz"});
+  EXPECT_EQ(m.safe_len, 1u);
+}
+
+TEST(FindStopTest, OverlappingStops) {
+  EXPECT_EQ(stop("xxabcd", {"bcd", "abc"}).pos, 2u);
+  EXPECT_EQ(stop("xxbcd", {"abc", "bcd"}).pos, 2u);
+  // Self-overlapping stop: the longest tail that is a prefix is held back.
+  EXPECT_EQ(stop("xaa", {"aab"}).safe_len, 1u);
+  EXPECT_EQ(stop("xaaa", {"aab"}).safe_len, 2u);
+  EXPECT_EQ(stop("xaba", {"abab"}).safe_len, 1u);
+  EXPECT_EQ(stop("xabab", {"abab"}).pos, 1u);
+  // A stop inside another: the shorter one completes first.
+  const StopMatch m = stop("x</s", {"</s>", "</"});
+  EXPECT_EQ(m.pos, 1u);
+}
+
+TEST(FindStopTest, StreamingNeverEmitsPartOfAStop) {
+  // Feed a reply one byte at a time; what is emitted never contains a stop
+  // or a piece of one, and everything before the stop comes out.
+  const std::string reply = "The answer is <4>.<end_of_turn>ignored";
+  const std::vector<std::string> stops = {"<end_of_turn>", "<eos>"};
+  std::string emitted;
+  size_t done = 0;
+  for (size_t n = 1; n <= reply.size(); ++n) {
+    const std::string_view text(reply.data(), n);
+    const StopMatch m = find_stop(text, stops);
+    ASSERT_GE(m.safe_len, done);
+    emitted += text.substr(done, m.safe_len - done);
+    done = m.safe_len;
+    if (m.pos != std::string::npos) break;
+  }
+  EXPECT_EQ(emitted, "The answer is <4>.");
+}
+
+}  // namespace
+}  // namespace tandem
