@@ -336,6 +336,33 @@ TEST(KernelsDotTest, QuantizeQ8KByHand) {
   for (int g = 0; g < 16; ++g) EXPECT_EQ(q[2].bsums[g], 0);
 }
 
+// The word-at-a-time scale unpackers the SIMD kernels use agree with the
+// one-at-a-time definitions on arbitrary bytes.
+TEST(KernelsDotTest, KQuantScaleUnpacking) {
+  std::mt19937 rng(5);
+  for (int rep = 0; rep < 200; ++rep) {
+    uint8_t packed[12];
+    for (auto& b : packed) b = static_cast<uint8_t>(rng());
+    uint32_t words[4];
+    k4_unpack_words(packed, words);
+    uint8_t bytes[16];
+    std::memcpy(bytes, words, 16);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      k4_scale_min(j, packed, &sc, &m);
+      ASSERT_EQ(bytes[j], sc) << j;
+      ASSERT_EQ(bytes[8 + j], m) << j;
+    }
+    int8_t q3[16];
+    k3_scales(packed, q3);
+    for (int j = 0; j < 16; ++j) {
+      const int lo = j < 8 ? (packed[j] & 0xF) : (packed[j - 8] >> 4);
+      const int hi = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+      ASSERT_EQ(q3[j], (lo | (hi << 4)) - 32) << j;
+    }
+  }
+}
+
 TEST(KernelsDotTest, FloatActivationsConvert) {
   const float x[4] = {1.0f, -2.5f, 65504.0f, 1.0f / 3};
   uint16_t h[4], b[4];

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace tandem {
 
@@ -119,13 +120,41 @@ inline void k4_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
   }
 }
 
+// All 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of a q4_K/q5_K
+// super-block at once, as k4_scale_min gives them one by one, computed on
+// 32-bit words (word w of `packed` holds bytes 4w..4w+3, little-endian).
+// Returned as words so SIMD callers can move them straight into a register.
+inline void k4_unpack_words(const uint8_t* packed, uint32_t r[4]) {
+  uint32_t w[3];
+  std::memcpy(w, packed, 12);
+  const uint32_t lo6 = 0x3f3f3f3f, lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
+  r[0] = w[0] & lo6;
+  r[1] = (w[2] & lo4) | (((w[0] >> 6) & lo2) << 4);
+  r[2] = w[1] & lo6;
+  r[3] = ((w[2] >> 4) & lo4) | (((w[1] >> 6) & lo2) << 4);
+}
+
+// The 16 scales of a q3_K super-block, each as an unsigned byte 0..63 that
+// stands for the signed scale byte - 32. Scale j has its low nibble in byte
+// j%8 (low half for j < 8) and its top 2 bits in byte 8 + j%4 at bit
+// 2*(j/4); done here four scales at a time in 32-bit words.
+inline void k3_scale_words(const uint8_t* packed, uint32_t r[4]) {
+  uint32_t w[3];
+  std::memcpy(w, packed, 12);
+  const uint32_t lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
+  r[0] = (w[0] & lo4) | ((w[2] & lo2) << 4);
+  r[1] = (w[1] & lo4) | (((w[2] >> 2) & lo2) << 4);
+  r[2] = ((w[0] >> 4) & lo4) | (((w[2] >> 4) & lo2) << 4);
+  r[3] = ((w[1] >> 4) & lo4) | (((w[2] >> 6) & lo2) << 4);
+}
+
 // The 16 signed scales (-32..31) of a q3_K super-block.
 inline void k3_scales(const uint8_t* packed, int8_t out[16]) {
-  for (int j = 0; j < 16; ++j) {
-    int lo = j < 8 ? (packed[j] & 0xF) : (packed[j - 8] >> 4);
-    int hi = (packed[8 + (j % 4)] >> (2 * (j / 4))) & 3;
-    out[j] = static_cast<int8_t>((lo | (hi << 4)) - 32);
-  }
+  uint32_t r[4];
+  k3_scale_words(packed, r);
+  uint8_t u[16];
+  std::memcpy(u, r, 16);
+  for (int j = 0; j < 16; ++j) out[j] = static_cast<int8_t>(u[j] - 32);
 }
 
 }  // namespace tandem

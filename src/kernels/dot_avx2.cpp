@@ -110,36 +110,54 @@ TD_FN float dot_bf16(int64_t n, const void* w, const void* a) {
   return sum;
 }
 
-// The K-quant kernels keep one int32 vector per super-block, reduce it, and
-// scale it with the same float expression as the scalar reference, so they
-// reproduce the reference exactly. Signed quants are handled as unsigned
-// (q + offset) with the offset's share, offset * sum(scale * bsum), removed
-// in integers afterwards.
+// The K-quants keep the integer sums of one super-block in an int32 vector
+// and scale it into a float accumulator once per super-block. Signed quants
+// are handled as unsigned (q + offset) with the offset's share,
+// offset * sum(scale * bsum), removed in integers; the mins' term
+// dmin * sum(min * bsum) goes to its own float accumulator.
+
+// int16 lanes: scale 2p for the first 16 products of a 32-quant group and
+// scale 2p+1 for the last 16, from 16 int16 scales in `sc16`.
+TD_FN __m256i pair_scales(__m256i sc16, int p) {
+  const __m256i half = p < 4 ? _mm256_permute2x128_si256(sc16, sc16, 0x00) : _mm256_permute2x128_si256(sc16, sc16, 0x11);
+  const int k = p % 4;
+  const __m256i pick = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(((4 * k + 3) << 8) | (4 * k + 2))),
+                                        _mm_set1_epi16(static_cast<int16_t>(((4 * k + 1) << 8) | (4 * k))));
+  return _mm256_shuffle_epi8(half, pick);
+}
+
+// int16 scale e (0..7) of `sc8` (8 int16 in both 128-bit lanes), in every lane.
+TD_FN __m256i broadcast_scale(__m256i sc8, int e) {
+  return _mm256_shuffle_epi8(sc8, _mm256_set1_epi16(static_cast<int16_t>(((2 * e + 1) << 8) | (2 * e))));
+}
+
+TD_FN __m256i load_bsums(const BlockQ8K& y) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums)); }
 
 TD_FN float dot_q2_k(int64_t n, const void* w, const void* a) {
   const auto* xs = static_cast<const BlockQ2K*>(w);
   const auto* ys = static_cast<const BlockQ8K*>(a);
   const __m256i m3 = _mm256_set1_epi8(3);
-  float sum = 0;
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps(), acc_min = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQKK; ++b) {
     const BlockQ2K& x = xs[b];
     const BlockQ8K& y = ys[b];
-    __m256i acc = _mm256_setzero_si256();
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
+    const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(packed, m4));
+    const __m256i min16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), m4));
+    __m256i sums = _mm256_setzero_si256();
     for (int c = 0; c < 2; ++c) {
       const __m256i q = load32(x.qs + 32 * c);
       for (int j = 0; j < 4; ++j) {
-        const int s = 8 * c + 2 * j;
         const __m256i qj = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
-        acc = _mm256_add_epi32(
-            acc, scaled_dot(qj, y.qs + 128 * c + 32 * j, scale_pair(x.scales[s] & 0xF, x.scales[s + 1] & 0xF)));
+        sums = _mm256_add_epi32(sums, scaled_dot(qj, y.qs + 128 * c + 32 * j, pair_scales(sc16, 4 * c + j)));
       }
     }
-    int32_t msum = 0;
-    for (int s = 0; s < 16; ++s) msum += (x.scales[s] >> 4) * y.bsums[s];
-    sum += y.d * (_cvtsh_ss(x.d) * static_cast<float>(hsum_epi32(acc)) -
-                  _cvtsh_ss(x.dmin) * static_cast<float>(msum));
+    const __m256i mins = _mm256_madd_epi16(min16, load_bsums(y));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * _cvtsh_ss(x.d)), _mm256_cvtepi32_ps(sums), acc);
+    acc_min = _mm256_fmadd_ps(_mm256_set1_ps(y.d * _cvtsh_ss(x.dmin)), _mm256_cvtepi32_ps(mins), acc_min);
   }
-  return sum;
+  return hsum_ps(acc) - hsum_ps(acc_min);
 }
 
 TD_FN float dot_q3_k(int64_t n, const void* w, const void* a) {
@@ -147,42 +165,52 @@ TD_FN float dot_q3_k(int64_t n, const void* w, const void* a) {
   const auto* ys = static_cast<const BlockQ8K*>(a);
   const __m256i m3 = _mm256_set1_epi8(3);
   const __m256i one = _mm256_set1_epi8(1);
-  float sum = 0;
+  __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQKK; ++b) {
     const BlockQ3K& x = xs[b];
     const BlockQ8K& y = ys[b];
-    int8_t sc[16];
-    k3_scales(x.scales, sc);
+    uint32_t sw[4];
+    k3_scale_words(x.scales, sw);
+    const __m128i sc8 = _mm_sub_epi8(_mm_setr_epi32(static_cast<int>(sw[0]), static_cast<int>(sw[1]),
+                                                    static_cast<int>(sw[2]), static_cast<int>(sw[3])),
+                                     _mm_set1_epi8(32));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
     const __m256i hm = load32(x.hmask);
-    __m256i acc = _mm256_setzero_si256();
+    __m256i sums = _mm256_setzero_si256();
     for (int c = 0; c < 2; ++c) {
       const __m256i q = load32(x.qs + 32 * c);
       for (int j = 0; j < 4; ++j) {
-        const int s = 8 * c + 2 * j;
-        // Stored value q2 + 4*h stands for q2 + 4*h - 4.
+        // Stored q2 + 4*h stands for q2 + 4*h - 4.
         const __m256i h = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * c + j), one), 2);
         const __m256i qj = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3), h);
-        acc = _mm256_add_epi32(acc, scaled_dot(qj, y.qs + 128 * c + 32 * j, scale_pair(sc[s], sc[s + 1])));
+        sums = _mm256_add_epi32(sums, scaled_dot(qj, y.qs + 128 * c + 32 * j, pair_scales(sc16, 4 * c + j)));
       }
     }
-    int32_t offset = 0;
-    for (int s = 0; s < 16; ++s) offset += sc[s] * y.bsums[s];
-    sum += _cvtsh_ss(x.d) * y.d * static_cast<float>(hsum_epi32(acc) - 4 * offset);
+    sums = _mm256_sub_epi32(sums, _mm256_slli_epi32(_mm256_madd_epi16(sc16, load_bsums(y)), 2));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x.d) * y.d), _mm256_cvtepi32_ps(sums), acc);
   }
-  return sum;
+  return hsum_ps(acc);
 }
 
 template <bool kFifthBit, typename Block>
 TD_FN float dot_q45_k(int64_t n, const Block* xs, const BlockQ8K* ys) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i one = _mm256_set1_epi8(1);
-  float sum = 0;
+  __m256 acc = _mm256_setzero_ps();
+  __m128 acc_min = _mm_setzero_ps();
   for (int64_t b = 0; b < n / kQKK; ++b) {
     const Block& x = xs[b];
     const BlockQ8K& y = ys[b];
-    uint8_t sc[8], m[8];
-    for (int s = 0; s < 8; ++s) k4_scale_min(s, x.scales, &sc[s], &m[s]);
-    __m256i acc = _mm256_setzero_si256();
+    uint32_t sm[4];
+    k4_unpack_words(x.scales, sm);
+    const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sm[0]), static_cast<int>(sm[1]),
+                                                             static_cast<int>(sm[2]), static_cast<int>(sm[3])));
+    const __m256i sc8 = _mm256_permute2x128_si256(sm16, sm16, 0x00);
+    // min s pairs with bsums 2s and 2s+1 (its 32 quants).
+    const __m128i bsum_pairs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums)),
+                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums + 8)));
+    const __m128i mins = _mm_madd_epi16(_mm256_extracti128_si256(sm16, 1), bsum_pairs);
+    __m256i sums = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       const __m256i q = load32(x.qs + 32 * c);
       __m256i lo = _mm256_and_si256(q, m4);
@@ -192,15 +220,15 @@ TD_FN float dot_q45_k(int64_t n, const Block* xs, const BlockQ8K* ys) {
         lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
         hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
       }
-      acc = _mm256_add_epi32(acc, scaled_dot(lo, y.qs + 64 * c, _mm256_set1_epi16(sc[2 * c])));
-      acc = _mm256_add_epi32(acc, scaled_dot(hi, y.qs + 64 * c + 32, _mm256_set1_epi16(sc[2 * c + 1])));
+      sums = _mm256_add_epi32(sums, scaled_dot(lo, y.qs + 64 * c, broadcast_scale(sc8, 2 * c)));
+      sums = _mm256_add_epi32(sums, scaled_dot(hi, y.qs + 64 * c + 32, broadcast_scale(sc8, 2 * c + 1)));
     }
-    int32_t msum = 0;
-    for (int s = 0; s < 8; ++s) msum += m[s] * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
-    sum += y.d * (_cvtsh_ss(x.d) * static_cast<float>(hsum_epi32(acc)) -
-                  _cvtsh_ss(x.dmin) * static_cast<float>(msum));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * _cvtsh_ss(x.d)), _mm256_cvtepi32_ps(sums), acc);
+    acc_min = _mm_fmadd_ps(_mm_set1_ps(y.d * _cvtsh_ss(x.dmin)), _mm_cvtepi32_ps(mins), acc_min);
   }
-  return sum;
+  __m128 m = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return hsum_ps(acc) - _mm_cvtss_f32(m);
 }
 
 TD_FN float dot_q4_k(int64_t n, const void* w, const void* a) {
@@ -216,11 +244,12 @@ TD_FN float dot_q6_k(int64_t n, const void* w, const void* a) {
   const auto* ys = static_cast<const BlockQ8K*>(a);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i m3 = _mm256_set1_epi8(3);
-  float sum = 0;
+  __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQKK; ++b) {
     const BlockQ6K& x = xs[b];
     const BlockQ8K& y = ys[b];
-    __m256i acc = _mm256_setzero_si256();
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+    __m256i sums = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i ql0 = load32(x.ql + 64 * h);
       const __m256i ql1 = load32(x.ql + 64 * h + 32);
@@ -231,15 +260,13 @@ TD_FN float dot_q6_k(int64_t n, const void* w, const void* a) {
       for (int k = 0; k < 4; ++k) {
         const __m256i top = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m3), 4);
         const __m256i q = _mm256_or_si256(nib[k], top);  // stored value + 32
-        const int s = 8 * h + 2 * k;
-        acc = _mm256_add_epi32(acc, scaled_dot(q, y.qs + 128 * h + 32 * k, scale_pair(x.scales[s], x.scales[s + 1])));
+        sums = _mm256_add_epi32(sums, scaled_dot(q, y.qs + 128 * h + 32 * k, pair_scales(sc16, 4 * h + k)));
       }
     }
-    int32_t offset = 0;
-    for (int s = 0; s < 16; ++s) offset += x.scales[s] * y.bsums[s];
-    sum += _cvtsh_ss(x.d) * y.d * static_cast<float>(hsum_epi32(acc) - 32 * offset);
+    sums = _mm256_sub_epi32(sums, _mm256_slli_epi32(_mm256_madd_epi16(sc16, load_bsums(y)), 5));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x.d) * y.d), _mm256_cvtepi32_ps(sums), acc);
   }
-  return sum;
+  return hsum_ps(acc);
 }
 
 #undef TD_FN

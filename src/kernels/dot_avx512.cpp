@@ -90,19 +90,46 @@ TD_FN __m512i scaled_dot(__m512i q, const int8_t* y, __m512i scales16) {
   return _mm512_madd_epi16(_mm512_maddubs_epi16(q, load64(y)), scales16);
 }
 
-// As in dot_avx2.cpp, the K-quants reduce one int32 vector per super-block
-// and scale it exactly as the scalar reference does.
+// As in dot_avx2.cpp: one int32 vector of integer sums per super-block,
+// scaled into float accumulators; offsets and mins via bsums.
+
+// int16 lane i = i / 16 and i / 8: spreads 2 (or 4) consecutive int16
+// scales over the maddubs outputs of 32 (or 16) quants each.
+alignas(64) constexpr int16_t kSpread2[32] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                              1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+alignas(64) constexpr int16_t kSpread4[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+
+TD_FN __m512i spread_scales(const int16_t* pattern, int first, __m512i scales16) {
+  return _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_load_si512(pattern), _mm512_set1_epi16(static_cast<int16_t>(first))),
+                                  scales16);
+}
+
+TD_FN float hsum128(__m128 v) {
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  v = _mm_add_ss(v, _mm_movehdup_ps(v));
+  return _mm_cvtss_f32(v);
+}
+
 template <bool kFifthBit, typename Block>
 TD_FN float dot_q45_k(int64_t n, const Block* xs, const BlockQ8K* ys) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i one = _mm256_set1_epi8(1);
-  float sum = 0;
+  __m512 acc = _mm512_setzero_ps();
+  __m128 acc_min = _mm_setzero_ps();
   for (int64_t b = 0; b < n / kQKK; ++b) {
     const Block& x = xs[b];
     const BlockQ8K& y = ys[b];
-    uint8_t sc[8], m[8];
-    for (int s = 0; s < 8; ++s) k4_scale_min(s, x.scales, &sc[s], &m[s]);
-    __m512i acc = _mm512_setzero_si512();
+    uint32_t sm[4];
+    k4_unpack_words(x.scales, sm);
+    const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sm[0]), static_cast<int>(sm[1]),
+                                                             static_cast<int>(sm[2]), static_cast<int>(sm[3])));
+    const __m512i sc512 = _mm512_zextsi256_si512(sm16);
+    // min s pairs with bsums 2s and 2s+1 (its 32 quants).
+    const __m128i bsum_pairs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums)),
+                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums + 8)));
+    const __m128i mins = _mm_madd_epi16(_mm256_extracti128_si256(sm16, 1), bsum_pairs);
+    __m512i sums = _mm512_setzero_si512();
     for (int c = 0; c < 4; ++c) {
       const __m256i q = load32(x.qs + 32 * c);
       __m256i lo = _mm256_and_si256(q, m4);
@@ -112,15 +139,12 @@ TD_FN float dot_q45_k(int64_t n, const Block* xs, const BlockQ8K* ys) {
         lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
         hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
       }
-      const __m512i scales = pair(_mm256_set1_epi16(sc[2 * c]), _mm256_set1_epi16(sc[2 * c + 1]));
-      acc = _mm512_add_epi32(acc, scaled_dot(pair(lo, hi), y.qs + 64 * c, scales));
+      sums = _mm512_add_epi32(sums, scaled_dot(pair(lo, hi), y.qs + 64 * c, spread_scales(kSpread2, 2 * c, sc512)));
     }
-    int32_t msum = 0;
-    for (int s = 0; s < 8; ++s) msum += m[s] * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
-    sum += y.d * (_cvtsh_ss(x.d) * static_cast<float>(_mm512_reduce_add_epi32(acc)) -
-                  _cvtsh_ss(x.dmin) * static_cast<float>(msum));
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(y.d * _cvtsh_ss(x.d)), _mm512_cvtepi32_ps(sums), acc);
+    acc_min = _mm_fmadd_ps(_mm_set1_ps(y.d * _cvtsh_ss(x.dmin)), _mm_cvtepi32_ps(mins), acc_min);
   }
-  return sum;
+  return _mm512_reduce_add_ps(acc) - hsum128(acc_min);
 }
 
 TD_FN float dot_q4_k(int64_t n, const void* w, const void* a) {
@@ -131,24 +155,18 @@ TD_FN float dot_q5_k(int64_t n, const void* w, const void* a) {
   return dot_q45_k<true>(n, static_cast<const BlockQ5K*>(w), static_cast<const BlockQ8K*>(a));
 }
 
-// int16 lane i = i / 8: spreads 4 consecutive scales over 8 lanes each,
-// matching maddubs' output for 4 groups of 16 quants.
-alignas(64) constexpr int16_t kSpread4[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
-
 TD_FN float dot_q6_k(int64_t n, const void* w, const void* a) {
   const auto* xs = static_cast<const BlockQ6K*>(w);
   const auto* ys = static_cast<const BlockQ8K*>(a);
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i m3 = _mm512_set1_epi8(3);
-  const __m512i spread = _mm512_load_si512(kSpread4);
-  float sum = 0;
+  __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQKK; ++b) {
     const BlockQ6K& x = xs[b];
     const BlockQ8K& y = ys[b];
-    const __m512i sc16 = _mm512_castsi256_si512(
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales))));
-    __m512i acc = _mm512_setzero_si512();
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+    const __m512i sc512 = _mm512_zextsi256_si512(sc16);
+    __m512i sums = _mm512_setzero_si512();
     for (int h = 0; h < 2; ++h) {
       // Quarters 0|1 of this half come from the low nibbles of ql and bits
       // 0-1 | 2-3 of qh; quarters 2|3 from the high nibbles and bits 4-5 | 6-7.
@@ -159,16 +177,18 @@ TD_FN float dot_q6_k(int64_t n, const void* w, const void* a) {
           _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(_mm512_and_si512(qh, m3), 4));
       const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
                                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4), m3), 4));
-      const __m512i s01 = _mm512_permutexvar_epi16(_mm512_add_epi16(spread, _mm512_set1_epi16(8 * h)), sc16);
-      const __m512i s23 = _mm512_permutexvar_epi16(_mm512_add_epi16(spread, _mm512_set1_epi16(8 * h + 4)), sc16);
-      acc = _mm512_add_epi32(acc, scaled_dot(q01, y.qs + 128 * h, s01));  // quants are stored value + 32
-      acc = _mm512_add_epi32(acc, scaled_dot(q23, y.qs + 128 * h + 64, s23));
+      // Quants are the stored value + 32; the offset comes out below.
+      sums = _mm512_add_epi32(sums, scaled_dot(q01, y.qs + 128 * h, spread_scales(kSpread4, 8 * h, sc512)));
+      sums = _mm512_add_epi32(sums, scaled_dot(q23, y.qs + 128 * h + 64, spread_scales(kSpread4, 8 * h + 4, sc512)));
     }
-    int32_t offset = 0;
-    for (int s = 0; s < 16; ++s) offset += x.scales[s] * y.bsums[s];
-    sum += _cvtsh_ss(x.d) * y.d * static_cast<float>(_mm512_reduce_add_epi32(acc) - 32 * offset);
+    const __m256i offset =
+        _mm256_slli_epi32(_mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums))), 5);
+    const __m256i total = _mm256_sub_epi32(
+        _mm256_add_epi32(_mm512_castsi512_si256(sums), _mm512_extracti64x4_epi64(sums, 1)), offset);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x.d) * y.d), _mm256_cvtepi32_ps(total), acc);
   }
-  return sum;
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  return hsum128(h);
 }
 
 #undef TD_FN
