@@ -37,6 +37,15 @@ inline int nearest_int(float fval) {
   return (i & 0x007fffff) - 0x00400000;
 }
 
+// A group whose largest magnitude is below this is treated as all zero.
+inline constexpr float kGroupMaxEps = 1e-15f;
+
+// Scale searches (quant_search.cpp). L receives levels offset to be >= 0.
+float make_qx_quants(int n, int nmax, const float* x, int8_t* L);
+float make_q3_quants(int n, int nmax, const float* x, int8_t* L);
+float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min,
+                       uint8_t* Laux, float rmin, float rdelta, int nstep, bool use_mad);
+
 // Each function handles `nb` consecutive blocks.
 void dequant_q2_k(const uint8_t* src, float* dst, int64_t nb);
 void dequant_q3_k(const uint8_t* src, float* dst, int64_t nb);
