@@ -24,6 +24,8 @@ struct PreTokenizerSpec {
 const PreTokenizerSpec* find_pre_tokenizer(std::string_view name);
 // The spec used when tokenizer.ggml.pre is absent or "default".
 const PreTokenizerSpec& default_pre_tokenizer();
+// Every supported spec (the first is the default).
+const std::vector<PreTokenizerSpec>& all_pre_tokenizers();
 
 class PreTokenizer {
  public:
