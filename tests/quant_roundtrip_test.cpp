@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -204,6 +205,23 @@ TEST(QuantRoundtrip, KQuantRelativeRmsError) {
     }
     std::printf("  %s: relative RMS error worst %.4f mean %.4f over %d blocks (limit %.3f)\n",
                 std::string(type_traits(c.t).name).c_str(), worst, sum / blocks, blocks, c.limit);
+  }
+}
+
+// Garbage in (NaN, inf, huge values from a corrupt source tensor) must give
+// garbage out, not undefined behaviour; finite blocks elsewhere in the row are
+// unaffected.
+TEST(QuantRoundtrip, NonFiniteInputStaysContained) {
+  auto x = make_bell(512, 5);
+  x[3] = std::numeric_limits<float>::quiet_NaN();
+  x[40] = std::numeric_limits<float>::infinity();
+  x[70] = -std::numeric_limits<float>::infinity();
+  x[100] = 3e38f;
+  for (GgmlType t : {GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                     GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    const auto y = roundtrip(t, x);
+    const auto clean = roundtrip(t, std::vector<float>(x.begin() + 256, x.end()));
+    for (size_t i = 256; i < 512; ++i) ASSERT_EQ(y[i], clean[i - 256]) << type_traits(t).name;
   }
 }
 
