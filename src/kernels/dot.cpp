@@ -2,6 +2,7 @@
 // activation type map, and the start-up choice of kernel level.
 #include "kernels/dot.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -32,12 +33,21 @@ float block_amax(const float* x, int n) {
   return amax;
 }
 
+// x * (1/d) rounded half away from zero, as ggml's roundf. For finite input
+// it is already within +-127; the clamp only keeps NaN/inf activations (a
+// diverged model) from becoming an undefined float-to-int conversion.
+int8_t to_q8(float scaled) {
+  const float r = std::round(scaled);
+  if (std::isnan(r)) return 0;
+  return static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+}
+
 void quantize_q8_0(const float* x, BlockQ8_0* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += kQK) {
     const float d = block_amax(x, kQK) / 127;
     const float id = d != 0 ? 1.0f / d : 0.0f;
     y[b].d = f32_to_f16(d);
-    for (int j = 0; j < kQK; ++j) y[b].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+    for (int j = 0; j < kQK; ++j) y[b].qs[j] = to_q8(x[j] * id);
   }
 }
 
@@ -48,7 +58,7 @@ void quantize_q8_1(const float* x, BlockQ8_1* y, int64_t nb) {
     y[b].d = f32_to_f16(d);
     int sum = 0;
     for (int j = 0; j < kQK; ++j) {
-      y[b].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+      y[b].qs[j] = to_q8(x[j] * id);
       sum += y[b].qs[j];
     }
     // ggml scales the sum by the unrounded float d, not by the stored f16 one.
