@@ -51,17 +51,27 @@ TD_FN __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_ca
 TD_FN __m256 block_scale(uint16_t dx, uint16_t dy) { return _mm256_set1_ps(_cvtsh_ss(dx) * _cvtsh_ss(dy)); }
 
 // Two accumulators so consecutive blocks' FMAs do not wait on each other.
+// Formats with a min (x = d*q + m) add m times q8_1's stored d*sum(q8).
 template <typename BlockW, typename BlockA, typename Quants>
 TD_FN float sum_blocks(int64_t nb, const BlockW* x, const BlockA* y, Quants quants) {
+  constexpr bool kHasMin = std::is_same_v<BlockA, BlockQ8_1>;
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  float mins0 = 0, mins1 = 0;
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) {
     acc0 = _mm256_fmadd_ps(block_scale(x[b].d, y[b].d), _mm256_cvtepi32_ps(quants(x[b], y[b])), acc0);
     acc1 = _mm256_fmadd_ps(block_scale(x[b + 1].d, y[b + 1].d), _mm256_cvtepi32_ps(quants(x[b + 1], y[b + 1])),
                            acc1);
+    if constexpr (kHasMin) {
+      mins0 += _cvtsh_ss(x[b].m) * _cvtsh_ss(y[b].s);
+      mins1 += _cvtsh_ss(x[b + 1].m) * _cvtsh_ss(y[b + 1].s);
+    }
   }
-  if (b < nb) acc0 = _mm256_fmadd_ps(block_scale(x[b].d, y[b].d), _mm256_cvtepi32_ps(quants(x[b], y[b])), acc0);
-  return hsum_ps(_mm256_add_ps(acc0, acc1));
+  if (b < nb) {
+    acc0 = _mm256_fmadd_ps(block_scale(x[b].d, y[b].d), _mm256_cvtepi32_ps(quants(x[b], y[b])), acc0);
+    if constexpr (kHasMin) mins0 += _cvtsh_ss(x[b].m) * _cvtsh_ss(y[b].s);
+  }
+  return hsum_ps(_mm256_add_ps(acc0, acc1)) + (mins0 + mins1);
 }
 
 // Per-block int32 sums (8 lanes) of each format against its activation block.
@@ -100,22 +110,11 @@ TD_FN float dot_q8_0(int64_t n, const void* w, const void* a) {
   return sum_blocks(n / kQK, static_cast<const BlockQ8_0*>(w), static_cast<const BlockQ8_0*>(a), Q8_0Sums{});
 }
 
-// x = d*q + m: the m part dots against q8_1's stored d*sum(q8) per block.
-template <typename BlockW>
-TD_FN float mins_term(int64_t nb, const BlockW* x, const BlockQ8_1* y) {
-  float mins = 0;
-  for (int64_t b = 0; b < nb; ++b) mins += _cvtsh_ss(x[b].m) * _cvtsh_ss(y[b].s);
-  return mins;
-}
 TD_FN float dot_q4_1(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const BlockQ4_1*>(w);
-  const auto* y = static_cast<const BlockQ8_1*>(a);
-  return sum_blocks(n / kQK, x, y, Q4_1Sums{}) + mins_term(n / kQK, x, y);
+  return sum_blocks(n / kQK, static_cast<const BlockQ4_1*>(w), static_cast<const BlockQ8_1*>(a), Q4_1Sums{});
 }
 TD_FN float dot_q5_1(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const BlockQ5_1*>(w);
-  const auto* y = static_cast<const BlockQ8_1*>(a);
-  return sum_blocks(n / kQK, x, y, Q5_1Sums{}) + mins_term(n / kQK, x, y);
+  return sum_blocks(n / kQK, static_cast<const BlockQ5_1*>(w), static_cast<const BlockQ8_1*>(a), Q5_1Sums{});
 }
 
 #undef TD_FN
