@@ -7,6 +7,7 @@
 // whichever phase computed it; the phases differ in how the work is spread.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace tandem {

@@ -132,7 +132,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
 
 std::string ModelConfig::summary() const {
   return fmt::format("{} ({}): {} layers, {} wide, {} heads ({} kv, dim {}), ffn {}, vocab {}, ctx {}", name,
-                     arch_name(arch), n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train);
+                     tandem::arch_name(arch), n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train);
 }
 
 }  // namespace tandem

@@ -1,0 +1,132 @@
+// Gemma 3 270M Q4_K_M against llama.cpp (references made by
+// scripts/gen_llamacpp_refs.py with llama-cpp-python on the same file).
+#include <cmath>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/thread_pool.h"
+#include "engine/generator.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "test_support.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem {
+namespace {
+
+// Why the bounds below are what they are. A 270M model in Q4_K_M with int8
+// activations is numerically chaotic: a 1e-6 change in one activation flips
+// q8 roundings downstream. llama.cpp does not agree with itself across its own
+// configurations on this file and prompt 0: feeding the prompt token by token
+// (n_batch=1) instead of in one batch moves logits by up to 0.62 and changes
+// the greedy text after 5 tokens; turning on flash attention moves them by up
+// to 1.22 and changes it after 4 (measured with llama-cpp-python 0.3.36).
+// So we require: logits within 1.5 of llama.cpp's; teacher-forced greedy
+// choices identical wherever llama.cpp's top-2 margin is at least 0.5; and the
+// free-running greedy text identical at least up to the first such near tie.
+constexpr float kLogitBound = 1.5f;
+constexpr float kTieMargin = 0.5f;
+
+nlohmann::json load_refs() {
+  return nlohmann::json::parse(test::read_file(test::testdata_path("llamacpp/gemma3_270m_q4_k_m.json")));
+}
+
+class Gemma3 : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = test::gemma_model_path();
+    if (!path.empty()) model_ = Model::load(path).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  static Model* model_;
+};
+Model* Gemma3::model_ = nullptr;
+
+TEST_F(Gemma3, ConfigFromMetadata) {
+  TANDEM_REQUIRE_GEMMA(path);
+  const ModelConfig& c = model_->config();
+  EXPECT_EQ(c.arch, Arch::kGemma3);
+  EXPECT_EQ(c.n_layer, 18);
+  EXPECT_EQ(c.n_embd, 640);
+  EXPECT_EQ(c.n_head, 4);
+  EXPECT_EQ(c.n_head_kv, 1);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.n_vocab, 262144);
+  EXPECT_EQ(c.sliding_window, 512);
+  // Every sixth layer is global.
+  for (int il = 0; il < c.n_layer; ++il) EXPECT_EQ(c.layer_is_swa[il], il % 6 != 5) << il;
+}
+
+TEST_F(Gemma3, MatchesLlamaCppGreedyAndLogits) {
+  TANDEM_REQUIRE_GEMMA(path);
+  const nlohmann::json refs = load_refs();
+  const ModelConfig& c = model_->config();
+  ThreadPool pool(2);
+  Generator gen(*model_, pool, 1024);
+  int n_cases = 0;
+  for (const auto& cs : refs["cases"]) {
+    const std::string text = cs["prompt"].get<std::string>();
+    SCOPED_TRACE(text);
+    const auto prompt = model_->tokenizer().encode(text, true, true);
+    ASSERT_EQ(prompt, cs["prompt_ids"].get<std::vector<int32_t>>());
+    const auto want = cs["greedy_ids"].get<std::vector<int32_t>>();
+    const auto margins = cs["greedy_margins"].get<std::vector<float>>();
+    ASSERT_EQ(want.size(), margins.size());
+
+    // Teacher-forced: run the prompt plus llama.cpp's greedy tokens through one
+    // prefill with logits at every generated position, so each step is judged
+    // on the same context llama.cpp saw.
+    KvCache kv(KvShape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v}, 16, 16);
+    SeqKv seq;
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), want.begin(), want.end() - 1);
+    ASSERT_TRUE(seq.reserve(kv, static_cast<int32_t>(all.size())));
+    Batch batch;
+    for (size_t i = 0; i < all.size(); ++i)
+      batch.push_back({all[i], static_cast<int32_t>(i), 0, i + 1 >= prompt.size()});
+    std::vector<float> logits;
+    SeqKv* seqs[] = {&seq};
+    model_->forward(batch, seqs, kv, pool, logits);
+    ASSERT_EQ(logits.size(), want.size() * c.n_vocab);
+
+    float worst = 0;
+    for (const char* key : {"top_logits", "sample_logits"})
+      for (const auto& e : cs[key]) worst = std::max(worst, std::abs(logits[e[0].get<int>()] - e[1].get<float>()));
+    EXPECT_LE(worst, kLogitBound);
+
+    int agree = 0, near_ties = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float* l = logits.data() + i * c.n_vocab;
+      const int32_t ours = static_cast<int32_t>(std::max_element(l, l + c.n_vocab) - l);
+      if (ours == want[i]) {
+        ++agree;
+      } else {
+        ++near_ties;
+        EXPECT_LT(margins[i], kTieMargin) << "step " << i << ": tandem picks " << ours << ", llama.cpp " << want[i];
+      }
+    }
+
+    // Free-running greedy: identical up to the first near tie at least.
+    GenerateOptions opts;
+    opts.max_tokens = static_cast<int32_t>(want.size());
+    opts.sampling.temperature = 0;
+    opts.stop_at_eog = false;
+    GenerateReport r = gen.generate(prompt, opts, [](std::string_view) { return true; });
+    size_t same = 0;
+    while (same < want.size() && r.tokens[same] == want[same]) ++same;
+    size_t first_tie = 0;
+    while (first_tie < want.size() && margins[first_tie] >= kTieMargin) ++first_tie;
+    EXPECT_GE(same, first_tie);
+    std::printf("[ gemma3 ] %-32s logits max diff %.3f | teacher-forced %d/%zu agree | free-running identical for %zu/%zu\n",
+                text.substr(0, 32).c_str(), worst, agree, want.size(), same, want.size());
+    ++n_cases;
+  }
+  EXPECT_GE(n_cases, 5);
+}
+
+}  // namespace
+}  // namespace tandem
