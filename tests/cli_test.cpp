@@ -1,0 +1,143 @@
+// The `tandem` program as a user runs it: a real process, stdout and stderr
+// captured separately.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+Result run_cli(const std::string& args) {
+  const auto err_path = std::filesystem::temp_directory_path() / ("tandem_cli_err_" + std::to_string(::getpid()));
+  const std::string cmd = std::string(TANDEM_CLI_PATH) + " " + args + " 2>" + err_path.string();
+  Result r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.err = test::read_file(err_path.string());
+  std::filesystem::remove(err_path);
+  return r;
+}
+
+std::string quote(const std::string& s) { return "'" + s + "'"; }
+
+const std::string kStories = test::shared_path("models/gguf/stories260K.gguf");
+
+TEST(Cli, RunPromptStdoutIsExactlyTheContinuation) {
+  Result r = run_cli("run -m " + quote(kStories) + " -p 'Once upon a time' -n 60 --temp 0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::string expected =
+      test::read_file(test::shared_path("models/reference/stories260K.greedy.n64.once_upon_a_time.stdout.txt"));
+  expected.pop_back();  // run.c's own final newline
+  EXPECT_EQ("Once upon a time" + r.out, expected);
+  // The phase report goes to stderr and names both phases.
+  EXPECT_NE(r.err.find("prefill"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("decode"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("time to first token"), std::string::npos) << r.err;
+}
+
+TEST(Cli, RunJsonReport) {
+  Result r = run_cli("run -m " + quote(kStories) + " -p 'Once upon a time' -n 20 --temp 0 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.err);
+  EXPECT_EQ(j["prompt_tokens"], 5);
+  EXPECT_EQ(j["generated_tokens"], 20);
+  for (const char* key : {"prefill_s", "prefill_tok_s", "ttft_s", "decode_s", "decode_tok_s", "ms_per_token"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_GT(j["decode_tok_s"].get<double>(), 0);
+  EXPECT_EQ(j["stop_reason"], "length");
+}
+
+TEST(Cli, SeededSamplingIsReproducible) {
+  const std::string args = "run -m " + quote(kStories) + " -p 'Once upon a time' -n 30 --temp 1.0 --seed 42";
+  Result a = run_cli(args), b = run_cli(args);
+  ASSERT_EQ(a.status, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  Result c = run_cli("run -m " + quote(kStories) + " -p 'Once upon a time' -n 30 --temp 1.0 --seed 43");
+  EXPECT_NE(a.out, c.out);
+}
+
+TEST(Cli, StopStringEndsGeneration) {
+  Result r = run_cli("run -m " + quote(kStories) + " -p 'Once upon a time' -n 60 --temp 0 --stop 'Lily'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, ", there was a little girl named ");
+}
+
+TEST(Cli, TokenizeVocabOnlyFile) {
+  Result r = run_cli("tokenize -m " + quote(test::shared_path("models/vocab/ggml-vocab-llama-spm.gguf")) +
+                     " 'Hello world'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "1 15043 3186\n");
+  r = run_cli("tokenize --no-bos -m " + quote(test::shared_path("models/vocab/ggml-vocab-llama-spm.gguf")) +
+              " 'Hello world'");
+  EXPECT_EQ(r.out, "15043 3186\n");
+}
+
+TEST(Cli, InspectPrintsMetadataAndTensors) {
+  Result r = run_cli("inspect " + quote(kStories));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("general.architecture"), std::string::npos);
+  EXPECT_NE(r.out.find("blk.4.ffn_down.weight"), std::string::npos);
+}
+
+TEST(Cli, ConvertLlama2cThenRun) {
+  const auto out = std::filesystem::temp_directory_path() / "tandem_cli_convert.gguf";
+  Result r = run_cli("convert llama2c " + quote(test::shared_path("models/llama2c/stories260K.bin")) + " " +
+                     quote(test::shared_path("models/llama2c/tok512.bin")) + " -o " + quote(out.string()));
+  ASSERT_EQ(r.status, 0) << r.err;
+  Result g = run_cli("run -m " + quote(out.string()) + " -p 'Once upon a time' -n 12 --temp 0");
+  EXPECT_EQ(g.status, 0) << g.err;
+  EXPECT_EQ(g.out, ", there was a little girl named Lily. She");
+  std::filesystem::remove(out);
+}
+
+TEST(Cli, ErrorsAreClearAndNonZero) {
+  Result r = run_cli("run -m /nonexistent/model.gguf -p hi");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("/nonexistent/model.gguf"), std::string::npos) << r.err;
+
+  r = run_cli("run -m " + quote(kStories) + " -p hi --chat hi");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("exactly one of"), std::string::npos) << r.err;
+
+  r = run_cli("run -m " + quote(kStories) + " -p hi --top-p 7");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("top_p"), std::string::npos) << r.err;
+
+  r = run_cli("inspect " + quote(test::shared_path("models/README.md")));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("magic"), std::string::npos) << r.err;
+
+  // The prompt does not fit a 16-token context.
+  r = run_cli("run -m " + quote(kStories) + " -c 16 -p 'Once upon a time there was a very long story about a dog'");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("context"), std::string::npos) << r.err;
+}
+
+TEST(Cli, ChatOnDefaultModel) {
+  TANDEM_REQUIRE_GEMMA(path);
+  Result r = run_cli("run -m " + quote(path) + " --chat 'What is the capital of France?' -n 24 --temp 0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_FALSE(r.out.empty());
+  EXPECT_EQ(r.out.find("<end_of_turn>"), std::string::npos);  // the turn end is not printed
+  EXPECT_NE(r.err.find("decode"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem
