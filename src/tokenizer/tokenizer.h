@@ -27,13 +27,16 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   // add_special: prepend BOS / append EOS as the vocab's add_bos/add_eos rules say.
-  // parse_special: text matching control/user-defined token strings (e.g.
-  // "<start_of_turn>") becomes that token instead of being tokenized as text.
+  // parse_special: text matching a control token string (e.g. "<start_of_turn>")
+  // becomes that token instead of being tokenized as text. User-defined tokens
+  // are matched either way, as llama.cpp does.
   virtual std::vector<int32_t> encode(std::string_view text, bool add_special,
                                       bool parse_special) const = 0;
   // The raw bytes a token stands for (may be part of a UTF-8 character).
-  // Control tokens give "" unless `render_special` is true.
+  // Control tokens give "" unless `render_special` is true. An id outside the
+  // vocab throws tandem::Error.
   virtual std::string token_to_piece(int32_t id, bool render_special = false) const = 0;
+  // llama.cpp's llama_detokenize(remove_special = false): the pieces joined.
   std::string decode(const std::vector<int32_t>& ids, bool render_special = false) const;
 
   virtual int32_t n_vocab() const = 0;
@@ -58,8 +61,10 @@ class Tokenizer {
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
-  std::string push(int32_t id);  // printable text completed by this token
-  std::string flush();           // whatever is held back (invalid bytes as U+FFFD)
+  // Text completed by this token; bytes that can never form a character come
+  // out as U+FFFD, so the result is always valid UTF-8.
+  std::string push(int32_t id);
+  std::string flush();  // whatever is held back, as U+FFFD
 
  private:
   const Tokenizer& tok_;
