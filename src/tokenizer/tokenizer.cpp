@@ -114,7 +114,7 @@ class GgufTokenizer final : public Tokenizer {
       const std::string_view raw = text.substr(f.offset, f.length);
       if (v_.kind == Vocab::Kind::kSpm) {
         buf.clear();
-        if (v_.add_space_prefix && prev_special) buf = " ";
+        if (v_.add_space_prefix && prev_special) buf.push_back(' ');
         buf += raw;
         replace_all(buf, " ", "\xE2\x96\x81");
         tok::spm_encode(v_, buf, out);
