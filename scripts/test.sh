@@ -6,6 +6,12 @@ cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 
+# Dequantization cross-check data: real tensors of the default model as the
+# PyPI gguf package (numpy) decodes them; read by QuantXcheck.* tests.
+MODEL="${TANDEM_MODEL_DIR:-$HOME/.cache/tandem/models}/gemma-3-270m-q4_k_m.gguf"
+.venv/bin/python scripts/quant_xcheck.py "$MODEL" build/quant_xcheck.bin >/dev/null
+export TANDEM_QUANT_XCHECK="$PWD/build/quant_xcheck.bin"
+
 echo "== tests (release build)" >&2
 ctest --test-dir build --output-on-failure -j"$(nproc)"
 
