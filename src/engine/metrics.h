@@ -1,0 +1,44 @@
+// Serving metrics: counters, gauges and latency histograms, read by the
+// server's /metrics endpoint (Prometheus text format).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+struct Histogram {
+  std::vector<double> bounds;     // upper bounds in seconds, ascending (+Inf implied)
+  std::vector<uint64_t> counts;   // per bucket (not cumulative), bounds.size() + 1 entries
+  double sum = 0;
+  uint64_t count = 0;
+
+  explicit Histogram(std::vector<double> b = {}) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+  void observe(double v) {
+    size_t i = 0;
+    while (i < bounds.size() && v > bounds[i]) ++i;
+    ++counts[i];
+    sum += v;
+    ++count;
+  }
+};
+
+struct MetricsSnapshot {
+  // gauges
+  int64_t running = 0, waiting = 0, swapped = 0;
+  int64_t kv_blocks_used = 0, kv_blocks_free = 0, kv_blocks_cached = 0, kv_blocks_total = 0;
+  // counters
+  uint64_t requests_finished = 0, requests_cancelled = 0, requests_rejected = 0;
+  uint64_t prompt_tokens = 0, generation_tokens = 0;
+  uint64_t prefix_cache_queried_tokens = 0, prefix_cache_hit_tokens = 0;
+  uint64_t preemptions = 0;
+  uint64_t steps = 0;
+  // latencies (seconds)
+  Histogram ttft{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
+  Histogram itl{{0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2}};
+  Histogram e2e{{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}};
+};
+
+}  // namespace tandem

@@ -1,0 +1,46 @@
+// What a client asks of the serving engine, and what it hears back.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+
+namespace tandem {
+
+struct RequestParams {
+  SamplingParams sampling;
+  int32_t max_tokens = 256;        // < 0: until the context is full
+  std::vector<std::string> stop;   // stop strings (not included in the text)
+  bool stop_at_eog = true;         // end at EOS / end-of-turn tokens
+  int32_t priority = 0;            // higher is scheduled first
+  int32_t n = 1;                   // choices; they share the prompt's KV blocks
+  int32_t logprobs = -1;           // -1: none; 0: the chosen token's; k > 0: plus the top k
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+// Delivered on the engine thread, in order per choice. A sink must return
+// quickly (queue the event, do not write to a socket).
+struct RequestEvent {
+  uint64_t request_id = 0;
+  int32_t choice = 0;
+  std::string text;                                 // new text since the last event
+  std::vector<int32_t> tokens;                      // new token ids
+  std::vector<TokenLogprob> logprobs;               // per new token (when asked)
+  std::vector<std::vector<TokenLogprob>> top_logprobs;
+  bool finished = false;
+  std::string finish_reason;                        // "stop", "length", "cancelled", "error"
+  std::string error;                                // when finish_reason == "error"
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;                    // so far, this choice
+  int32_t cached_prompt_tokens = 0;                 // prompt tokens served from the prefix cache
+};
+using EventSink = std::function<void(const RequestEvent&)>;
+
+}  // namespace tandem
