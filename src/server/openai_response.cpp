@@ -1,0 +1,139 @@
+#include "server/openai_response.h"
+
+namespace tandem::server {
+
+using nlohmann::json;
+
+void ChoiceState::add(const RequestEvent& ev) {
+  text += ev.text;
+  logprobs.insert(logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+  top_logprobs.insert(top_logprobs.end(), ev.top_logprobs.begin(), ev.top_logprobs.end());
+  completion_tokens = ev.completion_tokens;
+  if (ev.finished) {
+    finished = true;
+    finish_reason = ev.finish_reason;
+    error = ev.error;
+  }
+}
+
+json usage_json(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+json completion_logprobs_json(const std::vector<TokenLogprob>& lp, const std::vector<std::vector<TokenLogprob>>& top,
+                              const TokenText& text, size_t offset) {
+  json tokens = json::array(), values = json::array(), offsets = json::array();
+  json tops = top.empty() ? json(nullptr) : json::array();
+  for (size_t i = 0; i < lp.size(); ++i) {
+    const std::string piece = text(lp[i].token);
+    tokens.push_back(piece);
+    values.push_back(lp[i].logprob);
+    offsets.push_back(offset);
+    offset += piece.size();
+    if (i < top.size()) {
+      json alts = json::object();
+      for (const TokenLogprob& a : top[i]) alts[text(a.token)] = a.logprob;
+      tops.push_back(std::move(alts));
+    }
+  }
+  return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+namespace {
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+}  // namespace
+
+json chat_logprobs_json(const std::vector<TokenLogprob>& lp, const std::vector<std::vector<TokenLogprob>>& top,
+                        const TokenText& text) {
+  json content = json::array();
+  for (size_t i = 0; i < lp.size(); ++i) {
+    const std::string piece = text(lp[i].token);
+    json alts = json::array();
+    if (i < top.size())
+      for (const TokenLogprob& a : top[i]) {
+        const std::string p = text(a.token);
+        alts.push_back({{"token", p}, {"logprob", a.logprob}, {"bytes", bytes_of(p)}});
+      }
+    content.push_back({{"token", piece}, {"logprob", lp[i].logprob}, {"bytes", bytes_of(piece)}, {"top_logprobs", alts}});
+  }
+  return content;
+}
+
+namespace {
+
+json envelope(const ResponseMeta& m, bool chunk) {
+  const bool chat = m.endpoint == Endpoint::kChat;
+  const char* object = chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+  return {{"id", m.id}, {"object", object}, {"created", m.created}, {"model", m.model},
+          {"system_fingerprint", nullptr}};
+}
+
+json finish_value(const std::string& reason) { return reason.empty() ? json(nullptr) : json(reason); }
+
+}  // namespace
+
+json full_response(const ResponseMeta& m, const std::vector<ChoiceState>& choices, const Usage& u,
+                   const TokenText& text) {
+  json out = envelope(m, false);
+  json arr = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceState& c = choices[i];
+    json ch = {{"index", i}, {"finish_reason", finish_value(c.finish_reason)}, {"logprobs", nullptr}};
+    if (m.endpoint == Endpoint::kChat) {
+      ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+      if (m.logprobs) ch["logprobs"] = {{"content", chat_logprobs_json(c.logprobs, c.top_logprobs, text)}};
+    } else {
+      ch["text"] = c.text;
+      if (m.logprobs) ch["logprobs"] = completion_logprobs_json(c.logprobs, c.top_logprobs, text, 0);
+    }
+    arr.push_back(std::move(ch));
+  }
+  out["choices"] = std::move(arr);
+  out["usage"] = usage_json(u);
+  return out;
+}
+
+json role_chunk(const ResponseMeta& m, int32_t choice) {
+  json out = envelope(m, true);
+  out["choices"] = json::array(
+      {{{"index", choice}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+        {"finish_reason", nullptr}}});
+  if (m.include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+json event_chunk(const ResponseMeta& m, const RequestEvent& ev, const TokenText& text, size_t offset) {
+  json out = envelope(m, true);
+  json ch = {{"index", ev.choice}, {"logprobs", nullptr},
+             {"finish_reason", ev.finished ? finish_value(ev.finish_reason) : json(nullptr)}};
+  if (m.endpoint == Endpoint::kChat) {
+    ch["delta"] = ev.text.empty() && ev.finished ? json::object() : json{{"content", ev.text}};
+    if (m.logprobs) ch["logprobs"] = {{"content", chat_logprobs_json(ev.logprobs, ev.top_logprobs, text)}};
+  } else {
+    ch["text"] = ev.text;
+    if (m.logprobs) ch["logprobs"] = completion_logprobs_json(ev.logprobs, ev.top_logprobs, text, offset);
+  }
+  out["choices"] = json::array({std::move(ch)});
+  if (m.include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+json usage_chunk(const ResponseMeta& m, const Usage& u) {
+  json out = envelope(m, true);
+  out["choices"] = json::array();
+  out["usage"] = usage_json(u);
+  return out;
+}
+
+std::string sse_event(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+}  // namespace tandem::server

@@ -1,0 +1,76 @@
+// OpenAI API responses: the JSON of completions and chat completions, whole
+// and as streamed chunks, built from the engine's events.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/request.h"
+#include "server/openai_schema.h"
+
+namespace tandem::server {
+
+// A token's text as the tokenizer spells it (raw bytes: may be half a UTF-8
+// character).
+using TokenText = std::function<std::string(int32_t)>;
+
+struct ResponseMeta {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string id;       // "cmpl-..." / "chatcmpl-..."
+  std::string model;
+  int64_t created = 0;  // unix seconds
+  bool logprobs = false;
+  bool include_usage = false;  // streaming: "usage": null on every chunk, totals at the end
+};
+
+// One choice, accumulated over its events.
+struct ChoiceState {
+  std::string text;
+  std::vector<TokenLogprob> logprobs;
+  std::vector<std::vector<TokenLogprob>> top_logprobs;
+  bool finished = false;
+  std::string finish_reason;
+  std::string error;
+  int32_t completion_tokens = 0;
+  void add(const RequestEvent& ev);
+};
+
+struct Usage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_tokens = 0;
+};
+
+nlohmann::json usage_json(const Usage& u);
+
+// Completions' logprobs object for these tokens: tokens, token_logprobs,
+// top_logprobs (null without alternatives), text_offset (from `offset`, in
+// bytes of the generated text).
+nlohmann::json completion_logprobs_json(const std::vector<TokenLogprob>& lp,
+                                        const std::vector<std::vector<TokenLogprob>>& top, const TokenText& text,
+                                        size_t offset);
+// Chat's logprobs.content array: {token, logprob, bytes, top_logprobs} each.
+nlohmann::json chat_logprobs_json(const std::vector<TokenLogprob>& lp,
+                                  const std::vector<std::vector<TokenLogprob>>& top, const TokenText& text);
+
+// The whole (non-streaming) response.
+nlohmann::json full_response(const ResponseMeta& m, const std::vector<ChoiceState>& choices, const Usage& u,
+                             const TokenText& text);
+
+// Streaming: chat's opening chunk for a choice (delta.role = "assistant").
+nlohmann::json role_chunk(const ResponseMeta& m, int32_t choice);
+// The chunk for one event: its new text, its tokens' logprobs, and the
+// finish_reason when it ends the choice. `offset`: bytes of this choice's
+// earlier token pieces (completions' text_offset continues from there).
+nlohmann::json event_chunk(const ResponseMeta& m, const RequestEvent& ev, const TokenText& text, size_t offset);
+// The final usage chunk (choices: []), sent when include_usage.
+nlohmann::json usage_chunk(const ResponseMeta& m, const Usage& u);
+
+// "data: <json>\n\n"
+std::string sse_event(const nlohmann::json& j);
+
+}  // namespace tandem::server

@@ -1,0 +1,278 @@
+#include "server/openai_schema.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include <fmt/format.h>
+
+namespace tandem::server {
+
+using nlohmann::json;
+
+void throw_invalid(const std::string& param, const std::string& message) {
+  throw ApiError(400, message, "invalid_request_error", param);
+}
+
+json error_json(const ApiError& e) {
+  json err = {{"message", e.what()}, {"type", e.type()}, {"param", nullptr}, {"code", nullptr}};
+  if (!e.param().empty()) err["param"] = e.param();
+  if (!e.code().empty()) err["code"] = e.code();
+  return json{{"error", err}};
+}
+
+std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+namespace {
+
+const char* type_name(const json& v) {
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "null";
+}
+
+[[noreturn]] void wrong_type(const std::string& key, const char* want, const json& v) {
+  throw_invalid(key, fmt::format("'{}' must be {}, got {}", key, want, type_name(v)));
+}
+
+// The field's value, or nullptr when absent or null (OpenAI treats an explicit
+// null as "use the default").
+const json* field(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<bool> get_bool(const json& obj, const char* key) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) wrong_type(key, "a boolean", *v);
+  return v->get<bool>();
+}
+
+std::optional<std::string> get_string(const json& obj, const char* key) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) wrong_type(key, "a string", *v);
+  return v->get<std::string>();
+}
+
+// Integers in [lo, hi]. JSON integers beyond int64 arrive as unsigned or as
+// doubles; both are out of any range we accept, so they fail the range check.
+std::optional<int64_t> get_int(const json& obj, const char* key, int64_t lo, int64_t hi) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) wrong_type(key, "an integer", *v);
+  bool in_range;
+  int64_t x = 0;
+  if (v->is_number_unsigned()) {
+    const uint64_t u = v->get<uint64_t>();
+    in_range = u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) && static_cast<int64_t>(u) <= hi;
+    if (in_range) x = static_cast<int64_t>(u);
+  } else {
+    x = v->get<int64_t>();
+    in_range = x >= lo && x <= hi;
+  }
+  if (!in_range || x < lo)
+    throw_invalid(key, fmt::format("'{}' must be an integer between {} and {}, got {}", key, lo, hi, v->dump()));
+  return x;
+}
+
+struct Range {
+  double lo, hi;
+  bool lo_open = false;
+};
+
+std::optional<double> get_number(const json& obj, const char* key, Range r) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) wrong_type(key, "a number", *v);
+  const double x = v->get<double>();
+  const bool ok = std::isfinite(x) && (r.lo_open ? x > r.lo : x >= r.lo) && x <= r.hi;
+  if (!ok)
+    throw_invalid(key, fmt::format("'{}' must be a number in {}{}, {}], got {}", key, r.lo_open ? "(" : "[",
+                                   r.lo, r.hi, v->dump()));
+  return x;
+}
+
+void reject_if_present(const json& obj, const char* key, const char* why) {
+  const json* v = field(obj, key);
+  if (!v) return;
+  const bool empty = (v->is_string() && v->get<std::string>().empty()) || (v->is_boolean() && !v->get<bool>()) ||
+                     ((v->is_object() || v->is_array()) && v->empty());
+  if (!empty) throw_invalid(key, fmt::format("'{}' is not supported: {}", key, why));
+}
+
+std::vector<std::string> parse_stop(const json& obj, const ParseLimits& lim) {
+  const json* v = field(obj, "stop");
+  if (!v) return {};
+  if (v->is_string()) return {v->get<std::string>()};
+  if (!v->is_array()) wrong_type("stop", "a string or an array of strings", *v);
+  if (v->size() > static_cast<size_t>(lim.max_stop))
+    throw_invalid("stop", fmt::format("'stop' has {} strings; at most {} are allowed", v->size(), lim.max_stop));
+  std::vector<std::string> out;
+  for (const json& s : *v) {
+    if (!s.is_string()) throw_invalid("stop", fmt::format("'stop' must hold strings, got {}", type_name(s)));
+    out.push_back(s.get<std::string>());
+  }
+  return out;
+}
+
+int32_t checked_token(const json& t) {
+  if (!t.is_number_integer()) throw_invalid("prompt", fmt::format("token ids in 'prompt' must be integers, got {}", type_name(t)));
+  if (t.is_number_unsigned() ? t.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())
+                             : (t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()))
+    throw_invalid("prompt", fmt::format("token id {} in 'prompt' is out of range", t.dump()));
+  return static_cast<int32_t>(t.get<int64_t>());
+}
+
+// A string, one-element array of strings, an array of token ids, or a
+// one-element array of such arrays.
+void parse_prompt(const json& obj, ApiRequest& r) {
+  const json* v = field(obj, "prompt");
+  if (!v) throw_invalid("prompt", "missing required field 'prompt'");
+  const json* p = v;
+  if (v->is_array() && v->size() == 1 && ((*v)[0].is_string() || (*v)[0].is_array())) p = &(*v)[0];
+  if (p->is_string()) {
+    r.prompt = p->get<std::string>();
+    return;
+  }
+  if (!p->is_array()) wrong_type("prompt", "a string or an array of token ids", *p);
+  if (p->empty()) throw_invalid("prompt", "'prompt' is empty");
+  if ((*p)[0].is_string() || (*p)[0].is_array())
+    throw_invalid("prompt", fmt::format("'prompt' holds {} prompts; send one prompt per request", p->size()));
+  r.prompt_is_tokens = true;
+  r.prompt_tokens.reserve(p->size());
+  for (const json& t : *p) r.prompt_tokens.push_back(checked_token(t));
+}
+
+std::string message_content(const json& c, size_t i) {
+  const std::string key = fmt::format("messages[{}].content", i);
+  if (c.is_null()) return {};
+  if (c.is_string()) return c.get<std::string>();
+  if (!c.is_array()) wrong_type(key, "a string or an array of content parts", c);
+  std::string text;
+  for (const json& part : c) {
+    if (!part.is_object()) throw_invalid(key, fmt::format("'{}' parts must be objects", key));
+    const auto type = get_string(part, "type");
+    if (type != "text")
+      throw_invalid(key, fmt::format("'{}' part of type '{}' is not supported (text only)", key, type.value_or("")));
+    const auto t = get_string(part, "text");
+    if (!t) throw_invalid(key, fmt::format("'{}' text part has no 'text'", key));
+    text += *t;
+  }
+  return text;
+}
+
+void parse_messages(const json& obj, ApiRequest& r) {
+  const json* v = field(obj, "messages");
+  if (!v) throw_invalid("messages", "missing required field 'messages'");
+  if (!v->is_array()) wrong_type("messages", "an array", *v);
+  if (v->empty()) throw_invalid("messages", "'messages' is empty");
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& m = (*v)[i];
+    if (!m.is_object()) throw_invalid("messages", fmt::format("messages[{}] must be an object, got {}", i, type_name(m)));
+    const json* role = field(m, "role");
+    if (!role || !role->is_string())
+      throw_invalid("messages", fmt::format("messages[{}] needs a string 'role'", i));
+    std::string rl = role->get<std::string>();
+    if (rl == "developer") rl = "system";  // OpenAI's newer name for the system role
+    if (rl != "system" && rl != "user" && rl != "assistant")
+      throw_invalid("messages", fmt::format("messages[{}].role '{}' is not supported (system, developer, user, "
+                                            "assistant)", i, role->get<std::string>()));
+    auto it = m.find("content");
+    if ((it == m.end() || it->is_null()) && rl != "assistant")
+      throw_invalid("messages", fmt::format("messages[{}] needs 'content'", i));
+    r.messages.push_back({rl, it == m.end() ? std::string() : message_content(*it, i)});
+  }
+}
+
+}  // namespace
+
+ApiRequest parse_request(Endpoint ep, std::string_view body, const ParseLimits& lim) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw_invalid("", "the request body is not valid JSON");
+  return parse_request_json(ep, j, lim);
+}
+
+ApiRequest parse_request_json(Endpoint ep, const json& j, const ParseLimits& lim) {
+  if (!j.is_object()) throw_invalid("", fmt::format("the request body must be a JSON object, got {}", type_name(j)));
+  ApiRequest r;
+  r.endpoint = ep;
+  const bool chat = ep == Endpoint::kChat;
+  if (const json* m = field(j, "model")) {
+    if (!m->is_string()) wrong_type("model", "a string", *m);
+    r.model = m->get<std::string>();
+  }
+  if (chat) parse_messages(j, r);
+  else parse_prompt(j, r);
+
+  RequestParams& p = r.params;
+  SamplingParams& s = p.sampling;
+  s.temperature = 1.0f;
+  s.top_p = 1.0f;
+  s.top_k = 0;
+  s.min_p = 0.0f;
+  s.repeat_penalty = 1.0f;
+  s.seed = 0xFFFFFFFF;  // the sampler's "random seed"
+  p.max_tokens = chat ? -1 : 16;
+
+  constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+  if (auto v = get_int(j, "max_tokens", 1, kMaxInt)) p.max_tokens = static_cast<int32_t>(*v);
+  if (auto v = get_int(j, "max_completion_tokens", 1, kMaxInt)) p.max_tokens = static_cast<int32_t>(*v);
+  if (auto v = get_number(j, "temperature", {0, 2})) s.temperature = static_cast<float>(*v);
+  if (auto v = get_number(j, "top_p", {0, 1, true})) s.top_p = static_cast<float>(*v);
+  if (auto v = get_int(j, "top_k", -1, kMaxInt)) s.top_k = static_cast<int32_t>(*v);
+  if (auto v = get_number(j, "min_p", {0, 1})) s.min_p = static_cast<float>(*v);
+  if (auto v = get_number(j, "frequency_penalty", {-2, 2})) s.frequency_penalty = static_cast<float>(*v);
+  if (auto v = get_number(j, "presence_penalty", {-2, 2})) s.presence_penalty = static_cast<float>(*v);
+  if (auto v = get_number(j, "repeat_penalty", {0, 10, true})) s.repeat_penalty = static_cast<float>(*v);
+  if (auto v = get_int(j, "repeat_last_n", -1, kMaxInt)) s.repeat_last_n = static_cast<int32_t>(*v);
+  if (const json* v = field(j, "seed")) {
+    if (!v->is_number_integer()) wrong_type("seed", "an integer", *v);
+    // Negative seeds keep their bits: all 64 count in the sampler.
+    s.seed = v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
+  }
+  if (auto v = get_int(j, "n", 1, lim.max_n)) p.n = static_cast<int32_t>(*v);
+  if (auto v = get_int(j, "priority", -1000000, 1000000)) p.priority = static_cast<int32_t>(*v);
+  if (auto v = get_bool(j, "ignore_eos")) p.stop_at_eog = !*v;
+  p.stop = parse_stop(j, lim);
+
+  if (chat) {
+    const bool lp = get_bool(j, "logprobs").value_or(false);
+    const auto top = get_int(j, "top_logprobs", 0, lim.max_logprobs);
+    if (top && !lp) throw_invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    p.logprobs = lp ? static_cast<int32_t>(top.value_or(0)) : -1;
+  } else {
+    if (auto v = get_int(j, "logprobs", 0, lim.max_logprobs)) p.logprobs = static_cast<int32_t>(*v);
+  }
+
+  r.stream = get_bool(j, "stream").value_or(false);
+  if (const json* so = field(j, "stream_options")) {
+    if (!so->is_object()) wrong_type("stream_options", "an object", *so);
+    if (!r.stream) throw_invalid("stream_options", "'stream_options' is only allowed with 'stream': true");
+    r.include_usage = get_bool(*so, "include_usage").value_or(false);
+  }
+
+  // Recognised but not implemented: refuse rather than silently answer
+  // something else than what was asked.
+  if (auto v = get_int(j, "best_of", 1, lim.max_n); v && *v != p.n)
+    throw_invalid("best_of", "'best_of' other than 'n' is not supported");
+  reject_if_present(j, "echo", "the prompt is not echoed");
+  reject_if_present(j, "suffix", "no insertion mode");
+  reject_if_present(j, "logit_bias", "no logit bias");
+  reject_if_present(j, "tools", "no tool calling");
+  reject_if_present(j, "functions", "no function calling");
+  if (const json* rf = field(j, "response_format")) {
+    if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
+    if (get_string(*rf, "type").value_or("text") != "text")
+      throw_invalid("response_format", "only 'response_format' {\"type\": \"text\"} is supported");
+  }
+  return r;
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,80 @@
+// OpenAI API requests: parsing and validation of the JSON bodies of
+// /v1/completions and /v1/chat/completions into engine parameters, and the
+// OpenAI-style error object. No networking here, so all of it is unit-tested.
+//
+// Defaults follow OpenAI's documentation, not llama.cpp's CLI: temperature 1,
+// top_p 1, no top-k or min-p unless asked, max_tokens 16 for completions and
+// "until the context is full" for chat.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "chat/chat_template.h"
+#include "engine/request.h"
+
+namespace tandem::server {
+
+// An error the HTTP layer answers with `status` and the body error_json().
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, const std::string& message, std::string type, std::string param = {},
+           std::string code = {})
+      : std::runtime_error(message), status_(status), type_(std::move(type)), param_(std::move(param)),
+        code_(std::move(code)) {}
+  int status() const { return status_; }
+  const std::string& type() const { return type_; }
+  const std::string& param() const { return param_; }  // "" when none
+  const std::string& code() const { return code_; }    // "" when none
+
+ private:
+  int status_;
+  std::string type_, param_, code_;
+};
+
+// 400 invalid_request_error naming the offending field.
+[[noreturn]] void throw_invalid(const std::string& param, const std::string& message);
+
+// {"error": {"message", "type", "param", "code"}}; param and code are null when empty.
+nlohmann::json error_json(const ApiError& e);
+
+// Serializes for the wire; invalid UTF-8 (a token piece can be half a
+// character) becomes U+FFFD instead of throwing.
+std::string dump_json(const nlohmann::json& j);
+
+enum class Endpoint { kCompletions, kChat };
+
+struct ParseLimits {
+  int32_t max_n = 16;          // choices per request
+  int32_t max_logprobs = 20;   // top alternatives per token
+  int32_t max_stop = 16;       // stop strings
+};
+
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;                    // "" when not given
+  // completions: the prompt as text, or as token ids when prompt_is_tokens
+  std::string prompt;
+  std::vector<int32_t> prompt_tokens;
+  bool prompt_is_tokens = false;
+  // chat
+  std::vector<ChatMessage> messages;
+
+  RequestParams params;                 // params.logprobs: -1 none, else top-k count
+  bool stream = false;
+  bool include_usage = false;           // stream_options.include_usage
+};
+
+// Throws ApiError(400) for malformed JSON, a body that is not an object,
+// missing required fields, wrong types, values out of range, and features that
+// are recognised but not implemented (echo, suffix, logit_bias, tools, several
+// prompts in one request). Unknown fields are ignored.
+ApiRequest parse_request(Endpoint ep, std::string_view body, const ParseLimits& lim = {});
+ApiRequest parse_request_json(Endpoint ep, const nlohmann::json& body, const ParseLimits& lim = {});
+
+}  // namespace tandem::server

@@ -1,0 +1,84 @@
+#include "server/prometheus.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace tandem::server {
+namespace {
+
+// Prometheus reads Go-style floats: +Inf, -Inf, NaN; anything else as printed
+// by fmt (shortest round-trip form).
+std::string number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  return fmt::format("{}", v);
+}
+
+void header(std::string& out, const char* name, const char* type, const char* help) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+void histogram(std::string& out, const char* name, const char* help, const Histogram& h) {
+  header(out, name, "histogram", help);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    cumulative += i < h.counts.size() ? h.counts[i] : 0;
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, number(h.bounds[i]), cumulative);
+  }
+  // The +Inf bucket is the total by definition, whatever the per-bucket counts say.
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n", name, h.count);
+  out += fmt::format("{}_sum {}\n", name, number(h.sum));
+  out += fmt::format("{}_count {}\n", name, h.count);
+}
+
+template <typename T>
+void single(std::string& out, const char* name, const char* type, const char* help, T value) {
+  header(out, name, type, help);
+  if constexpr (std::is_floating_point_v<T>) out += fmt::format("{} {}\n", name, number(value));
+  else out += fmt::format("{} {}\n", name, value);
+}
+
+}  // namespace
+
+std::string render_prometheus(const MetricsSnapshot& m) {
+  std::string out;
+  histogram(out, "tandem_time_to_first_token_seconds", "Time from request arrival to its first generated token.",
+            m.ttft);
+  histogram(out, "tandem_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.",
+            m.itl);
+  histogram(out, "tandem_e2e_request_latency_seconds", "Time from request arrival to its end.", m.e2e);
+
+  single(out, "tandem_prompt_tokens_total", "counter", "Prompt tokens of submitted requests.", m.prompt_tokens);
+  single(out, "tandem_generation_tokens_total", "counter", "Generated tokens.", m.generation_tokens);
+  single(out, "tandem_requests_finished_total", "counter", "Requests that ended (any reason).", m.requests_finished);
+  single(out, "tandem_requests_cancelled_total", "counter", "Requests cancelled (client gone or shutdown).",
+         m.requests_cancelled);
+  single(out, "tandem_requests_rejected_total", "counter", "Requests refused because the wait queue was full.",
+         m.requests_rejected);
+  single(out, "tandem_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.", m.preemptions);
+  single(out, "tandem_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
+         m.prefix_cache_hit_tokens);
+  single(out, "tandem_prefix_cache_queried_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.",
+         m.prefix_cache_queried_tokens);
+  single(out, "tandem_engine_steps_total", "counter", "Engine steps (batched forward passes).", m.steps);
+
+  single(out, "tandem_requests_running", "gauge", "Sequences scheduled in the running batch.", m.running);
+  single(out, "tandem_requests_waiting", "gauge", "Requests in the wait queue.", m.waiting);
+  single(out, "tandem_requests_swapped", "gauge", "Sequences whose KV blocks are swapped to host memory.",
+         m.swapped);
+  single(out, "tandem_kv_blocks_used", "gauge", "KV blocks held by sequences.", m.kv_blocks_used);
+  single(out, "tandem_kv_blocks_free", "gauge", "KV blocks free (including cached blocks that can be evicted).",
+         m.kv_blocks_free);
+  single(out, "tandem_kv_blocks_cached", "gauge", "Free KV blocks that still hold a reusable cached prefix.",
+         m.kv_blocks_cached);
+  single(out, "tandem_kv_blocks_total", "gauge", "KV blocks in the pool.", m.kv_blocks_total);
+  const double ratio = m.prefix_cache_queried_tokens
+                           ? static_cast<double>(m.prefix_cache_hit_tokens) / m.prefix_cache_queried_tokens
+                           : 0.0;
+  single(out, "tandem_prefix_cache_hit_ratio", "gauge", "Prefix-cache hit tokens over queried tokens (0 when none).",
+         ratio);
+  return out;
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,240 @@
+// OpenAI request parsing and validation (no network, no model).
+#include "server/openai_schema.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace tandem::server {
+namespace {
+
+using nlohmann::json;
+
+ApiRequest completion(const std::string& body) { return parse_request(Endpoint::kCompletions, body); }
+ApiRequest chat(const std::string& body) { return parse_request(Endpoint::kChat, body); }
+
+// The ApiError a body raises (status 0 when it parses).
+ApiError error_of(Endpoint ep, const std::string& body) {
+  try {
+    parse_request(ep, body);
+  } catch (const ApiError& e) {
+    return e;
+  }
+  return ApiError(0, "parsed", "none");
+}
+
+TEST(ServerSchema, CompletionDefaultsAreOpenAIs) {
+  const ApiRequest r = completion(R"({"model": "m", "prompt": "Once upon"})");
+  EXPECT_EQ(r.endpoint, Endpoint::kCompletions);
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.prompt, "Once upon");
+  EXPECT_FALSE(r.prompt_is_tokens);
+  EXPECT_EQ(r.params.max_tokens, 16);
+  EXPECT_FLOAT_EQ(r.params.sampling.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(r.params.sampling.top_p, 1.0f);
+  EXPECT_EQ(r.params.sampling.top_k, 0);
+  EXPECT_FLOAT_EQ(r.params.sampling.min_p, 0.0f);
+  EXPECT_FLOAT_EQ(r.params.sampling.repeat_penalty, 1.0f);
+  EXPECT_EQ(r.params.sampling.seed, 0xFFFFFFFFu);
+  EXPECT_EQ(r.params.n, 1);
+  EXPECT_EQ(r.params.logprobs, -1);
+  EXPECT_TRUE(r.params.stop.empty());
+  EXPECT_TRUE(r.params.stop_at_eog);
+  EXPECT_FALSE(r.stream);
+  EXPECT_FALSE(r.include_usage);
+}
+
+TEST(ServerSchema, ChatDefaultsRunToTheContext) {
+  const ApiRequest r = chat(R"({"messages": [{"role": "user", "content": "hi"}]})");
+  EXPECT_EQ(r.endpoint, Endpoint::kChat);
+  EXPECT_EQ(r.model, "");
+  ASSERT_EQ(r.messages.size(), 1u);
+  EXPECT_EQ(r.messages[0].role, "user");
+  EXPECT_EQ(r.messages[0].content, "hi");
+  EXPECT_EQ(r.params.max_tokens, -1);
+}
+
+TEST(ServerSchema, EverySamplingFieldMaps) {
+  const ApiRequest r = completion(R"({
+    "prompt": "x", "max_tokens": 40, "temperature": 0.5, "top_p": 0.9, "top_k": 7, "min_p": 0.1,
+    "frequency_penalty": 0.25, "presence_penalty": -0.5, "repeat_penalty": 1.1, "repeat_last_n": 32,
+    "seed": 42, "n": 3, "stop": ["\n\n", "The end"], "logprobs": 2, "stream": true,
+    "stream_options": {"include_usage": true}, "ignore_eos": true, "priority": 5, "user": "ignored",
+    "some_future_field": {"a": 1}})");
+  EXPECT_EQ(r.params.max_tokens, 40);
+  EXPECT_FLOAT_EQ(r.params.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.params.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.params.sampling.top_k, 7);
+  EXPECT_FLOAT_EQ(r.params.sampling.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(r.params.sampling.frequency_penalty, 0.25f);
+  EXPECT_FLOAT_EQ(r.params.sampling.presence_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(r.params.sampling.repeat_penalty, 1.1f);
+  EXPECT_EQ(r.params.sampling.repeat_last_n, 32);
+  EXPECT_EQ(r.params.sampling.seed, 42u);
+  EXPECT_EQ(r.params.n, 3);
+  EXPECT_EQ(r.params.stop, (std::vector<std::string>{"\n\n", "The end"}));
+  EXPECT_EQ(r.params.logprobs, 2);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_FALSE(r.params.stop_at_eog);
+  EXPECT_EQ(r.params.priority, 5);
+}
+
+TEST(ServerSchema, MaxCompletionTokensWinsAndNullMeansDefault) {
+  EXPECT_EQ(chat(R"({"messages": [{"role": "user", "content": "a"}], "max_tokens": 5,
+                     "max_completion_tokens": 9})").params.max_tokens, 9);
+  const ApiRequest r = completion(R"({"prompt": "x", "temperature": null, "max_tokens": null, "stop": null})");
+  EXPECT_FLOAT_EQ(r.params.sampling.temperature, 1.0f);
+  EXPECT_EQ(r.params.max_tokens, 16);
+  EXPECT_TRUE(r.params.stop.empty());
+}
+
+TEST(ServerSchema, StopAsStringAndSeedKeepsAllBits) {
+  EXPECT_EQ(completion(R"({"prompt": "x", "stop": "END"})").params.stop, std::vector<std::string>{"END"});
+  EXPECT_EQ(completion(R"({"prompt": "x", "seed": -1})").params.sampling.seed, ~uint64_t{0});
+  EXPECT_EQ(completion(R"({"prompt": "x", "seed": 18446744073709551615})").params.sampling.seed, ~uint64_t{0});
+  EXPECT_EQ(completion(R"({"prompt": "x", "seed": 0})").params.sampling.seed, 0u);
+}
+
+TEST(ServerSchema, PromptForms) {
+  EXPECT_EQ(completion(R"({"prompt": ["one prompt"]})").prompt, "one prompt");
+  ApiRequest t = completion(R"({"prompt": [1, 15043, 3186]})");
+  EXPECT_TRUE(t.prompt_is_tokens);
+  EXPECT_EQ(t.prompt_tokens, (std::vector<int32_t>{1, 15043, 3186}));
+  t = completion(R"({"prompt": [[5, 6]]})");
+  EXPECT_TRUE(t.prompt_is_tokens);
+  EXPECT_EQ(t.prompt_tokens, (std::vector<int32_t>{5, 6}));
+  // An empty string is a valid prompt here: the BOS token may still make it non-empty.
+  EXPECT_EQ(completion(R"({"prompt": ""})").prompt, "");
+}
+
+TEST(ServerSchema, ChatMessages) {
+  const ApiRequest r = chat(R"({"messages": [
+      {"role": "developer", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "there"}]},
+      {"role": "assistant", "content": null},
+      {"role": "user", "content": "again", "name": "bob"}],
+    "logprobs": true, "top_logprobs": 3})");
+  ASSERT_EQ(r.messages.size(), 4u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[0].content, "Be brief.");
+  EXPECT_EQ(r.messages[1].content, "Hello, there");
+  EXPECT_EQ(r.messages[2].role, "assistant");
+  EXPECT_EQ(r.messages[2].content, "");
+  EXPECT_EQ(r.params.logprobs, 3);
+  EXPECT_EQ(chat(R"({"messages": [{"role": "user", "content": "a"}], "logprobs": true})").params.logprobs, 0);
+  EXPECT_EQ(chat(R"({"messages": [{"role": "user", "content": "a"}], "logprobs": false})").params.logprobs, -1);
+}
+
+struct BadCase {
+  Endpoint ep;
+  const char* body;
+  const char* param;      // expected "param" of the error
+  const char* in_message; // a fragment the message must hold
+};
+
+TEST(ServerSchema, BadRequestsAre400NamingTheField) {
+  const Endpoint C = Endpoint::kCompletions, H = Endpoint::kChat;
+  const BadCase cases[] = {
+      {C, R"({"prompt": "x",)", "", "not valid JSON"},
+      {C, R"([1, 2])", "", "must be a JSON object"},
+      {C, R"("text")", "", "must be a JSON object"},
+      {C, R"({})", "prompt", "missing required field 'prompt'"},
+      {C, R"({"prompt": 5})", "prompt", "'prompt' must be"},
+      {C, R"({"prompt": []})", "prompt", "empty"},
+      {C, R"({"prompt": ["a", "b"]})", "prompt", "2 prompts"},
+      {C, R"({"prompt": [1, "a"]})", "prompt", "must be integers"},
+      {C, R"({"prompt": [1, -3]})", "prompt", "out of range"},
+      {C, R"({"prompt": [4294967296]})", "prompt", "out of range"},
+      {C, R"({"prompt": "x", "model": 3})", "model", "must be a string"},
+      {C, R"({"prompt": "x", "max_tokens": -1})", "max_tokens", "between 1 and"},
+      {C, R"({"prompt": "x", "max_tokens": 0})", "max_tokens", "between 1 and"},
+      {C, R"({"prompt": "x", "max_tokens": 1.5})", "max_tokens", "must be an integer"},
+      {C, R"({"prompt": "x", "max_tokens": "10"})", "max_tokens", "got a string"},
+      {C, R"({"prompt": "x", "max_tokens": 99999999999999999999})", "max_tokens", "must be an integer"},
+      {C, R"({"prompt": "x", "max_tokens": 9223372036854775808})", "max_tokens", "between 1 and"},
+      {C, R"({"prompt": "x", "temperature": 2.5})", "temperature", "[0, 2]"},
+      {C, R"({"prompt": "x", "temperature": -0.1})", "temperature", "[0, 2]"},
+      {C, R"({"prompt": "x", "temperature": "hot"})", "temperature", "must be a number"},
+      {C, R"({"prompt": "x", "top_p": 0})", "top_p", "(0, 1]"},
+      {C, R"({"prompt": "x", "top_p": 1.5})", "top_p", "(0, 1]"},
+      {C, R"({"prompt": "x", "top_k": -2})", "top_k", "between -1 and"},
+      {C, R"({"prompt": "x", "min_p": 1.5})", "min_p", "[0, 1]"},
+      {C, R"({"prompt": "x", "frequency_penalty": 3})", "frequency_penalty", "[-2, 2]"},
+      {C, R"({"prompt": "x", "presence_penalty": -2.5})", "presence_penalty", "[-2, 2]"},
+      {C, R"({"prompt": "x", "repeat_penalty": 0})", "repeat_penalty", "(0, 10]"},
+      {C, R"({"prompt": "x", "n": 17})", "n", "between 1 and 16"},
+      {C, R"({"prompt": "x", "n": 0})", "n", "between 1 and 16"},
+      {C, R"({"prompt": "x", "seed": 1.5})", "seed", "must be an integer"},
+      {C, R"({"prompt": "x", "stop": 5})", "stop", "string or an array"},
+      {C, R"({"prompt": "x", "stop": ["a", 1]})", "stop", "must hold strings"},
+      {C, R"({"prompt": "x", "logprobs": 21})", "logprobs", "between 0 and 20"},
+      {C, R"({"prompt": "x", "logprobs": true})", "logprobs", "must be an integer"},
+      {C, R"({"prompt": "x", "stream": "yes"})", "stream", "must be a boolean"},
+      {C, R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options", "only allowed"},
+      {C, R"({"prompt": "x", "stream": true, "stream_options": 1})", "stream_options", "must be an object"},
+      {C, R"({"prompt": "x", "echo": true})", "echo", "not supported"},
+      {C, R"({"prompt": "x", "suffix": "end"})", "suffix", "not supported"},
+      {C, R"({"prompt": "x", "logit_bias": {"50256": -100}})", "logit_bias", "not supported"},
+      {C, R"({"prompt": "x", "best_of": 3})", "best_of", "not supported"},
+      {H, R"({})", "messages", "missing required field 'messages'"},
+      {H, R"({"messages": []})", "messages", "empty"},
+      {H, R"({"messages": "hi"})", "messages", "must be an array"},
+      {H, R"({"messages": [3]})", "messages", "must be an object"},
+      {H, R"({"messages": [{"content": "x"}]})", "messages", "string 'role'"},
+      {H, R"({"messages": [{"role": "tool", "content": "x"}]})", "messages", "'tool' is not supported"},
+      {H, R"({"messages": [{"role": "user"}]})", "messages", "needs 'content'"},
+      {H, R"({"messages": [{"role": "user", "content": 7}]})", "messages[0].content", "must be a string"},
+      {H, R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
+       "messages[0].content", "image_url"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2})", "top_logprobs",
+       "needs 'logprobs'"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "logprobs": 1})", "logprobs", "must be a boolean"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "logprobs": true, "top_logprobs": 21})",
+       "top_logprobs", "between 0 and 20"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]})", "tools",
+       "not supported"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_object"}})",
+       "response_format", "only"},
+  };
+  for (const BadCase& c : cases) {
+    const ApiError e = error_of(c.ep, c.body);
+    EXPECT_EQ(e.status(), 400) << c.body;
+    EXPECT_EQ(e.type(), "invalid_request_error") << c.body;
+    EXPECT_EQ(e.param(), c.param) << c.body;
+    EXPECT_NE(std::string(e.what()).find(c.in_message), std::string::npos) << c.body << " -> " << e.what();
+  }
+}
+
+TEST(ServerSchema, AcceptedEdgeValues) {
+  EXPECT_FLOAT_EQ(completion(R"({"prompt": "x", "temperature": 0})").params.sampling.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(completion(R"({"prompt": "x", "temperature": 2})").params.sampling.temperature, 2.0f);
+  EXPECT_FLOAT_EQ(completion(R"({"prompt": "x", "top_p": 1})").params.sampling.top_p, 1.0f);
+  EXPECT_EQ(completion(R"({"prompt": "x", "top_k": -1})").params.sampling.top_k, -1);
+  EXPECT_EQ(completion(R"({"prompt": "x", "n": 16, "best_of": 16})").params.n, 16);
+  EXPECT_EQ(completion(R"({"prompt": "x", "logprobs": 0})").params.logprobs, 0);
+  EXPECT_FALSE(completion(R"({"prompt": "x", "echo": false, "suffix": "", "logit_bias": {}})").stream);
+  EXPECT_TRUE(chat(R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "text"}})")
+                  .messages.size() == 1);
+}
+
+TEST(ServerSchema, ErrorJsonShape) {
+  const json a = error_json(ApiError(400, "bad 'n'", "invalid_request_error", "n"));
+  EXPECT_EQ(a["error"]["message"], "bad 'n'");
+  EXPECT_EQ(a["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(a["error"]["param"], "n");
+  EXPECT_TRUE(a["error"]["code"].is_null());
+  const json b = error_json(ApiError(404, "no", "invalid_request_error", "", "model_not_found"));
+  EXPECT_TRUE(b["error"]["param"].is_null());
+  EXPECT_EQ(b["error"]["code"], "model_not_found");
+}
+
+TEST(ServerSchema, DumpJsonReplacesInvalidUtf8) {
+  const json j = {{"token", std::string("\xE2\x96")}};  // half of a 3-byte character
+  std::string s;
+  ASSERT_NO_THROW(s = dump_json(j));
+  EXPECT_EQ(s, "{\"token\":\"\xEF\xBF\xBD\"}");
+}
+
+}  // namespace
+}  // namespace tandem::server
