@@ -1,0 +1,437 @@
+#include "kv/block_manager.h"
+
+#include <algorithm>
+#include <random>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace tandem {
+namespace {
+
+// MurmurHash3's finalizer: a bijection on 64 bits with full avalanche.
+uint64_t fmix64(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ULL;
+  k ^= k >> 33;
+  return k;
+}
+
+[[noreturn]] void broken(const std::string& what) { throw std::logic_error("BlockManager invariant: " + what); }
+
+}  // namespace
+
+BlockManager::BlockManager(int32_t n_blocks, int32_t block_size, bool enable_prefix_caching)
+    : block_size_(block_size), prefix_caching_(enable_prefix_caching) {
+  if (n_blocks <= 0 || block_size <= 0)
+    fail(ErrorKind::kInvalidArgument, "block manager needs a positive block count and size (got {} blocks of {})",
+         n_blocks, block_size);
+  // A per-process seed keeps a client from crafting prompts whose keys collide
+  // with another's (which would only cost cache hits, as hits compare keys exactly).
+  std::random_device rd;
+  seed_ = (uint64_t(rd()) << 32) ^ rd();
+  blocks_.resize(n_blocks);
+  key_tokens_.resize(size_t(n_blocks) * block_size);
+  plain_free_.reserve(n_blocks);
+  for (int32_t b = n_blocks - 1; b >= 0; --b) plain_free_.push_back(b);
+}
+
+uint64_t BlockManager::key_hash(BlockRef parent, std::span<const int32_t> tokens) const {
+  uint64_t h = fmix64(seed_ ^ (uint64_t(uint32_t(parent.block)) + 0x9e3779b97f4a7c15ULL));
+  h = fmix64(h ^ parent.epoch);
+  size_t i = 0;
+  for (; i + 1 < tokens.size(); i += 2)
+    h = fmix64(h ^ (uint64_t(uint32_t(tokens[i])) | uint64_t(uint32_t(tokens[i + 1])) << 32));
+  if (i < tokens.size()) h = fmix64(h ^ uint64_t(uint32_t(tokens[i])) ^ (uint64_t(1) << 63));
+  return h & hash_mask_;
+}
+
+int32_t BlockManager::find(BlockRef parent, std::span<const int32_t> tokens, uint64_t hash) const {
+  auto it = index_.find(hash);
+  if (it == index_.end()) return -1;
+  const int32_t b = it->second;
+  if (blocks_[b].parent != parent) return -1;
+  auto stored = stored_tokens(b);
+  if (!std::equal(stored.begin(), stored.end(), tokens.begin(), tokens.end())) return -1;
+  return b;
+}
+
+BlockManager::Plan BlockManager::plan(std::span<const int32_t> tokens) const {
+  Plan p;
+  const size_t bs = size_t(block_size_);
+  if (prefix_caching_) {
+    BlockRef parent;
+    for (size_t i = 0; (i + 1) * bs <= tokens.size(); ++i) {
+      auto t = tokens.subspan(i * bs, bs);
+      const int32_t b = find(parent, t, key_hash(parent, t));
+      if (b < 0) break;
+      p.hits.push_back(b);
+      parent = {b, blocks_[b].epoch};
+    }
+  }
+  auto need = [&](bool full_hit) {
+    int32_t n = blocks_for(int64_t(tokens.size())) - static_cast<int32_t>(p.hits.size());
+    for (int32_t b : p.hits) n += blocks_[b].ref == 0;  // revived from the cached free list
+    return n + full_hit;
+  };
+  p.full_hit = !tokens.empty() && p.hits.size() * bs == tokens.size();
+  p.need = need(p.full_hit);
+  if (p.full_hit && (p.need > n_free() || !copy_block_)) {
+    // No room (or no way) to copy the last block: recompute all of it instead,
+    // so a prompt that fits the pool is never refused for being cached.
+    p.hits.pop_back();
+    p.full_hit = false;
+    p.need = need(false);
+  }
+  return p;
+}
+
+bool BlockManager::can_allocate(std::span<const int32_t> tokens) const {
+  return !tokens.empty() && plan(tokens).need <= n_free();
+}
+
+void BlockManager::allocate(SeqBlocks& s, std::span<const int32_t> tokens) {
+  if (!s.table.empty() || s.n_tokens != 0)
+    fail(ErrorKind::kInvalidArgument, "allocate: the sequence already holds {} blocks ({} tokens)", s.table.size(),
+         s.n_tokens);
+  if (tokens.empty()) fail(ErrorKind::kInvalidArgument, "allocate: the token list is empty");
+  const Plan p = plan(tokens);
+  if (p.need > n_free())
+    fail(ErrorKind::kResource, "KV cache full: {} tokens need {} more blocks, {} free", tokens.size(), p.need,
+         n_free());
+
+  s = SeqBlocks{};
+  // Hits first, so that taking fresh blocks cannot evict one of them.
+  for (int32_t b : p.hits) {
+    acquire(b);
+    s.table.push_back(b);
+    s.prefix.push_back({b, blocks_[b].epoch});
+  }
+  const int32_t n_table = blocks_for(int64_t(tokens.size()));
+  while (static_cast<int32_t>(s.table.size()) < n_table) s.table.push_back(take_free());
+  s.n_tokens = static_cast<int32_t>(tokens.size());
+  s.n_cached_tokens = static_cast<int32_t>(p.hits.size()) * block_size_;
+  if (p.full_hit) {
+    // The engine needs the last token's logits, so it recomputes that token,
+    // writing its K/V: into a private copy of the cached block.
+    --s.n_cached_tokens;
+    s.prefix.pop_back();
+    try {
+      copy_on_write(s, s.table.size() - 1);
+    } catch (...) {
+      free(s);
+      throw;
+    }
+  }
+  s.n_computed = s.n_cached_tokens;
+  queried_tokens_ += tokens.size();
+  hit_tokens_ += uint64_t(s.n_cached_tokens);
+}
+
+int32_t BlockManager::append_cost(const SeqBlocks& s, int32_t end) const {
+  if (end <= s.n_computed) return 0;
+  const int64_t n_table = int64_t(s.table.size());
+  const int64_t want = blocks_for(end);
+  int64_t cost = std::max<int64_t>(0, want - n_table);
+  for (int64_t i = s.n_computed / block_size_; i < std::min(want, n_table); ++i) {
+    const Block& b = blocks_[s.table[i]];
+    cost += b.ref > 1 || b.published;
+  }
+  return static_cast<int32_t>(std::min<int64_t>(cost, INT32_MAX));
+}
+
+void BlockManager::append(SeqBlocks& s, int32_t end) {
+  if (end <= s.n_computed) return;
+  check_seq_shape(s, "append");
+  const int32_t cost = append_cost(s, end);
+  if (cost > n_free())
+    fail(ErrorKind::kResource, "KV cache full: growing a sequence to {} tokens needs {} blocks, {} free", end, cost,
+         n_free());
+  const size_t want = size_t(blocks_for(end));
+  const size_t first = size_t(s.n_computed / block_size_);
+  const size_t last = std::min(want, s.table.size());
+  for (size_t i = first; i < last; ++i) {
+    const Block& b = blocks_[s.table[i]];
+    if (b.ref > 1 || b.published) {
+      if (!copy_block_) fail(ErrorKind::kInvalidArgument, "append: writing a shared block needs a block copy callback");
+      copy_on_write(s, i);
+    }
+  }
+  while (s.table.size() < want) s.table.push_back(take_free());
+  s.n_tokens = std::max(s.n_tokens, end);
+}
+
+void BlockManager::commit(SeqBlocks& s, std::span<const int32_t> tokens, int32_t n_computed) {
+  if (n_computed < s.n_computed || n_computed > s.n_tokens || size_t(n_computed) > tokens.size())
+    fail(ErrorKind::kInvalidArgument,
+         "commit: {} computed tokens for a sequence with {} slots, {} already computed and {} tokens", n_computed,
+         s.n_tokens, s.n_computed, tokens.size());
+  check_seq_shape(s, "commit");
+  s.n_computed = n_computed;
+  const size_t bs = size_t(block_size_);
+  const size_t n_full = size_t(n_computed) / bs;
+  while (s.prefix.size() < n_full) {
+    const size_t i = s.prefix.size();
+    BlockRef ref;  // none: this content is not reachable through the cache
+    const BlockRef parent = i == 0 ? BlockRef{} : s.prefix[i - 1];
+    if (prefix_caching_ && (i == 0 || is_current(parent))) {
+      auto t = tokens.subspan(i * bs, bs);
+      const uint64_t h = key_hash(parent, t);
+      const int32_t found = find(parent, t, h);
+      if (found >= 0) {
+        ref = {found, blocks_[found].epoch};  // ours (a hit) or a concurrent duplicate
+      } else if (!index_.contains(h) && !blocks_[s.table[i]].published) {
+        publish(s.table[i], parent, t, h);
+        ref = {s.table[i], blocks_[s.table[i]].epoch};
+      }
+      // else a different key holds this hash: the block stays private.
+    }
+    s.prefix.push_back(ref);
+  }
+}
+
+SeqBlocks BlockManager::fork(const SeqBlocks& s) {
+  check_seq_shape(s, "fork");
+  for (int32_t b : s.table) acquire(b);
+  return s;
+}
+
+void BlockManager::free(SeqBlocks& s) {
+  check_seq_shape(s, "free");
+  // Tail first: the cached list then evicts a prefix's later blocks before
+  // its earlier ones, which every longer match depends on.
+  for (auto it = s.table.rbegin(); it != s.table.rend(); ++it) release(*it);
+  s = SeqBlocks{};
+}
+
+void BlockManager::clear_prefix_cache() {
+  while (lru_head_ >= 0) {
+    const int32_t b = lru_head_;
+    lru_remove(b);
+    unpublish(b);
+    blocks_[b].state = State::kPlainFree;
+    plain_free_.push_back(b);
+  }
+}
+
+BlockStats BlockManager::stats() const {
+  BlockStats st;
+  st.total = n_blocks();
+  st.free = n_free();
+  st.used = st.total - st.free;
+  st.cached_free = n_cached_free_;
+  st.published = static_cast<int64_t>(index_.size());
+  st.queried_tokens = queried_tokens_;
+  st.hit_tokens = hit_tokens_;
+  return st;
+}
+
+// ---- block lists ----
+
+int32_t BlockManager::take_free() {
+  int32_t b;
+  if (!plain_free_.empty()) {
+    b = plain_free_.back();
+    plain_free_.pop_back();
+  } else {
+    b = lru_head_;
+    lru_remove(b);
+    unpublish(b);
+  }
+  Block& blk = blocks_[b];
+  blk.state = State::kUsed;
+  blk.ref = 1;
+  ++blk.epoch;  // whatever pointed at its old content no longer matches
+  return b;
+}
+
+void BlockManager::acquire(int32_t b) {
+  Block& blk = blocks_[b];
+  if (blk.ref == 0) {
+    lru_remove(b);  // only published (cached) blocks are reachable while free
+    blk.state = State::kUsed;
+  }
+  ++blk.ref;
+}
+
+void BlockManager::release(int32_t b) {
+  Block& blk = blocks_[b];
+  if (--blk.ref > 0) return;
+  if (blk.published) {
+    blk.state = State::kCachedFree;
+    lru_push_back(b);
+  } else {
+    blk.state = State::kPlainFree;
+    plain_free_.push_back(b);
+  }
+}
+
+void BlockManager::copy_on_write(SeqBlocks& s, size_t index) {
+  const int32_t old = s.table[index];
+  const int32_t fresh = take_free();
+  try {
+    copy_block_(old, fresh);
+  } catch (...) {
+    release(fresh);
+    throw;
+  }
+  s.table[index] = fresh;
+  release(old);
+}
+
+void BlockManager::publish(int32_t b, BlockRef parent, std::span<const int32_t> tokens, uint64_t hash) {
+  Block& blk = blocks_[b];
+  std::copy(tokens.begin(), tokens.end(), key_tokens_.begin() + ptrdiff_t(b) * block_size_);
+  blk.published = true;
+  blk.hash = hash;
+  blk.parent = parent;
+  index_[hash] = b;
+}
+
+void BlockManager::unpublish(int32_t b) {
+  Block& blk = blocks_[b];
+  if (!blk.published) return;
+  index_.erase(blk.hash);
+  blk.published = false;
+  blk.parent = {};
+}
+
+void BlockManager::lru_push_back(int32_t b) {
+  Block& blk = blocks_[b];
+  blk.lru_prev = lru_tail_;
+  blk.lru_next = -1;
+  if (lru_tail_ >= 0)
+    blocks_[lru_tail_].lru_next = b;
+  else
+    lru_head_ = b;
+  lru_tail_ = b;
+  ++n_cached_free_;
+}
+
+void BlockManager::lru_remove(int32_t b) {
+  Block& blk = blocks_[b];
+  if (blk.lru_prev >= 0)
+    blocks_[blk.lru_prev].lru_next = blk.lru_next;
+  else
+    lru_head_ = blk.lru_next;
+  if (blk.lru_next >= 0)
+    blocks_[blk.lru_next].lru_prev = blk.lru_prev;
+  else
+    lru_tail_ = blk.lru_prev;
+  blk.lru_prev = blk.lru_next = -1;
+  --n_cached_free_;
+}
+
+// Guards the entry points that walk a caller's table against one that is not
+// ours (never allocated, or already freed elsewhere) before anything changes.
+void BlockManager::check_seq_shape(const SeqBlocks& s, const char* what) const {
+  if (s.n_tokens < 0 || s.n_computed < 0 || s.n_computed > s.n_tokens ||
+      int64_t(s.table.size()) != blocks_for(s.n_tokens) || s.prefix.size() > s.table.size())
+    fail(ErrorKind::kInvalidArgument, "{}: inconsistent sequence ({} blocks for {} tokens, {} computed)", what,
+         s.table.size(), s.n_tokens, s.n_computed);
+  for (int32_t b : s.table)
+    if (b < 0 || b >= n_blocks() || blocks_[b].ref <= 0)
+      fail(ErrorKind::kInvalidArgument, "{}: block {} is not in use", what, b);
+}
+
+// ---- invariants ----
+
+void BlockManager::check_invariants() const {
+  const int32_t n = n_blocks();
+  int32_t n_plain = 0, n_cached = 0, n_published = 0;
+  for (int32_t b = 0; b < n; ++b) {
+    const Block& blk = blocks_[b];
+    switch (blk.state) {
+      case State::kUsed:
+        if (blk.ref <= 0) broken(fmt::format("block {} is used with ref count {}", b, blk.ref));
+        break;
+      case State::kPlainFree:
+        ++n_plain;
+        if (blk.ref != 0 || blk.published) broken(fmt::format("plain free block {} has ref {} or is published", b, blk.ref));
+        break;
+      case State::kCachedFree:
+        ++n_cached;
+        if (blk.ref != 0 || !blk.published) broken(fmt::format("cached free block {} has ref {} or is unpublished", b, blk.ref));
+        break;
+    }
+    if (blk.published) {
+      ++n_published;
+      auto it = index_.find(blk.hash);
+      if (it == index_.end() || it->second != b) broken(fmt::format("published block {} is not indexed", b));
+      if (key_hash(blk.parent, stored_tokens(b)) != blk.hash) broken(fmt::format("block {} key does not hash to its entry", b));
+      if (blk.parent.block == b) broken(fmt::format("block {} is its own parent", b));
+    }
+  }
+  std::vector<uint8_t> seen(size_t(n), 0);
+  for (int32_t b : plain_free_) {
+    if (b < 0 || b >= n || seen[b]) broken(fmt::format("plain free list holds block {} twice or out of range", b));
+    seen[b] = 1;
+    if (blocks_[b].state != State::kPlainFree) broken(fmt::format("plain free list holds block {} in another state", b));
+  }
+  if (int32_t(plain_free_.size()) != n_plain) broken("plain free list size differs from plain free blocks");
+  int32_t walked = 0, prev = -1;
+  for (int32_t b = lru_head_; b >= 0; prev = b, b = blocks_[b].lru_next) {
+    if (b >= n || seen[b] || ++walked > n) broken(fmt::format("cached free list loops or holds block {} twice", b));
+    seen[b] = 1;
+    if (blocks_[b].state != State::kCachedFree) broken(fmt::format("cached free list holds block {} in another state", b));
+    if (blocks_[b].lru_prev != prev) broken(fmt::format("cached free list back link of block {} is wrong", b));
+  }
+  if (prev != lru_tail_) broken("cached free list tail is wrong");
+  if (walked != n_cached || n_cached_free_ != n_cached) broken("cached free count differs from cached free blocks");
+  if (int32_t(index_.size()) != n_published) broken("index holds entries for unpublished blocks");
+  for (const auto& [h, b] : index_)
+    if (b < 0 || b >= n || blocks_[b].hash != h) broken(fmt::format("index entry points at block {} of another hash", b));
+  if (!prefix_caching_ && n_published) broken("blocks published with prefix caching off");
+}
+
+void BlockManager::check_invariants(std::span<const LiveSeq> live) const {
+  check_invariants();
+  const int32_t n = n_blocks();
+  const size_t bs = size_t(block_size_);
+  std::vector<int32_t> holders(size_t(n), 0);
+  std::vector<size_t> stamp(size_t(n), 0);
+  auto same_tokens = [&](int32_t b, std::span<const int32_t> tokens, size_t i) {
+    auto stored = stored_tokens(b);
+    return std::equal(stored.begin(), stored.end(), tokens.begin() + ptrdiff_t(i * bs));
+  };
+  for (size_t k = 0; k < live.size(); ++k) {
+    const SeqBlocks& s = *live[k].seq;
+    const auto tokens = live[k].tokens;
+    if (s.n_tokens < 0 || int64_t(s.table.size()) != blocks_for(s.n_tokens))
+      broken(fmt::format("sequence {} has {} blocks for {} tokens", k, s.table.size(), s.n_tokens));
+    if (s.n_cached_tokens < 0 || s.n_cached_tokens > s.n_computed || s.n_computed > s.n_tokens ||
+        size_t(s.n_computed) > tokens.size())
+      broken(fmt::format("sequence {}: cached {}, computed {}, slots {}, tokens {}", k, s.n_cached_tokens,
+                         s.n_computed, s.n_tokens, tokens.size()));
+    if (s.prefix.size() != size_t(s.n_computed) / bs)
+      broken(fmt::format("sequence {} has {} prefix entries for {} computed tokens", k, s.prefix.size(), s.n_computed));
+    for (size_t i = 0; i < s.table.size(); ++i) {
+      const int32_t b = s.table[i];
+      if (b < 0 || b >= n || stamp[b] == k + 1) broken(fmt::format("sequence {} holds block {} twice or out of range", k, b));
+      stamp[b] = k + 1;
+      ++holders[b];
+      const Block& blk = blocks_[b];
+      if (!blk.published) continue;
+      if (i >= s.prefix.size()) broken(fmt::format("sequence {} holds published block {} beyond its computed tokens", k, b));
+      if (!same_tokens(b, tokens, i)) broken(fmt::format("sequence {} block {}: cached tokens differ", k, b));
+      if (blk.parent != (i == 0 ? BlockRef{} : s.prefix[i - 1]))
+        broken(fmt::format("sequence {} block {}: published under another prefix", k, b));
+    }
+    for (size_t i = 0; i < s.prefix.size(); ++i) {
+      if (!is_current(s.prefix[i])) continue;
+      const int32_t b = s.prefix[i].block;
+      if (!same_tokens(b, tokens, i)) broken(fmt::format("sequence {} prefix block {}: tokens differ", k, i));
+      if (blocks_[b].parent != (i == 0 ? BlockRef{} : s.prefix[i - 1]))
+        broken(fmt::format("sequence {} prefix block {}: another parent", k, i));
+    }
+  }
+  for (int32_t b = 0; b < n; ++b)
+    if (holders[b] != blocks_[b].ref)
+      broken(fmt::format("block {} has ref count {} but {} holders", b, blocks_[b].ref, holders[b]));
+}
+
+}  // namespace tandem

@@ -1,0 +1,198 @@
+// Paged KV block accounting for the serving engine: which pool block holds
+// which positions of which sequence, reference counts for shared blocks, and
+// the prefix cache.
+//
+// Prefix cache. A full block whose K/V has been computed is *published* under
+// a key (the block that holds the previous block_size tokens of the prefix,
+// that block's epoch, and this block's tokens). A later prompt walks its full
+// blocks from the start and reuses every published block whose key matches
+// exactly; the first miss ends the walk. Keys chain through block *identity*
+// (id + epoch, bumped whenever a block is handed out anew) rather than through
+// a hash of the previous block, and every hit compares parent and tokens
+// exactly, so a hash collision can cost a cache hit but never returns K/V
+// computed for a different prefix. The 64-bit hash (seeded per manager) only
+// indexes the map.
+//
+// Copy-on-write. A published block is immutable, and a block held by several
+// sequences (after fork, or a prefix hit) is never written in place: before a
+// sequence writes a position in such a block, it gets a private copy through
+// the copy callback (set_copy_block), which the engine wires to the KV storage.
+//
+// Life of a sequence (single-threaded; the engine keeps one SeqBlocks per
+// sequence next to its token list):
+//   can_allocate(prompt) / allocate(s, prompt)
+//       table covers the prompt; s.n_computed = s.n_cached_tokens (hits).
+//       Positions [n_computed, prompt) are writable at once: a fully cached
+//       prompt still recomputes its last token, into a private copy of the
+//       cached block (or recomputes that whole block when it cannot copy).
+//   before each step that writes positions [s.n_computed, end):
+//       can_append(s, end) / append(s, end)
+//       grows the table when end > n_tokens and copies shared blocks in the
+//       write range; a no-op for a prefill chunk into fresh blocks.
+//   after each step: commit(s, tokens, n_computed)
+//       records how far K/V is written and publishes newly completed blocks.
+//       Blocks are published only here, after their K/V exists: a block that a
+//       chunked prefill has not yet reached must not be a hit for anyone.
+//   fork(s): a new sequence sharing all of s's blocks (n > 1 choices).
+//   free(s): drops s's references; published blocks stay cached for reuse.
+// Free blocks without cached content are reused first; then cached blocks,
+// least recently freed first (a sequence's tail before its head).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace tandem {
+
+// A block as it was at one point in time: the block id and its epoch then.
+struct BlockRef {
+  int32_t block = -1;  // -1: none
+  uint64_t epoch = 0;
+  bool operator==(const BlockRef&) const = default;
+};
+
+// One sequence's share of the pool.
+struct SeqBlocks {
+  std::vector<int32_t> table;   // block ids in position order; covers [0, n_tokens)
+  int32_t n_tokens = 0;         // positions with a slot
+  int32_t n_computed = 0;       // positions whose K/V is written (as last committed)
+  int32_t n_cached_tokens = 0;  // prompt tokens whose K/V came from the prefix cache at allocate
+  // For each full computed block (n_computed / block_size of them): the
+  // published block holding the same content under the same prefix, which
+  // need not be table[i] (a concurrent duplicate), or none.
+  std::vector<BlockRef> prefix;
+};
+
+struct BlockStats {
+  int64_t total = 0;
+  int64_t used = 0;         // ref count > 0
+  int64_t free = 0;         // ref count 0, cached or not
+  int64_t cached_free = 0;  // free blocks still holding published content
+  int64_t published = 0;    // blocks in the prefix index (used or free)
+  uint64_t queried_tokens = 0;  // prompt tokens looked up by allocate
+  uint64_t hit_tokens = 0;      // of those, served from the cache
+  double hit_ratio() const { return queried_tokens ? double(hit_tokens) / double(queried_tokens) : 0.0; }
+};
+
+// Copies the K/V of every layer of block `src` into block `dst`.
+using CopyBlockFn = std::function<void(int32_t src, int32_t dst)>;
+
+class BlockManager {
+ public:
+  // Throws kInvalidArgument unless both counts are positive.
+  BlockManager(int32_t n_blocks, int32_t block_size, bool enable_prefix_caching = true);
+
+  // Needed before a write into a shared block (after fork). Without it, and
+  // when the pool has no block to spare, a fully cached prompt recomputes its
+  // whole last block instead of copying it.
+  void set_copy_block(CopyBlockFn fn) { copy_block_ = std::move(fn); }
+
+  int32_t n_blocks() const { return static_cast<int32_t>(blocks_.size()); }
+  int32_t block_size() const { return block_size_; }
+  bool prefix_caching() const { return prefix_caching_; }
+  int32_t n_free() const { return static_cast<int32_t>(plain_free_.size()) + n_cached_free_; }
+  int32_t blocks_for(int64_t n_tokens) const {
+    return static_cast<int32_t>((n_tokens + block_size_ - 1) / block_size_);
+  }
+
+  // Whether allocate(tokens) would succeed now, including the private copy a
+  // fully cached prompt needs for its last token.
+  bool can_allocate(std::span<const int32_t> tokens) const;
+  // `s` must be empty and `tokens` non-empty (kInvalidArgument). Throws
+  // kResource, changing nothing, when the pool is short.
+  void allocate(SeqBlocks& s, std::span<const int32_t> tokens);
+
+  // Blocks that append(s, end) would take from the pool.
+  int32_t append_cost(const SeqBlocks& s, int32_t end) const;
+  bool can_append(const SeqBlocks& s, int32_t end) const { return append_cost(s, end) <= n_free(); }
+  // Makes positions [s.n_computed, end) writable by `s` alone. kResource,
+  // changing nothing, when the pool is short.
+  void append(SeqBlocks& s, int32_t end);
+
+  // K/V of positions [0, n_computed) of `s` is written; `tokens` holds at
+  // least those tokens. Publishes the blocks this completes.
+  void commit(SeqBlocks& s, std::span<const int32_t> tokens, int32_t n_computed);
+
+  SeqBlocks fork(const SeqBlocks& s);
+  // Releases every block of `s` and leaves it empty; freeing an empty one is a no-op.
+  void free(SeqBlocks& s);
+
+  // Forgets cached content of free blocks (e.g. to measure a cold start).
+  void clear_prefix_cache();
+
+  BlockStats stats() const;
+
+  // Throws std::logic_error naming the first broken invariant: each block is
+  // either used (ref > 0) or in exactly one free list; the cached list holds
+  // only published blocks and the plain list none; the index maps each key
+  // hash to a published block whose stored key hashes to it, and nothing else.
+  void check_invariants() const;
+  // Also checks the live sequences against the manager: ref counts equal the
+  // number of tables holding each block, tables hold no block twice, cover
+  // exactly their tokens (at most one partly filled block), and every
+  // published block and prefix entry of a sequence holds that sequence's tokens.
+  struct LiveSeq {
+    const SeqBlocks* seq;
+    std::span<const int32_t> tokens;
+  };
+  void check_invariants(std::span<const LiveSeq> live) const;
+
+  // Test hook: keeps only these bits of every key hash, to force collisions.
+  void set_hash_mask_for_testing(uint64_t mask) { hash_mask_ = mask; }
+
+ private:
+  enum class State : uint8_t { kPlainFree, kCachedFree, kUsed };
+  struct Block {
+    int32_t ref = 0;
+    State state = State::kPlainFree;
+    bool published = false;
+    uint64_t epoch = 0;
+    uint64_t hash = 0;      // of the key, while published
+    BlockRef parent;        // key: previous block of the prefix (none for the first)
+    int32_t lru_prev = -1;  // cached free list links
+    int32_t lru_next = -1;
+  };
+  struct Plan {
+    std::vector<int32_t> hits;  // published blocks matching the prompt's first full blocks
+    int32_t need = 0;           // blocks taken from the pool
+    bool full_hit = false;      // every token is cached: the last block gets a private copy
+  };
+
+  uint64_t key_hash(BlockRef parent, std::span<const int32_t> tokens) const;
+  std::span<const int32_t> stored_tokens(int32_t b) const {
+    return {key_tokens_.data() + size_t(b) * block_size_, size_t(block_size_)};
+  }
+  // The published block with this exact key; -1 when none.
+  int32_t find(BlockRef parent, std::span<const int32_t> tokens, uint64_t hash) const;
+  bool is_current(BlockRef r) const {
+    return r.block >= 0 && blocks_[r.block].published && blocks_[r.block].epoch == r.epoch;
+  }
+  Plan plan(std::span<const int32_t> tokens) const;
+
+  int32_t take_free();          // precondition: n_free() > 0
+  void acquire(int32_t b);      // one more reference to a used or cached-free block
+  void release(int32_t b);
+  void publish(int32_t b, BlockRef parent, std::span<const int32_t> tokens, uint64_t hash);
+  void unpublish(int32_t b);
+  void copy_on_write(SeqBlocks& s, size_t index);
+  void lru_push_back(int32_t b);
+  void lru_remove(int32_t b);
+  void check_seq_shape(const SeqBlocks& s, const char* what) const;
+
+  int32_t block_size_;
+  bool prefix_caching_;
+  uint64_t seed_;
+  uint64_t hash_mask_ = ~uint64_t(0);
+  CopyBlockFn copy_block_;
+  std::vector<Block> blocks_;
+  std::vector<int32_t> key_tokens_;  // block_size tokens per block, valid while published
+  std::vector<int32_t> plain_free_;  // stack
+  int32_t lru_head_ = -1, lru_tail_ = -1, n_cached_free_ = 0;
+  std::unordered_map<uint64_t, int32_t> index_;  // key hash -> published block
+  uint64_t queried_tokens_ = 0, hit_tokens_ = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,537 @@
+// BlockManager: prefix sharing, key chaining, collision safety, copy-on-write,
+// LRU eviction, failure atomicity, and a randomized stress run against a
+// simulated KV store in which every slot records the exact prefix that
+// produced it, so any read of wrong or overwritten K/V is caught.
+#include "kv/block_manager.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+
+namespace tandem {
+namespace {
+
+using Tokens = std::vector<int32_t>;
+
+Tokens range_tokens(int32_t first, int32_t n) {
+  Tokens t(static_cast<size_t>(n));
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+Tokens concat(Tokens a, const Tokens& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// A sequence as the engine holds it: its blocks and its tokens.
+struct Seq {
+  SeqBlocks b;
+  Tokens tokens;
+};
+
+// The block manager plus a stand-in for the KV storage: slot (block, i) holds
+// the tokens [0, pos] whose K/V would be there.
+class Harness {
+ public:
+  Harness(int32_t n_blocks, int32_t block_size, bool caching = true)
+      : bm(n_blocks, block_size, caching), kv(size_t(n_blocks), std::vector<Tokens>(size_t(block_size))) {
+    bm.set_copy_block([this](int32_t src, int32_t dst) {
+      ++copies;
+      last_copy = {src, dst};
+      kv[size_t(dst)] = kv[size_t(src)];
+    });
+  }
+
+  Seq admit(const Tokens& prompt) {
+    Seq s;
+    s.tokens = prompt;
+    bm.allocate(s.b, s.tokens);
+    verify_reads(s);
+    return s;
+  }
+
+  // Runs a step that computes positions [n_computed, end).
+  void compute(Seq& s, int32_t end) {
+    bm.append(s.b, end);
+    verify_reads(s);
+    const int32_t bs = bm.block_size();
+    for (int32_t p = s.b.n_computed; p < end; ++p)
+      kv[size_t(s.b.table[size_t(p / bs)])][size_t(p % bs)] = Tokens(s.tokens.begin(), s.tokens.begin() + p + 1);
+    bm.commit(s.b, s.tokens, end);
+  }
+  void compute_all(Seq& s) { compute(s, int32_t(s.tokens.size())); }
+
+  void decode(Seq& s, int32_t token) {
+    s.tokens.push_back(token);
+    compute_all(s);
+  }
+
+  // Every computed position reads the K/V of exactly its own prefix.
+  void verify_reads(const Seq& s) const {
+    const int32_t bs = bm.block_size();
+    for (int32_t p = 0; p < s.b.n_computed; ++p) {
+      const Tokens& got = kv[size_t(s.b.table[size_t(p / bs)])][size_t(p % bs)];
+      ASSERT_TRUE(std::equal(got.begin(), got.end(), s.tokens.begin(), s.tokens.begin() + p + 1) &&
+                  got.size() == size_t(p + 1))
+          << "position " << p << " reads K/V of another prefix";
+    }
+  }
+
+  void check(std::initializer_list<const Seq*> seqs) const {
+    std::vector<BlockManager::LiveSeq> live;
+    for (const Seq* s : seqs) live.push_back({&s->b, s->tokens});
+    bm.check_invariants(live);
+  }
+
+  int32_t ref_holders(int32_t block, std::initializer_list<const Seq*> seqs) const {
+    int32_t n = 0;
+    for (const Seq* s : seqs) n += int32_t(std::count(s->b.table.begin(), s->b.table.end(), block));
+    return n;
+  }
+
+  BlockManager bm;
+  std::vector<std::vector<Tokens>> kv;
+  int copies = 0;
+  std::pair<int32_t, int32_t> last_copy{-1, -1};
+};
+
+TEST(KvBlockManager, SharedSystemPromptIsReused) {
+  Harness h(32, 4);
+  const Tokens sys = range_tokens(1, 10);
+  Seq a = h.admit(concat(sys, {100, 101, 102}));
+  EXPECT_EQ(a.b.n_cached_tokens, 0);
+  h.compute_all(a);
+
+  Seq b = h.admit(concat(sys, {200, 201}));
+  EXPECT_EQ(b.b.n_cached_tokens, 8);  // the two full blocks of the 10-token system prompt
+  EXPECT_EQ(b.b.n_computed, 8);
+  EXPECT_EQ(b.b.table[0], a.b.table[0]);
+  EXPECT_EQ(b.b.table[1], a.b.table[1]);
+  EXPECT_NE(b.b.table[2], a.b.table[2]);
+  h.check({&a, &b});
+  h.compute_all(b);
+  h.verify_reads(a);
+  h.check({&a, &b});
+
+  const BlockStats st = h.bm.stats();
+  EXPECT_EQ(st.queried_tokens, 13u + 12u);
+  EXPECT_EQ(st.hit_tokens, 8u);
+  EXPECT_EQ(st.used, 4 + 1);  // a: 4 blocks; b: 3, two shared
+  EXPECT_NEAR(st.hit_ratio(), 8.0 / 25.0, 1e-12);
+
+  h.bm.free(a.b);
+  h.bm.free(b.b);
+  EXPECT_EQ(h.bm.stats().used, 0);
+  h.check({});
+}
+
+TEST(KvBlockManager, OnlyComputedBlocksAreShared) {
+  // A chunked prefill publishes a block once its K/V exists, not before.
+  Harness h(32, 4);
+  const Tokens prompt = range_tokens(1, 14);
+  Seq a = h.admit(prompt);
+  Seq b = h.admit(prompt);
+  EXPECT_EQ(b.b.n_cached_tokens, 0);
+  h.compute(a, 6);
+  Seq c = h.admit(prompt);
+  EXPECT_EQ(c.b.n_cached_tokens, 4);
+  h.compute(a, 14);
+  Seq d = h.admit(prompt);
+  EXPECT_EQ(d.b.n_cached_tokens, 12);
+  h.check({&a, &b, &c, &d});
+  // b computed the same prefix on its own: its blocks duplicate a's, and its
+  // prefix entries point at a's published ones.
+  h.compute_all(b);
+  EXPECT_EQ(b.b.prefix[0].block, a.b.table[0]);
+  EXPECT_NE(b.b.table[0], a.b.table[0]);
+  h.check({&a, &b, &c, &d});
+  for (Seq* s : {&a, &b, &c, &d}) h.bm.free(s->b);
+  h.check({});
+}
+
+TEST(KvBlockManager, KeysChainThroughThePrefix) {
+  Harness h(32, 4);
+  Seq a = h.admit({1, 2, 3, 4, 5, 6, 7, 8, 9});
+  h.compute_all(a);
+  // Same second block after a different first block: not a hit.
+  Seq b = h.admit({9, 9, 9, 9, 5, 6, 7, 8, 9});
+  EXPECT_EQ(b.b.n_cached_tokens, 0);
+  // The second block's content at the start of a prompt: not a hit either.
+  Seq c = h.admit({5, 6, 7, 8, 9});
+  EXPECT_EQ(c.b.n_cached_tokens, 0);
+  Seq d = h.admit({1, 2, 3, 4, 5, 6, 7, 8, 0, 0});
+  EXPECT_EQ(d.b.n_cached_tokens, 8);
+  Seq e = h.admit({1, 2, 3, 4, 5, 6, 7, 0, 0});
+  EXPECT_EQ(e.b.n_cached_tokens, 4);
+  h.check({&a, &b, &c, &d, &e});
+}
+
+TEST(KvBlockManager, HashCollisionsNeverGiveWrongBlocks) {
+  Harness h(32, 4);
+  h.bm.set_hash_mask_for_testing(0);  // every key hashes to 0
+  const Tokens t = {7, 7, 7, 7};
+  Seq a = h.admit(concat(concat(t, t), {1}));
+  h.compute_all(a);
+  EXPECT_EQ(h.bm.stats().published, 1);  // the second block's key collides with the first's
+  // Same tokens as the indexed block but another parent: a miss, not a reuse of block 0 at position 1.
+  Seq b = h.admit(concat(concat(t, t), {2}));
+  EXPECT_EQ(b.b.n_cached_tokens, 4);
+  EXPECT_NE(b.b.table[1], b.b.table[0]);
+  // Same hash, other tokens: a miss.
+  Seq c = h.admit({1, 2, 3, 4, 5});
+  EXPECT_EQ(c.b.n_cached_tokens, 0);
+  h.compute_all(b);
+  h.compute_all(c);
+  h.verify_reads(a);
+  h.check({&a, &b, &c});
+  for (Seq* s : {&a, &b, &c}) h.bm.free(s->b);
+  h.check({});
+}
+
+TEST(KvBlockManager, FullyCachedPromptRecomputesItsLastToken) {
+  Harness h(8, 4);
+  const Tokens prompt = range_tokens(10, 8);
+  Seq a = h.admit(prompt);
+  h.compute_all(a);
+  EXPECT_EQ(h.copies, 0);
+
+  Seq b = h.admit(prompt);
+  EXPECT_EQ(b.b.n_cached_tokens, 7);
+  EXPECT_EQ(b.b.n_computed, 7);
+  EXPECT_EQ(b.b.table[0], a.b.table[0]);
+  EXPECT_NE(b.b.table[1], a.b.table[1]);  // a private copy to write position 7 into
+  EXPECT_EQ(h.copies, 1);
+  EXPECT_EQ(h.last_copy, std::make_pair(a.b.table[1], b.b.table[1]));
+  h.check({&a, &b});
+  h.compute_all(b);
+  h.verify_reads(a);
+  EXPECT_EQ(b.b.prefix[1].block, a.b.table[1]);  // the cached block stays the canonical one
+  h.check({&a, &b});
+
+  // From the cached free list too: the published block is never written.
+  const int32_t cached_last = a.b.table[1];
+  h.bm.free(a.b);
+  h.bm.free(b.b);
+  Seq c = h.admit(prompt);
+  EXPECT_EQ(c.b.n_cached_tokens, 7);
+  EXPECT_NE(c.b.table[1], cached_last);
+  h.compute_all(c);
+  h.bm.free(c.b);
+  Seq d = h.admit(prompt);
+  EXPECT_EQ(d.b.n_cached_tokens, 7);
+  h.check({&d});
+  EXPECT_EQ(h.bm.stats().hit_tokens, 21u);
+}
+
+TEST(KvBlockManager, FullyCachedPromptWithoutRoomRecomputesItsLastBlock) {
+  Harness h(2, 4);
+  const Tokens prompt = range_tokens(10, 8);
+  Seq a = h.admit(prompt);
+  h.compute_all(a);
+  EXPECT_FALSE(h.bm.can_allocate(prompt));
+  h.bm.free(a.b);
+  // Both blocks are cached, but copying the last one would need a third.
+  ASSERT_TRUE(h.bm.can_allocate(prompt));
+  Seq b = h.admit(prompt);
+  EXPECT_EQ(b.b.n_cached_tokens, 4);
+  EXPECT_EQ(h.copies, 0);
+  h.compute_all(b);
+  h.check({&b});
+}
+
+TEST(KvBlockManager, ForkSharesBlocksAndCopiesOnWrite) {
+  Harness h(16, 4);
+  Seq p = h.admit(range_tokens(1, 6));
+  h.compute_all(p);
+  Seq c{h.bm.fork(p.b), p.tokens};
+  EXPECT_EQ(c.b.table, p.b.table);
+  EXPECT_EQ(h.bm.stats().used, 2);
+  h.check({&p, &c});
+
+  EXPECT_EQ(h.bm.append_cost(c.b, 7), 1);  // the shared, partly filled block
+  h.decode(c, 50);
+  EXPECT_EQ(h.copies, 1);
+  EXPECT_EQ(c.b.table[0], p.b.table[0]);  // full blocks stay shared
+  EXPECT_NE(c.b.table[1], p.b.table[1]);
+  EXPECT_EQ(h.bm.append_cost(p.b, 7), 0);  // the parent holds its block alone now
+  h.decode(p, 60);
+  EXPECT_EQ(h.copies, 1);
+  h.verify_reads(c);
+  h.verify_reads(p);
+  h.check({&p, &c});
+
+  // A fork at a block boundary shares only full blocks: no copy.
+  h.decode(p, 61);
+  Seq c2{h.bm.fork(p.b), p.tokens};
+  h.decode(c2, 70);
+  h.decode(p, 71);
+  EXPECT_EQ(h.copies, 1);
+  h.verify_reads(c2);
+  h.verify_reads(p);
+  h.check({&p, &c, &c2});
+
+  for (Seq* s : {&p, &c, &c2}) h.bm.free(s->b);
+  const BlockStats st = h.bm.stats();
+  EXPECT_EQ(st.used, 0);
+  EXPECT_EQ(st.cached_free, 2);  // the parent's two full blocks; the rest were never full
+  h.check({});
+}
+
+TEST(KvBlockManager, EvictsLeastRecentlyFreedTailFirst) {
+  Harness h(6, 4);
+  Seq a = h.admit(range_tokens(100, 8));
+  h.compute_all(a);
+  Seq b = h.admit(range_tokens(200, 8));
+  h.compute_all(b);
+  const Tokens a_table = a.b.table, b_table = b.b.table;
+  h.bm.free(a.b);
+  h.bm.free(b.b);
+  EXPECT_EQ(h.bm.stats().cached_free, 4);
+
+  // Two never-used blocks go first, then a's tail, then a's head.
+  Seq x = h.admit(range_tokens(300, 12));
+  EXPECT_EQ(x.b.table[2], a_table[1]);
+  EXPECT_EQ(h.bm.stats().cached_free, 3);
+  Seq a2 = h.admit(range_tokens(100, 8));
+  EXPECT_EQ(a2.b.n_cached_tokens, 4);
+  EXPECT_EQ(a2.b.table[0], a_table[0]);
+  EXPECT_EQ(a2.b.table[1], b_table[1]);  // the next least recently freed
+  h.check({&x, &a2});
+  h.bm.free(x.b);
+  h.bm.free(a2.b);
+  h.check({});
+}
+
+TEST(KvBlockManager, HitRefreshesRecency) {
+  Harness h(5, 4);
+  Seq a = h.admit(range_tokens(100, 8));
+  h.compute_all(a);
+  h.bm.free(a.b);
+  Seq b = h.admit(range_tokens(200, 8));
+  h.compute_all(b);
+  h.bm.free(b.b);
+  Seq a2 = h.admit(range_tokens(100, 9));  // touches a's blocks, so b's are now older
+  EXPECT_EQ(a2.b.n_cached_tokens, 8);
+  h.bm.free(a2.b);
+  Seq c = h.admit(range_tokens(300, 8));  // one never-used block, then b's tail
+  EXPECT_EQ(h.bm.stats().cached_free, 3);
+  Seq a3 = h.admit(range_tokens(100, 9));  // its fresh block evicts b's head
+  EXPECT_EQ(a3.b.n_cached_tokens, 8);
+  h.bm.free(a3.b);
+  Seq b2 = h.admit(range_tokens(200, 9));
+  EXPECT_EQ(b2.b.n_cached_tokens, 0);
+  h.check({&b2, &c});
+}
+
+TEST(KvBlockManager, OutOfBlocksChangesNothing) {
+  Harness h(4, 4);
+  Seq a = h.admit(range_tokens(1, 12));
+  h.compute_all(a);
+  const Tokens big = range_tokens(50, 8);
+  EXPECT_FALSE(h.bm.can_allocate(big));
+  const BlockStats before = h.bm.stats();
+  Seq b;
+  b.tokens = big;
+  try {
+    h.bm.allocate(b.b, big);
+    FAIL() << "allocate succeeded without blocks";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kResource);
+  }
+  EXPECT_TRUE(b.b.table.empty());
+  EXPECT_EQ(h.bm.stats().used, before.used);
+  EXPECT_EQ(h.bm.stats().queried_tokens, before.queried_tokens);
+  h.check({&a});
+
+  Seq c = h.admit(range_tokens(90, 4));  // the last block
+  EXPECT_FALSE(h.bm.can_append(a.b, 13));
+  const SeqBlocks a_before = a.b;
+  EXPECT_THROW(h.bm.append(a.b, 13), Error);
+  EXPECT_EQ(a.b.table, a_before.table);
+  EXPECT_EQ(a.b.n_tokens, 12);
+  h.check({&a, &c});
+
+  // Cached free blocks count as available, and hits on them are revived.
+  h.bm.free(c.b);
+  h.bm.free(a.b);
+  EXPECT_TRUE(h.bm.can_allocate(range_tokens(1, 16)));   // 3 hits + 1 fresh
+  EXPECT_FALSE(h.bm.can_allocate(range_tokens(1, 17)));  // needs 5
+  h.check({});
+}
+
+TEST(KvBlockManager, PrefixCachingOff) {
+  Harness h(16, 4, /*caching=*/false);
+  Seq a = h.admit(range_tokens(1, 9));
+  h.compute_all(a);
+  Seq b = h.admit(range_tokens(1, 9));
+  EXPECT_EQ(b.b.n_cached_tokens, 0);
+  EXPECT_EQ(h.bm.stats().published, 0);
+  h.bm.free(a.b);
+  EXPECT_EQ(h.bm.stats().cached_free, 0);
+  h.check({&b});
+}
+
+TEST(KvBlockManager, ClearPrefixCache) {
+  Harness h(8, 4);
+  Seq a = h.admit(range_tokens(1, 9));
+  h.compute_all(a);
+  h.bm.free(a.b);
+  h.bm.clear_prefix_cache();
+  EXPECT_EQ(h.bm.stats().cached_free, 0);
+  EXPECT_EQ(h.bm.stats().published, 0);
+  Seq b = h.admit(range_tokens(1, 9));
+  EXPECT_EQ(b.b.n_cached_tokens, 0);
+  h.check({&b});
+}
+
+TEST(KvBlockManager, RejectsMisuse) {
+  EXPECT_THROW(BlockManager(0, 16), Error);
+  EXPECT_THROW(BlockManager(8, 0), Error);
+  Harness h(8, 4);
+  SeqBlocks s;
+  EXPECT_FALSE(h.bm.can_allocate({}));
+  EXPECT_THROW(h.bm.allocate(s, {}), Error);
+  const Tokens t = range_tokens(1, 6);
+  h.bm.allocate(s, t);
+  EXPECT_THROW(h.bm.allocate(s, t), Error);           // already allocated
+  EXPECT_THROW(h.bm.commit(s, t, 7), Error);          // beyond its slots
+  h.bm.commit(s, t, 5);
+  EXPECT_THROW(h.bm.commit(s, t, 4), Error);          // going back
+  SeqBlocks forged;
+  forged.table = {7};
+  forged.n_tokens = 3;
+  EXPECT_THROW(h.bm.free(forged), Error);             // block 7 is not in use
+  forged.table = {99};
+  EXPECT_THROW(h.bm.fork(forged), Error);
+  h.bm.free(s);
+  h.bm.free(s);  // a no-op once empty
+  h.bm.check_invariants();
+  EXPECT_EQ(h.bm.stats().used, 0);
+}
+
+// ---- randomized stress ----
+
+struct StressConfig {
+  int32_t block_size;
+  uint64_t hash_mask;
+  bool caching;
+  uint32_t seed;
+};
+
+void stress(const StressConfig& cfg) {
+  const int32_t n_blocks = 40;
+  Harness h(n_blocks, cfg.block_size, cfg.caching);
+  h.bm.set_hash_mask_for_testing(cfg.hash_mask);
+  std::mt19937 rng(cfg.seed);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+
+  // A few shared prefixes over a small alphabet, so that equal block
+  // contents turn up under different prefixes.
+  std::vector<Tokens> prefixes;
+  for (int i = 0; i < 4; ++i) {
+    Tokens p(size_t(uniform(0, 14)));
+    for (auto& t : p) t = uniform(0, 3);
+    prefixes.push_back(p);
+  }
+  std::vector<Seq> live;
+  std::vector<Tokens> preempted;
+  int admitted = 0, refused = 0, forks = 0, preemptions = 0;
+
+  auto check_all = [&] {
+    std::vector<BlockManager::LiveSeq> view;
+    for (const Seq& s : live) view.push_back({&s.b, s.tokens});
+    h.bm.check_invariants(view);
+  };
+  auto try_admit = [&](const Tokens& prompt) {
+    if (!h.bm.can_allocate(prompt)) {
+      const int32_t free_before = h.bm.n_free();
+      SeqBlocks s;
+      EXPECT_THROW(h.bm.allocate(s, prompt), Error);
+      EXPECT_TRUE(s.table.empty());
+      EXPECT_EQ(h.bm.n_free(), free_before);
+      ++refused;
+      return false;
+    }
+    Seq s = h.admit(prompt);
+    EXPECT_LT(s.b.n_computed, int32_t(prompt.size()));  // at least one token left to compute
+    live.push_back(std::move(s));
+    ++admitted;
+    return true;
+  };
+
+  for (int op = 0; op < 4000; ++op) {
+    const int kind = uniform(0, 99);
+    if (kind < 20 && live.size() < 10) {
+      Tokens prompt = prefixes[size_t(uniform(0, 3))];
+      const int extra = uniform(1, 10);
+      for (int i = 0; i < extra; ++i) prompt.push_back(uniform(0, 3));
+      try_admit(prompt);
+    } else if (kind < 25 && !preempted.empty() && live.size() < 10) {
+      if (try_admit(preempted.back())) preempted.pop_back();
+    } else if (kind < 80 && !live.empty()) {
+      Seq& s = live[size_t(uniform(0, int(live.size()) - 1))];
+      int32_t end;
+      if (s.b.n_computed < int32_t(s.tokens.size())) {
+        end = std::min(int32_t(s.tokens.size()), s.b.n_computed + uniform(1, 6));  // a prefill chunk
+      } else {
+        s.tokens.push_back(uniform(0, 3));  // a decode step
+        end = int32_t(s.tokens.size());
+      }
+      if (h.bm.can_append(s.b, end)) {
+        h.compute(s, end);
+      } else {
+        const SeqBlocks before = s.b;
+        EXPECT_THROW(h.bm.append(s.b, end), Error);
+        EXPECT_EQ(s.b.table, before.table);
+        // Preempt by recompute: keep the tokens, drop the blocks.
+        h.bm.free(s.b);
+        preempted.push_back(s.tokens);
+        s = std::move(live.back());
+        live.pop_back();
+        ++preemptions;
+      }
+    } else if (kind < 88 && !live.empty() && live.size() < 12) {
+      const Seq& s = live[size_t(uniform(0, int(live.size()) - 1))];
+      Seq child{h.bm.fork(s.b), s.tokens};
+      live.push_back(std::move(child));
+      ++forks;
+    } else if (!live.empty()) {
+      const size_t i = size_t(uniform(0, int(live.size()) - 1));
+      h.bm.free(live[i].b);
+      live[i] = std::move(live.back());
+      live.pop_back();
+    }
+    check_all();
+    if (::testing::Test::HasFailure()) return;
+  }
+  for (const Seq& s : live) h.verify_reads(s);
+  for (Seq& s : live) h.bm.free(s.b);
+  live.clear();
+  check_all();
+  const BlockStats st = h.bm.stats();
+  EXPECT_EQ(st.used, 0);
+  EXPECT_EQ(st.free, n_blocks);
+  EXPECT_LE(st.cached_free, n_blocks);
+  // The run exercised what it is meant to.
+  EXPECT_GT(admitted, 200);
+  EXPECT_GT(refused + preemptions, 10);
+  EXPECT_GT(forks, 50);
+  EXPECT_GT(h.copies, 20);
+  if (cfg.caching) {
+    EXPECT_GT(st.hit_tokens, 200u);
+  }
+}
+
+TEST(KvBlockManager, StressBlockSize4) { stress({4, ~uint64_t(0), true, 1}); }
+TEST(KvBlockManager, StressBlockSize3) { stress({3, ~uint64_t(0), true, 2}); }
+TEST(KvBlockManager, StressCollidingHashes) { stress({4, 3, true, 3}); }
+TEST(KvBlockManager, StressCachingOff) { stress({4, ~uint64_t(0), false, 4}); }
+
+}  // namespace
+}  // namespace tandem
