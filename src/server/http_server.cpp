@@ -259,6 +259,13 @@ Server::Server(Engine& engine, const Model& model, ServerConfig cfg)
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   s.http.set_payload_max_length(64u << 20);
   s.http.set_tcp_nodelay(true);
+  // httplib's default sets SO_REUSEPORT, which lets a second server bind the
+  // same port and silently take half the connections. SO_REUSEADDR alone
+  // still allows a quick restart over connections in TIME_WAIT.
+  s.http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   s.routes();
 }
 
@@ -277,6 +284,8 @@ void Server::bind() {
 }
 
 int Server::port() const { return impl_->bound_port; }
+
+const std::string& Server::model_id() const { return impl_->cfg.model_id; }
 
 void Server::run() { impl_->http.listen_after_bind(); }
 

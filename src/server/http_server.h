@@ -40,6 +40,7 @@ class Server {
   // Binds the listening socket. Throws tandem::Error(kIo) when it cannot.
   void bind();
   int port() const;  // the bound port
+  const std::string& model_id() const;  // as /v1/models lists it
   // Serves until stop(). bind() first.
   void run();
   // Thread-safe, callable from a signal-waiting thread: stops accepting,

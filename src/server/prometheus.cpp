@@ -68,10 +68,10 @@ std::string render_prometheus(const MetricsSnapshot& m) {
   single(out, "tandem_requests_swapped", "gauge", "Sequences whose KV blocks are swapped to host memory.",
          m.swapped);
   single(out, "tandem_kv_blocks_used", "gauge", "KV blocks held by sequences.", m.kv_blocks_used);
-  single(out, "tandem_kv_blocks_free", "gauge", "KV blocks free (including cached blocks that can be evicted).",
+  single(out, "tandem_kv_blocks_free", "gauge", "KV blocks held by no sequence (cached ones included).",
          m.kv_blocks_free);
-  single(out, "tandem_kv_blocks_cached", "gauge", "Free KV blocks that still hold a reusable cached prefix.",
-         m.kv_blocks_cached);
+  single(out, "tandem_kv_blocks_cached", "gauge",
+         "Free KV blocks still holding a reusable prefix (part of the free count).", m.kv_blocks_cached);
   single(out, "tandem_kv_blocks_total", "gauge", "KV blocks in the pool.", m.kv_blocks_total);
   const double ratio = m.prefix_cache_queried_tokens
                            ? static_cast<double>(m.prefix_cache_hit_tokens) / m.prefix_cache_queried_tokens
