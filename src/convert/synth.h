@@ -1,0 +1,68 @@
+// Synthetic models: a GGUF v3 file with a real architecture, a real tokenizer
+// (copied from another GGUF) and random weights, loadable by Tandem and by
+// llama.cpp. Used for benchmarks at realistic sizes and for architecture
+// tests against llama.cpp on tiny shapes.
+//
+// The file is a pure function of the spec: the same spec and seed give the
+// same bytes on any machine and with any thread count. Weights come from our
+// own generator (splitmix64 streams, one per tensor row, and polar Box-Muller
+// with a log of our own rather than libm's), then go through the reference
+// quantizers in core/quant.h.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+struct SynthSpec {
+  std::string arch = "llama";   // llama | qwen2 | qwen3 | gemma3
+  std::string name;             // general.name; empty: "synth-<arch>"
+  int32_t n_layer = 2;
+  int32_t n_embd = 64;
+  int32_t n_ff = 128;
+  int32_t n_head = 4;
+  int32_t n_head_kv = 0;        // 0: n_head (no GQA)
+  int32_t head_dim = 0;         // 0: n_embd / n_head
+  int32_t n_ctx = 2048;         // {arch}.context_length
+  std::optional<float> rope_base;  // default: 10000 (llama), 1e6 (qwen2, qwen3, gemma3 global layers)
+  std::optional<float> rms_eps;    // default: 1e-5 (llama), 1e-6 (others)
+  int32_t sliding_window = 0;   // gemma3 only; 0: 512
+  bool rope_freqs = false;      // llama only: a Llama-3 style rope_freqs.weight (factors 1..8)
+  std::optional<bool> tied;     // output = token_embd; default: separate for llama, tied for the others
+  std::string vocab_from;       // GGUF whose tokenizer.* keys are copied; n_vocab = its token count
+  // f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k: every
+  // matrix in that type ("pure", like llama-quantize --pure), except that a
+  // K-quant falls back as llama.cpp does for rows that are not a multiple of
+  // 256 (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0). q4_k_m / q5_k_m: llama.cpp's
+  // _M mix (q6_k for the output matrix and for attn_v / ffn_down in the layers
+  // llama_tensor_get_type picks). Vectors (norms, biases, rope factors) are f32.
+  std::string type = "f32";
+  uint64_t seed = 0;
+};
+
+struct SynthReport {
+  int32_t n_vocab = 0;
+  int64_t n_params = 0;
+  int64_t n_tensors = 0;
+  uint64_t file_bytes = 0;
+  std::map<std::string, int> tensors_per_type;  // "q6_K" -> count
+};
+
+// Named shapes (no vocabulary: --vocab-from is always needed).
+// tinyllama-1.1b: llama, 22 layers, 2048 wide, 5632 FFN, 32 heads, 4 KV heads.
+SynthSpec synth_preset(const std::string& name);  // throws kInvalidArgument, listing the names
+std::vector<std::string> synth_preset_names();
+
+// The weight types synth accepts, as spelled on the command line.
+std::vector<std::string> synth_type_names();
+
+// Validates the spec (throws tandem::Error naming the field and value) and
+// writes the model. n_threads <= 0: physical cores; the output does not
+// depend on it.
+SynthReport synth_model(const SynthSpec& spec, const std::string& out_path, int n_threads = 0);
+
+}  // namespace tandem
