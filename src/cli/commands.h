@@ -10,6 +10,7 @@ void add_run_command(CLI::App& app, int& rc);
 void add_inspect_command(CLI::App& app, int& rc);
 void add_tokenize_command(CLI::App& app, int& rc);
 void add_convert_command(CLI::App& app, int& rc);
+void add_bench_command(CLI::App& app, int& rc);
 void add_synth_command(CLI::App& app, int& rc);
 
 }  // namespace tandem::cli

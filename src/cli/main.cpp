@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_inspect_command(app, rc);
   tandem::cli::add_tokenize_command(app, rc);
   tandem::cli::add_convert_command(app, rc);
+  tandem::cli::add_bench_command(app, rc);
   tandem::cli::add_synth_command(app, rc);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,218 @@
+#include "perf/bench.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "gguf/gguf.h"
+#include "kernels/dot.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem {
+namespace {
+
+constexpr int32_t kBlockSize = 16;
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+uint64_t peak_rss_bytes() {
+  rusage ru{};
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+void check_options(const BenchOptions& o) {
+  if (o.n_prompt < 1) fail(ErrorKind::kInvalidArgument, "bench: -p (prompt tokens) must be at least 1, got {}", o.n_prompt);
+  if (o.n_gen < 0) fail(ErrorKind::kInvalidArgument, "bench: -n (decode steps) must not be negative, got {}", o.n_gen);
+  if (o.reps < 1) fail(ErrorKind::kInvalidArgument, "bench: --reps must be at least 1, got {}", o.reps);
+  if (o.warmup < 0) fail(ErrorKind::kInvalidArgument, "bench: --warmup must not be negative, got {}", o.warmup);
+  if (o.threads < 0) fail(ErrorKind::kInvalidArgument, "bench: --threads must not be negative, got {}", o.threads);
+}
+
+// One repetition on a fresh sequence: {prefill seconds, decode seconds}.
+std::pair<double, double> one_rep(Model& m, KvCache& kv, ThreadPool& pool, const std::vector<int32_t>& tokens,
+                                  int32_t P, int32_t N) {
+  SeqKv seq;
+  struct Release {
+    SeqKv& s;
+    KvCache& kv;
+    ~Release() { s.release(kv); }
+  } release{seq, kv};
+  if (!seq.reserve(kv, P + N)) fail(ErrorKind::kResource, "bench: the KV cache has no room for {} tokens", P + N);
+  std::vector<float> logits;
+  auto t0 = Clock::now();
+  m.prefill(seq, std::span<const int32_t>(tokens.data(), P), kv, pool, logits);
+  const double prefill = since(t0);
+  SeqKv* seqs[] = {&seq};
+  t0 = Clock::now();
+  for (int32_t i = 0; i < N; ++i) {
+    logits.clear();
+    m.decode(seqs, std::span<const int32_t>(tokens.data() + P + i, 1), kv, pool, logits);
+  }
+  return {prefill, since(t0)};
+}
+
+}  // namespace
+
+Stats Stats::of(std::vector<double> v) {
+  Stats s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  s.min = v.front();
+  s.max = v.back();
+  s.median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  return s;
+}
+
+std::vector<int32_t> bench_tokens(const Model& m, int64_t count) {
+  const Tokenizer& tok = m.tokenizer();
+  const int32_t V = tok.n_vocab();
+  const auto types = m.file().get_int_array("tokenizer.ggml.token_type");
+  auto usable = [&](int32_t id) {
+    if (id == tok.bos_id() || id == tok.eos_id() || tok.is_eog(id)) return false;
+    if (types && static_cast<int64_t>(types->size()) == V)
+      return (*types)[id] == static_cast<int64_t>(TokenType::kNormal);
+    return !tok.token_to_piece(id, false).empty();  // control tokens render as ""
+  };
+  // A stride coprime with V visits every id once per cycle, spread over the
+  // vocabulary rather than clustered at its start.
+  int64_t stride = 7919;
+  while (std::gcd(stride, static_cast<int64_t>(V)) != 1) ++stride;
+  std::vector<int32_t> out;
+  out.reserve(count);
+  int64_t id = V / 3, misses = 0;
+  while (static_cast<int64_t>(out.size()) < count) {
+    id = (id + stride) % V;
+    if (usable(static_cast<int32_t>(id))) {
+      out.push_back(static_cast<int32_t>(id));
+      misses = 0;
+    } else if (++misses > V) {
+      fail(ErrorKind::kInvalidArgument, "bench: the vocabulary of {} has no normal (non-special) token",
+           m.file().path());
+    }
+  }
+  return out;
+}
+
+BenchResult run_bench(const BenchOptions& opts) {
+  check_options(opts);
+  BenchResult r;
+  r.opts = opts;
+  const int32_t P = opts.n_prompt, N = opts.n_gen;
+
+  const auto t0 = Clock::now();
+  std::unique_ptr<Model> model = Model::load(opts.model_path);
+  const ModelConfig& c = model->config();
+  if (static_cast<int64_t>(P) + N > c.n_ctx_train)
+    fail(ErrorKind::kInvalidArgument, "bench: -p {} plus -n {} exceeds the model's training context of {} tokens", P,
+         N, c.n_ctx_train);
+  ThreadPool pool(opts.threads);
+  KvShape shape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v};
+  KvCache kv(shape, (P + N + kBlockSize - 1) / kBlockSize, kBlockSize);
+  r.load_s = since(t0);
+
+  r.model_name = c.name;
+  r.arch = c.arch_name;
+  r.file_bytes = model->file().file_size();
+  r.threads = pool.size();
+  r.kernel_level = cpu_kernel_level();
+  r.kv_cache_bytes = kv.bytes();
+  const uint64_t kv_elems = uint64_t(kv.n_blocks()) * kv.block_size() * c.n_layer * (shape.k_width + shape.v_width);
+  r.kv_elem_bytes = kv_elems ? static_cast<int>(r.kv_cache_bytes / kv_elems) : 0;
+  r.cost = model_cost(*model);
+  r.tokens = bench_tokens(*model, static_cast<int64_t>(P) + N);
+
+  const auto tw = Clock::now();
+  for (int32_t i = 0; i < opts.warmup; ++i) one_rep(*model, kv, pool, r.tokens, P, N);
+  r.warmup_s = since(tw);
+
+  std::vector<double> prefill_tps, decode_tps;
+  for (int32_t i = 0; i < opts.reps; ++i) {
+    auto [ps, ds] = one_rep(*model, kv, pool, r.tokens, P, N);
+    r.prefill_s.push_back(ps);
+    r.decode_s.push_back(ds);
+    prefill_tps.push_back(P / ps);
+    if (N > 0) decode_tps.push_back(N / ds);
+  }
+  r.prefill_tok_s = Stats::of(prefill_tps);
+  r.decode_tok_s = Stats::of(decode_tps);
+  r.peak_rss_bytes = peak_rss_bytes();
+  return r;
+}
+
+RooflineUse roofline_use(const BenchResult& r, const Roofline& roof) {
+  RooflineUse u;
+  u.decode_gb_s = static_cast<double>(r.cost.decode_weight_bytes) * r.decode_tok_s.median / 1e9;
+  u.decode_frac = roof.read_gb_s.value > 0 ? u.decode_gb_s / roof.read_gb_s.value : 0;
+  const int64_t P = r.opts.n_prompt;
+  // Median time per prefill = P / median tok/s.
+  if (r.prefill_tok_s.median > 0)
+    u.prefill_gop_s = 2.0 * static_cast<double>(r.cost.prefill_macs(P)) * r.prefill_tok_s.median / P / 1e9;
+  const PeakMeasure& peak = r.cost.family == ComputeFamily::kInt8   ? roof.int8_gop_s
+                            : r.cost.family == ComputeFamily::kBf16 ? roof.bf16_gop_s
+                                                                    : roof.fp32_gop_s;
+  u.prefill_peak_gop_s = peak.value;
+  u.prefill_peak_isa = peak.isa;
+  u.prefill_frac = peak.value > 0 ? u.prefill_gop_s / peak.value : 0;
+  return u;
+}
+
+nlohmann::json bench_to_json(const BenchResult& r, const Roofline& roof) {
+  const RooflineUse u = roofline_use(r, roof);
+  const ModelCost& mc = r.cost;
+  const int64_t P = r.opts.n_prompt, N = r.opts.n_gen;
+  nlohmann::json j = {
+      {"model", r.opts.model_path},
+      {"model_name", r.model_name},
+      {"arch", r.arch},
+      {"model_type", mc.file_type.empty() ? std::string(type_traits(mc.main_type).name) : mc.file_type},
+      {"weight_type_main", std::string(type_traits(mc.main_type).name)},
+      {"weight_type_prefill", std::string(type_traits(mc.prefill_type).name)},
+      {"weight_bytes_by_type", mc.bytes_by_type},
+      {"file_bytes", r.file_bytes},
+      {"threads", r.threads},
+      {"kernels", r.kernel_level},
+      {"n_prompt", P},
+      {"n_gen", N},
+      {"reps", r.opts.reps},
+      {"warmup", r.opts.warmup},
+      {"load_s", r.load_s},
+      {"warmup_s", r.warmup_s},
+      {"prefill_tok_s", r.prefill_tok_s.median},
+      {"prefill_tok_s_min", r.prefill_tok_s.min},
+      {"prefill_tok_s_max", r.prefill_tok_s.max},
+      {"decode_tok_s", r.decode_tok_s.median},
+      {"decode_tok_s_min", r.decode_tok_s.min},
+      {"decode_tok_s_max", r.decode_tok_s.max},
+      {"prefill_s", r.prefill_s},
+      {"decode_s", r.decode_s},
+      {"peak_rss_bytes", r.peak_rss_bytes},
+      {"kv_cache_bytes", r.kv_cache_bytes},
+      {"kv_type", r.kv_elem_bytes == 2 ? "f16" : r.kv_elem_bytes == 4 ? "f32" : "?"},
+      {"decode_weight_bytes_per_token", mc.decode_weight_bytes},
+      {"decode_kv_bytes_per_token", mc.kv_read_bytes_per_step(P, N, r.kv_elem_bytes)},
+      {"decode_gb_s", u.decode_gb_s},
+      {"decode_bandwidth_fraction", u.decode_frac},
+      {"prefill_ops", 2 * mc.prefill_macs(P)},
+      {"prefill_gop_s", u.prefill_gop_s},
+      {"prefill_compute_family", compute_family_name(mc.family)},
+      {"prefill_peak_gop_s", u.prefill_peak_gop_s},
+      {"prefill_peak_isa", u.prefill_peak_isa},
+      {"prefill_peak_fraction", u.prefill_frac},
+      {"roofline", roofline_to_json(roof)},
+      {"token_ids", r.tokens},
+  };
+  return j;
+}
+
+}  // namespace tandem

@@ -1,0 +1,76 @@
+// `tandem bench`: prefill and decode speed of one model, measured apart.
+//
+// Each repetition starts a fresh sequence, prefills P fixed tokens in one
+// forward pass, then feeds N fixed tokens one decode step at a time (no
+// sampling: the tokens are chosen in advance, so every run does identical
+// work and another engine can be given the very same ids).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "perf/model_cost.h"
+#include "perf/roofline.h"
+
+namespace tandem {
+
+class Model;
+
+struct BenchOptions {
+  std::string model_path;
+  int32_t n_prompt = 512;
+  int32_t n_gen = 128;
+  int32_t threads = 0;  // 0: physical cores
+  int32_t reps = 5;
+  int32_t warmup = 1;   // untimed repetitions first (page-in, caches, thread spin-up)
+};
+
+struct Stats {
+  double median = 0, min = 0, max = 0;
+  static Stats of(std::vector<double> v);  // all 0 for an empty vector
+};
+
+struct BenchResult {
+  BenchOptions opts;
+  std::string model_name, arch;
+  uint64_t file_bytes = 0;
+  int threads = 0;
+  std::string kernel_level;
+  double load_s = 0;    // map + bind + tokenizer + thread pool + KV cache allocation
+  double warmup_s = 0;  // the untimed repetitions (the first touches every weight page)
+  std::vector<double> prefill_s, decode_s;  // per repetition
+  Stats prefill_tok_s, decode_tok_s;
+  uint64_t peak_rss_bytes = 0;  // getrusage high-water mark, whole process
+  uint64_t kv_cache_bytes = 0;
+  int kv_elem_bytes = 0;  // 2: f16, 4: f32
+  ModelCost cost;
+  std::vector<int32_t> tokens;  // P prompt ids, then the N decode ids
+};
+
+// Valid ids for a benchmark prompt: `count` ids drawn deterministically from
+// the vocabulary's normal tokens (no control, BOS/EOS/end-of-generation,
+// unused or byte tokens). Throws when the vocabulary has no such token.
+std::vector<int32_t> bench_tokens(const Model& m, int64_t count);
+
+// Loads the model, runs the warm-up and the repetitions; the model is
+// released before returning. Throws tandem::Error on bad options or files.
+BenchResult run_bench(const BenchOptions& opts);
+
+// Roofline fractions of a result against the machine's ceilings.
+struct RooflineUse {
+  double decode_gb_s = 0;        // weight bytes per token * median decode tok/s
+  double decode_frac = 0;        // of the read bandwidth
+  double prefill_gop_s = 0;      // 2 * prefill MACs / median prefill time
+  double prefill_peak_gop_s = 0; // the peak of the model's compute family
+  std::string prefill_peak_isa;
+  double prefill_frac = 0;
+};
+RooflineUse roofline_use(const BenchResult& r, const Roofline& roof);
+
+// The one JSON object `tandem bench --json` prints.
+nlohmann::json bench_to_json(const BenchResult& r, const Roofline& roof);
+
+}  // namespace tandem

@@ -1,0 +1,114 @@
+#include "perf/model_cost.h"
+
+#include <algorithm>
+
+#include "gguf/gguf.h"
+#include "model/model.h"
+
+namespace tandem {
+namespace {
+
+uint64_t matrix_bytes(const WeightMatrix& w) { return w ? static_cast<uint64_t>(w.rows) * w.row_stride : 0; }
+uint64_t matrix_macs(const WeightMatrix& w) { return w ? static_cast<uint64_t>(w.rows) * w.cols : 0; }
+
+// Sum over positions p in [start, start+n) of min(p + 1, window) (window 0: no limit).
+uint64_t context_sum(int64_t start, int64_t n, int64_t window) {
+  uint64_t s = 0;
+  for (int64_t p = start; p < start + n; ++p) s += static_cast<uint64_t>(window > 0 ? std::min(p + 1, window) : p + 1);
+  return s;
+}
+
+}  // namespace
+
+std::string file_type_name(int64_t ftype) {
+  // llama_ftype numbering (part of the file format; gaps are removed types).
+  static const std::map<int64_t, const char*> kNames = {
+      {0, "f32"},     {1, "f16"},     {2, "q4_0"},    {3, "q4_1"},    {7, "q8_0"},    {8, "q5_0"},
+      {9, "q5_1"},    {10, "q2_k"},   {11, "q3_k_s"}, {12, "q3_k_m"}, {13, "q3_k_l"}, {14, "q4_k_s"},
+      {15, "q4_k_m"}, {16, "q5_k_s"}, {17, "q5_k_m"}, {18, "q6_k"},   {32, "bf16"}};
+  auto it = kNames.find(ftype);
+  return it != kNames.end() ? it->second : "ftype " + std::to_string(ftype);
+}
+
+const char* compute_family_name(ComputeFamily f) {
+  switch (f) {
+    case ComputeFamily::kFp32: return "fp32";
+    case ComputeFamily::kInt8: return "int8";
+    case ComputeFamily::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+ComputeFamily compute_family(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32:
+    case GgmlType::F16: return ComputeFamily::kFp32;
+    case GgmlType::BF16: return ComputeFamily::kBf16;
+    default: return ComputeFamily::kInt8;
+  }
+}
+
+uint64_t ModelCost::attention_macs(int64_t start, int64_t n) const {
+  const uint64_t per_pos = static_cast<uint64_t>(n_head) * (head_dim + head_dim_v);
+  const uint64_t full = context_sum(start, n, 0), windowed = context_sum(start, n, sliding_window);
+  return per_pos * (full * static_cast<uint64_t>(n_layer - n_swa_layers) + windowed * static_cast<uint64_t>(n_swa_layers));
+}
+
+uint64_t ModelCost::prefill_macs(int64_t P) const {
+  if (P <= 0) return 0;
+  return layer_macs_per_token * static_cast<uint64_t>(P) + output_macs + attention_macs(0, P);
+}
+
+double ModelCost::kv_read_bytes_per_step(int64_t start, int64_t n, int elem_bytes) const {
+  if (n <= 0) return 0;
+  const uint64_t per_pos = static_cast<uint64_t>(n_head_kv) * (head_dim + head_dim_v) * elem_bytes;
+  const uint64_t full = context_sum(start, n, 0), windowed = context_sum(start, n, sliding_window);
+  const double total = static_cast<double>(per_pos) *
+                       (static_cast<double>(full) * (n_layer - n_swa_layers) + static_cast<double>(windowed) * n_swa_layers);
+  return total / static_cast<double>(n);
+}
+
+ModelCost model_cost(const Model& m) {
+  const ModelConfig& c = m.config();
+  const ModelWeights& w = m.weights();
+  ModelCost mc;
+  std::map<GgmlType, uint64_t> by_type, macs_by_type;
+  auto add = [&](const WeightMatrix& x, bool per_token) {
+    if (!x) return;
+    mc.decode_weight_bytes += matrix_bytes(x);
+    by_type[x.type] += matrix_bytes(x);
+    (per_token ? mc.layer_macs_per_token : mc.output_macs) += matrix_macs(x);
+    if (per_token) macs_by_type[x.type] += matrix_macs(x);
+  };
+  for (const LayerWeights& L : w.layers)
+    for (const WeightMatrix* x : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) add(*x, true);
+  add(w.output, false);
+
+  uint64_t best = 0;
+  for (const auto& [t, b] : by_type) {
+    mc.bytes_by_type[std::string(type_traits(t).name)] = b;
+    if (b > best) {
+      best = b;
+      mc.main_type = t;
+    }
+  }
+  best = 0;
+  for (const auto& [t, macs] : macs_by_type)
+    if (macs > best) {
+      best = macs;
+      mc.prefill_type = t;
+    }
+  mc.family = compute_family(mc.prefill_type);
+  if (auto ft = m.file().get_int("general.file_type")) mc.file_type = file_type_name(*ft);
+  mc.n_layer = c.n_layer;
+  mc.n_head = c.n_head;
+  mc.n_head_kv = c.n_head_kv;
+  mc.head_dim = c.head_dim;
+  mc.head_dim_v = c.head_dim_v;
+  mc.sliding_window = c.sliding_window;
+  for (int32_t il = 0; il < c.n_layer; ++il)
+    if (il < static_cast<int32_t>(c.layer_is_swa.size()) && c.layer_is_swa[il] && c.sliding_window > 0) ++mc.n_swa_layers;
+  return mc;
+}
+
+}  // namespace tandem

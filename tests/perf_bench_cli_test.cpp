@@ -1,0 +1,134 @@
+// `tandem bench` as a user runs it: a real process on stories260K with tiny
+// P and N. Checks the fields and their consistency, never the speed.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "kernels/dot.h"
+#include "perf/roofline.h"
+#include "test_support.h"
+
+namespace tandem {
+namespace {
+
+struct CliResult {
+  int status = -1;
+  std::string out, err;
+};
+
+CliResult run_bench_cli(const std::string& args) {
+  const auto err_path =
+      std::filesystem::temp_directory_path() / ("tandem_bench_err_" + std::to_string(::getpid()));
+  const std::string cmd = std::string(TANDEM_CLI_PATH) + " bench " + args + " 2>" + err_path.string();
+  CliResult r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.err = test::read_file(err_path.string());
+  std::filesystem::remove(err_path);
+  return r;
+}
+
+const std::string kStories = "'" + test::shared_path("models/gguf/stories260K.gguf") + "'";
+
+std::string temp_cache(const std::string& tag) {
+  return (std::filesystem::temp_directory_path() / ("tandem_bench_roof_" + tag + std::to_string(::getpid()) + ".json"))
+      .string();
+}
+
+TEST(PerfBenchCli, JsonFieldsAreSane) {
+  const std::string cache = temp_cache("none");
+  std::filesystem::remove(cache);
+  CliResult r = run_bench_cli("-m " + kStories + " -p 16 -n 8 --reps 3 --threads 1 --json --roofline-cache " + cache);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* k : {"prefill_tok_s", "decode_tok_s", "load_s", "decode_gb_s", "prefill_gop_s"}) {
+    ASSERT_TRUE(j.contains(k)) << k;
+    EXPECT_GT(j[k].get<double>(), 0) << k;
+  }
+  EXPECT_LE(j["prefill_tok_s_min"].get<double>(), j["prefill_tok_s"].get<double>());
+  EXPECT_LE(j["prefill_tok_s"].get<double>(), j["prefill_tok_s_max"].get<double>());
+  EXPECT_LE(j["decode_tok_s_min"].get<double>(), j["decode_tok_s"].get<double>());
+  EXPECT_LE(j["decode_tok_s"].get<double>(), j["decode_tok_s_max"].get<double>());
+  EXPECT_EQ(j["prefill_s"].size(), 3u);
+  EXPECT_EQ(j["n_prompt"], 16);
+  EXPECT_EQ(j["n_gen"], 8);
+  EXPECT_EQ(j["threads"], 1);
+  EXPECT_EQ(j["kernels"], cpu_kernel_level());
+  EXPECT_EQ(j["token_ids"].size(), 24u);
+  EXPECT_NE(j["model"].get<std::string>().find("stories260K.gguf"), std::string::npos);
+  EXPECT_FALSE(j["model_type"].get<std::string>().empty());
+  // The process holds at least the weights it read.
+  EXPECT_GE(j["peak_rss_bytes"].get<uint64_t>(), j["decode_weight_bytes_per_token"].get<uint64_t>());
+  // stories260K: 5 layers, 4 KV heads of 8 dims; 24 positions round up to 2 blocks of 16.
+  const std::string kv_type = j["kv_type"];
+  ASSERT_TRUE(kv_type == "f16" || kv_type == "f32") << kv_type;
+  EXPECT_EQ(j["kv_cache_bytes"], 5u * 2 * 32 * 32 * (kv_type == "f16" ? 2 : 4));
+  EXPECT_NEAR(j["decode_gb_s"].get<double>(),
+              j["decode_weight_bytes_per_token"].get<double>() * j["decode_tok_s"].get<double>() / 1e9, 1e-12);
+  // No cache at that path: a quick measurement, not written back.
+  EXPECT_EQ(j["roofline"]["source"], "quick");
+  EXPECT_GT(j["roofline"]["read_gb_s"]["value"].get<double>(), 0);
+  EXPECT_FALSE(std::filesystem::exists(cache));
+  EXPECT_NEAR(j["decode_bandwidth_fraction"].get<double>(),
+              j["decode_gb_s"].get<double>() / j["roofline"]["read_gb_s"]["value"].get<double>(), 1e-12);
+}
+
+TEST(PerfBenchCli, UsesTheCachedRoofline) {
+  const std::string cache = temp_cache("cached");
+  Roofline roof;
+  roof.cpu = cpu_model_name();
+  roof.threads = 1;
+  roof.kernel_level = cpu_kernel_level();
+  roof.source = "measured";
+  roof.measured_at = "2020-01-01T00:00:00Z";
+  roof.read_bytes = 1;
+  roof.read_gb_s = {1234.5, "test"};
+  roof.fp32_gop_s = {111, "test"};
+  roof.int8_gop_s = {222, "test"};
+  roof.bf16_gop_s = {333, "test"};
+  save_roofline(cache, roof);
+  CliResult r = run_bench_cli("-m " + kStories + " -p 4 -n 2 --reps 1 --warmup 0 -t 1 --json --roofline-cache " + cache);
+  std::filesystem::remove(cache);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["roofline"]["source"], "cached");
+  EXPECT_EQ(j["roofline"]["read_gb_s"]["value"], 1234.5);
+  EXPECT_NEAR(j["decode_bandwidth_fraction"].get<double>(), j["decode_gb_s"].get<double>() / 1234.5, 1e-12);
+  const double peak = j["prefill_peak_gop_s"];
+  EXPECT_TRUE(peak == 111 || peak == 222 || peak == 333) << peak;
+  EXPECT_NEAR(j["prefill_peak_fraction"].get<double>(), j["prefill_gop_s"].get<double>() / peak, 1e-12);
+}
+
+TEST(PerfBenchCli, TableNamesBothPhasesAndTheRoofline) {
+  CliResult r = run_bench_cli("-m " + kStories + " -p 8 -n 4 --reps 2 -t 1 --roofline-cache " + temp_cache("t"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* s : {"prefill", "decode", "median tok/s", "roofline", "GB/s", "GOP/s", "peak RSS"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+}
+
+TEST(PerfBenchCli, BadInputExitsWithAMessage) {
+  CliResult r = run_bench_cli("-m " + kStories + " -p 0 -n 4");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("-p"), std::string::npos) << r.err;
+  r = run_bench_cli("-m /nonexistent/model.gguf -p 4 -n 4");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("/nonexistent/model.gguf"), std::string::npos) << r.err;
+  r = run_bench_cli("-m " + kStories + " --reps 0");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("--reps"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace tandem
