@@ -1,0 +1,413 @@
+#include "engine/llm_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/scheduler.h"
+#include "engine/step_log.h"
+#include "kv/block_manager.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+
+namespace tandem {
+namespace {
+
+constexpr int32_t kMaxChoices = 16;
+constexpr int64_t kDefaultKvCapBytes = int64_t{2} << 30;
+
+}  // namespace
+
+struct Engine::Impl {
+  Impl(Model& m, const EngineConfig& c);
+
+  Model& model;
+  const EngineConfig cfg;
+  int32_t max_context = 0;
+  ThreadPool pool;
+  std::unique_ptr<KvCache> kv;
+  std::unique_ptr<BlockManager> blocks;
+  std::unique_ptr<Scheduler> sched;
+  StepLog steps;
+
+  // Inbox: filled by submit()/cancel() on any thread, drained by step().
+  std::mutex inbox_mu;
+  std::condition_variable inbox_cv;
+  std::vector<std::unique_ptr<Sequence>> inbox;
+  std::vector<uint64_t> cancels;
+  uint64_t next_request_id = 1;
+  uint64_t next_seq_id = 1;
+  uint64_t next_arrival = 1;
+
+  mutable std::mutex metrics_mu;
+  MetricsSnapshot metrics;
+
+  std::thread loop;
+  std::atomic<bool> stopping{false};
+
+  // Step scratch.
+  Batch batch;
+  std::vector<SeqKv> seq_kv;
+  std::vector<SeqKv*> seq_kv_ptrs;
+  std::vector<float> logits;
+
+  bool step();
+  void drain_inbox();
+  void handle_logits(Sequence* seq, const float* logits);
+  void accept_token(Sequence* seq, int32_t token, const float* logits);
+  void finish(Sequence* seq, const std::string& reason, const std::string& error = "");
+  void emit(Sequence* seq, RequestEvent ev);
+  void fail_all(const std::string& error);
+  std::unique_ptr<Sequence> make_seq(const std::shared_ptr<RequestState>& req, int32_t choice);
+  void update_gauges();
+};
+
+Engine::Impl::Impl(Model& m, const EngineConfig& c) : model(m), cfg(c), pool(c.threads) {
+  const ModelConfig& mc = m.config();
+  max_context = c.max_context > 0 ? c.max_context : std::min(mc.n_ctx_train, 4096);
+  if (max_context > mc.n_ctx_train)
+    fail(ErrorKind::kInvalidArgument, "context size {} exceeds the model's training context {}", max_context,
+         mc.n_ctx_train);
+  if (c.block_size <= 0 || c.max_seqs <= 0 || c.max_waiting < 0)
+    fail(ErrorKind::kInvalidArgument, "block size, max sequences must be positive and max waiting >= 0");
+  const KvShape shape{mc.n_layer, mc.n_head_kv * mc.head_dim, mc.n_head_kv * mc.head_dim_v};
+  const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(shape, c.kv_type));
+  int64_t tokens = c.kv_tokens;
+  if (tokens <= 0 && c.kv_bytes > 0) tokens = c.kv_bytes / per_token;
+  if (tokens <= 0)
+    tokens = std::min<int64_t>(int64_t{c.max_seqs} * max_context, kDefaultKvCapBytes / per_token);
+  const int64_t n_blocks = tokens / c.block_size;
+  if (n_blocks < (max_context + c.block_size - 1) / c.block_size)
+    fail(ErrorKind::kInvalidArgument, "the KV pool ({} tokens) cannot hold one full context of {} tokens", tokens,
+         max_context);
+  if (n_blocks > INT32_MAX) fail(ErrorKind::kInvalidArgument, "KV pool of {} blocks is too large", n_blocks);
+  kv = std::make_unique<KvCache>(shape, static_cast<int32_t>(n_blocks), c.block_size, c.kv_type);
+  blocks = std::make_unique<BlockManager>(static_cast<int32_t>(n_blocks), c.block_size, c.prefix_caching);
+  // Copy-on-write of a shared block. Rare (a fork's partly filled block, a
+  // fully cached prompt), so a slot-by-slot copy through f32 is fine: an f16
+  // value survives the round trip exactly.
+  blocks->set_copy_block([this, shape](int32_t src, int32_t dst) {
+    std::vector<float> k(shape.k_width), v(shape.v_width);
+    for (int32_t l = 0; l < shape.n_layer; ++l)
+      for (int32_t slot = 0; slot < kv->block_size(); ++slot) {
+        kv->read(l, src, slot, k.data(), v.data());
+        kv->write(l, dst, slot, k.data(), v.data());
+      }
+  });
+  SchedulerConfig sc;
+  const bool latency = c.policy == SchedulePolicy::kLatency;
+  sc.max_batch_tokens = c.max_batch_tokens > 0 ? c.max_batch_tokens : (latency ? 256 : 1024);
+  sc.prefill_chunk = latency ? std::min(sc.max_batch_tokens, 128) : sc.max_batch_tokens;
+  sc.max_seqs = c.max_seqs;
+  sc.max_context = max_context;
+  sched = std::make_unique<Scheduler>(sc, *blocks);
+  metrics.kv_blocks_total = n_blocks;
+}
+
+std::unique_ptr<Sequence> Engine::Impl::make_seq(const std::shared_ptr<RequestState>& req, int32_t choice) {
+  auto s = std::make_unique<Sequence>();
+  s->req = req;
+  s->choice = choice;
+  SamplingParams sp = req->params.sampling;
+  if (sp.seed != 0xFFFFFFFF) sp.seed += static_cast<uint64_t>(choice);  // distinct, reproducible choices
+  s->sampler = std::make_unique<Sampler>(sp);
+  s->decoder = std::make_unique<StreamDecoder>(model.tokenizer());
+  return s;
+}
+
+void Engine::Impl::drain_inbox() {
+  std::vector<std::unique_ptr<Sequence>> fresh;
+  std::vector<uint64_t> cancel_ids;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu);
+    fresh.swap(inbox);
+    cancel_ids.swap(cancels);
+  }
+  for (auto& s : fresh) sched->add(std::move(s));
+  if (cancel_ids.empty()) return;
+  std::vector<Sequence*> doomed;
+  sched->for_each([&](Sequence& s) {
+    if (std::find(cancel_ids.begin(), cancel_ids.end(), s.req->id) != cancel_ids.end()) doomed.push_back(&s);
+  });
+  for (Sequence* s : doomed) finish(s, "cancelled");
+}
+
+void Engine::Impl::emit(Sequence* seq, RequestEvent ev) {
+  ev.request_id = seq->req->id;
+  ev.choice = seq->choice;
+  ev.prompt_tokens = seq->n_prompt;
+  ev.completion_tokens = seq->n_generated();
+  ev.cached_prompt_tokens = seq->n_cached_prompt;
+  if (seq->req->sink) seq->req->sink(ev);
+}
+
+void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::string& error) {
+  RequestEvent ev;
+  if (reason != "cancelled" && reason != "error") {
+    // Whatever the stop-string check held back is now final.
+    if (reason != "stop") seq->text += seq->decoder->flush();
+    StopMatch m = find_stop(seq->text, seq->req->params.stop);
+    const size_t end = m.pos != std::string::npos ? m.pos : seq->text.size();
+    if (end > seq->emitted) ev.text = seq->text.substr(seq->emitted, end - seq->emitted);
+    seq->emitted = std::max(seq->emitted, end);
+  }
+  ev.finished = true;
+  ev.finish_reason = reason;
+  ev.error = error;
+  emit(seq, std::move(ev));
+  blocks->free(seq->blocks);
+  const double now = steps.now();
+  {
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    if (reason == "cancelled") ++metrics.requests_cancelled;
+    if (--seq->req->choices_left == 0) {
+      ++metrics.requests_finished;
+      metrics.e2e.observe(now - seq->req->arrival_s);
+    }
+  }
+  seq->status = SeqStatus::kFinished;
+  sched->remove(seq);  // destroys it
+}
+
+void Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
+  const RequestParams& p = seq->req->params;
+  const double now = steps.now();
+  {
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    if (seq->first_token_s < 0) metrics.ttft.observe(now - seq->req->arrival_s);
+    else metrics.itl.observe(now - seq->last_token_s);
+    ++metrics.generation_tokens;
+  }
+  if (seq->first_token_s < 0) seq->first_token_s = now;
+  seq->last_token_s = now;
+
+  if (p.stop_at_eog && model.tokenizer().is_eog(token)) {
+    finish(seq, "stop");
+    return;
+  }
+  RequestEvent ev;
+  ev.tokens.push_back(token);
+  if (p.logprobs >= 0) {
+    // log-softmax of the model's distribution (before sampling filters).
+    const int32_t nv = model.config().n_vocab;
+    const float mx = *std::max_element(lg, lg + nv);
+    double sum = 0;
+    for (int32_t i = 0; i < nv; ++i) sum += std::exp(static_cast<double>(lg[i] - mx));
+    const float lse = mx + static_cast<float>(std::log(sum));
+    ev.logprobs.push_back({token, lg[token] - lse});
+    std::vector<TokenLogprob> top;
+    if (p.logprobs > 0) {
+      std::vector<int32_t> idx(nv);
+      for (int32_t i = 0; i < nv; ++i) idx[i] = i;
+      const int32_t k = std::min(p.logprobs, nv);
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+        return lg[a] != lg[b] ? lg[a] > lg[b] : a < b;
+      });
+      for (int32_t i = 0; i < k; ++i) top.push_back({idx[i], lg[idx[i]] - lse});
+    }
+    ev.top_logprobs.push_back(std::move(top));
+  }
+  seq->tokens.push_back(token);
+  seq->text += seq->decoder->push(token);
+  StopMatch m = find_stop(seq->text, p.stop);
+  const size_t upto = m.pos != std::string::npos ? m.pos : m.safe_len;
+  if (upto > seq->emitted) {
+    ev.text = seq->text.substr(seq->emitted, upto - seq->emitted);
+    seq->emitted = upto;
+  }
+  emit(seq, std::move(ev));
+  if (m.pos != std::string::npos) {
+    finish(seq, "stop");
+  } else if ((p.max_tokens >= 0 && seq->n_generated() >= p.max_tokens) ||
+             static_cast<int32_t>(seq->tokens.size()) >= max_context) {
+    finish(seq, "length");
+  }
+}
+
+void Engine::Impl::handle_logits(Sequence* seq, const float* lg) {
+  const int32_t nv = model.config().n_vocab;
+  if (seq->fork_pending) {
+    // n > 1: the prompt ran once; the other choices share its blocks and
+    // start from the same logits.
+    seq->fork_pending = false;
+    for (int32_t c = 1; c < seq->req->params.n; ++c) {
+      auto child = make_seq(seq->req, c);
+      child->arrival_order = seq->arrival_order;
+      child->tokens = seq->tokens;
+      child->n_prompt = seq->n_prompt;
+      child->n_cached_prompt = seq->n_cached_prompt;
+      child->blocks = blocks->fork(seq->blocks);
+      Sequence* raw = child.get();
+      sched->add_running(std::move(child));
+      const int32_t t = raw->sampler->sample(std::span<const float>(lg, nv), raw->tokens);
+      accept_token(raw, t, lg);
+    }
+  }
+  const int32_t t = seq->sampler->sample(std::span<const float>(lg, nv), seq->tokens);
+  accept_token(seq, t, lg);
+}
+
+bool Engine::Impl::step() {
+  drain_inbox();
+  std::vector<ScheduledSeq> sched_batch = sched->schedule();
+  update_gauges();
+  if (sched_batch.empty()) return false;
+
+  // Rows of every scheduled sequence, in order; a row wants logits when it is
+  // the sequence's last uncomputed token.
+  batch.clear();
+  seq_kv.resize(sched_batch.size());
+  seq_kv_ptrs.resize(sched_batch.size());
+  int32_t n_decode = 0, n_prefill_rows = 0, n_prompt_rows = 0;
+  for (size_t i = 0; i < sched_batch.size(); ++i) {
+    Sequence* s = sched_batch[i].seq;
+    const int32_t n = sched_batch[i].n_tokens, start = s->n_computed();
+    seq_kv[i].blocks = s->blocks.table;
+    seq_kv[i].n_tokens = start;
+    seq_kv_ptrs[i] = &seq_kv[i];
+    for (int32_t j = 0; j < n; ++j) {
+      const int32_t pos = start + j;
+      batch.push_back({s->tokens[pos], pos, static_cast<int32_t>(i), pos + 1 == static_cast<int32_t>(s->tokens.size())});
+      if (pos < s->n_prompt) ++n_prompt_rows;
+    }
+    if (n == 1 && start + 1 == static_cast<int32_t>(s->tokens.size()) && start >= s->n_prompt) ++n_decode;
+    else n_prefill_rows += n;
+  }
+
+  const double t0 = steps.now();
+  logits.clear();
+  model.forward(batch, seq_kv_ptrs, *kv, pool, logits);
+  const double t1 = steps.now();
+  const Phase phase = n_prefill_rows == 0 ? Phase::kDecode : (n_decode == 0 ? Phase::kPrefill : Phase::kMixed);
+  steps.add({phase, t0, t1, static_cast<int32_t>(batch.size()), static_cast<int32_t>(sched_batch.size())});
+  {
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    ++metrics.steps;
+    metrics.prompt_tokens += n_prompt_rows;
+  }
+
+  const int32_t nv = model.config().n_vocab;
+  size_t li = 0;
+  for (const ScheduledSeq& ss : sched_batch) {
+    Sequence* s = ss.seq;
+    const int32_t end = s->n_computed() + ss.n_tokens;
+    blocks->commit(s->blocks, s->tokens, end);
+    if (end == static_cast<int32_t>(s->tokens.size())) handle_logits(s, logits.data() + (li++) * nv);
+  }
+  return true;
+}
+
+void Engine::Impl::update_gauges() {
+  const BlockStats bs = blocks->stats();
+  std::lock_guard<std::mutex> lock(metrics_mu);
+  metrics.running = static_cast<int64_t>(sched->n_running());
+  metrics.waiting = static_cast<int64_t>(sched->n_waiting());
+  metrics.kv_blocks_used = bs.used;
+  metrics.kv_blocks_free = bs.free;
+  metrics.kv_blocks_cached = bs.cached_free;
+  metrics.prefix_cache_queried_tokens = bs.queried_tokens;
+  metrics.prefix_cache_hit_tokens = bs.hit_tokens;
+  metrics.preemptions = sched->preemptions();
+}
+
+void Engine::Impl::fail_all(const std::string& error) {
+  std::vector<Sequence*> all;
+  sched->for_each([&](Sequence& s) { all.push_back(&s); });
+  for (Sequence* s : all) finish(s, "error", error);
+}
+
+Engine::Engine(Model& model, const EngineConfig& cfg)
+    : model_(model), cfg_(cfg), impl_(std::make_unique<Impl>(model, cfg)) {}
+
+Engine::~Engine() { stop(); }
+
+void Engine::start() {
+  if (impl_->loop.joinable()) return;
+  impl_->stopping = false;
+  impl_->loop = std::thread([this] {
+    Impl& I = *impl_;
+    while (!I.stopping.load()) {
+      bool busy = false;
+      try {
+        busy = I.step();
+      } catch (const std::exception& e) {
+        // A failed step must not take the server down: the requests in
+        // flight end with an error and the engine carries on.
+        I.fail_all(e.what());
+      }
+      if (!busy) {
+        std::unique_lock<std::mutex> lock(I.inbox_mu);
+        I.inbox_cv.wait_for(lock, std::chrono::milliseconds(50),
+                            [&] { return I.stopping.load() || !I.inbox.empty() || !I.cancels.empty(); });
+      }
+    }
+  });
+}
+
+void Engine::stop() {
+  if (!impl_ || !impl_->loop.joinable()) return;
+  impl_->stopping = true;
+  impl_->inbox_cv.notify_all();
+  impl_->loop.join();
+}
+
+uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params, EventSink sink) {
+  Impl& I = *impl_;
+  const int32_t nv = model_.config().n_vocab;
+  if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt is empty");
+  for (int32_t t : prompt)
+    if (t < 0 || t >= nv) fail(ErrorKind::kInvalidArgument, "prompt token id {} is outside the vocabulary (0..{})", t, nv - 1);
+  if (static_cast<int64_t>(prompt.size()) >= I.max_context)
+    fail(ErrorKind::kInvalidArgument,
+         "the prompt has {} tokens, which leaves no room in the context of {} tokens", prompt.size(), I.max_context);
+  if (params.n < 1 || params.n > kMaxChoices)
+    fail(ErrorKind::kInvalidArgument, "n = {} is outside [1, {}]", params.n, kMaxChoices);
+  if (params.logprobs > 20) fail(ErrorKind::kInvalidArgument, "logprobs = {} is more than 20", params.logprobs);
+  Sampler check(params.sampling);  // throws on absurd sampling parameters
+
+  auto req = std::make_shared<RequestState>();
+  req->params = params;
+  req->sink = std::move(sink);
+  req->n_prompt = static_cast<int32_t>(prompt.size());
+  req->arrival_s = I.steps.now();
+  req->choices_left = params.n;
+  std::lock_guard<std::mutex> lock(I.inbox_mu);
+  const int64_t queued = static_cast<int64_t>(I.inbox.size()) + [&] {
+    std::lock_guard<std::mutex> ml(I.metrics_mu);
+    return I.metrics.waiting;
+  }();
+  if (queued >= cfg_.max_waiting) {
+    std::lock_guard<std::mutex> ml(I.metrics_mu);
+    ++I.metrics.requests_rejected;
+    fail(ErrorKind::kResource, "the server is overloaded: {} requests are already waiting", queued);
+  }
+  req->id = I.next_request_id++;
+  auto s = I.make_seq(req, 0);
+  s->id = I.next_seq_id++;
+  s->arrival_order = I.next_arrival++;
+  s->tokens = std::move(prompt);
+  s->n_prompt = req->n_prompt;
+  s->fork_pending = params.n > 1;
+  I.inbox.push_back(std::move(s));
+  I.inbox_cv.notify_all();
+  return req->id;
+}
+
+void Engine::cancel(uint64_t request_id) {
+  std::lock_guard<std::mutex> lock(impl_->inbox_mu);
+  // A request still in the inbox is finished through the same path on the next step.
+  impl_->cancels.push_back(request_id);
+  impl_->inbox_cv.notify_all();
+}
+
+MetricsSnapshot Engine::metrics() const {
+  std::lock_guard<std::mutex> lock(impl_->metrics_mu);
+  return impl_->metrics;
+}
+
+bool Engine::step() { return impl_->step(); }
+
+}  // namespace tandem

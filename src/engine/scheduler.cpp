@@ -1,0 +1,123 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "kv/block_manager.h"
+
+namespace tandem {
+namespace {
+
+// Scheduling order: higher priority first, then earlier arrival.
+bool before(const Sequence& a, const Sequence& b) {
+  if (a.priority() != b.priority()) return a.priority() > b.priority();
+  return a.arrival_order < b.arrival_order;
+}
+
+}  // namespace
+
+void Scheduler::insert_waiting(std::unique_ptr<Sequence> seq) {
+  seq->status = SeqStatus::kWaiting;
+  auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) { return before(*seq, *w); });
+  waiting_.insert(it, std::move(seq));
+}
+
+void Scheduler::add(std::unique_ptr<Sequence> seq) { insert_waiting(std::move(seq)); }
+
+void Scheduler::add_running(std::unique_ptr<Sequence> seq) {
+  seq->status = SeqStatus::kRunning;
+  running_.push_back(std::move(seq));
+}
+
+std::unique_ptr<Sequence> Scheduler::remove(Sequence* seq) {
+  for (auto* list : {&running_}) {
+    auto it = std::find_if(list->begin(), list->end(), [&](const auto& s) { return s.get() == seq; });
+    if (it != list->end()) {
+      auto out = std::move(*it);
+      list->erase(it);
+      return out;
+    }
+  }
+  auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& s) { return s.get() == seq; });
+  if (it == waiting_.end()) return nullptr;
+  auto out = std::move(*it);
+  waiting_.erase(it);
+  return out;
+}
+
+void Scheduler::preempt(Sequence* seq) {
+  auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == seq; });
+  if (it == running_.end()) return;
+  std::unique_ptr<Sequence> s = std::move(*it);
+  running_.erase(it);
+  blocks_.free(s->blocks);  // recompute: prompt and generated tokens run again as a prefill
+  ++preemptions_;
+  insert_waiting(std::move(s));
+}
+
+// Makes positions up to `end` of `needy` writable, preempting the running
+// sequence that comes last in scheduling order (possibly `needy` itself) while
+// blocks are short. False when `needy` was the victim.
+bool Scheduler::make_room(Sequence* needy, int32_t end, std::vector<ScheduledSeq>& batch) {
+  while (!blocks_.can_append(needy->blocks, end)) {
+    Sequence* victim = nullptr;
+    for (auto& s : running_)
+      if (!victim || before(*victim, *s)) victim = s.get();
+    batch.erase(std::remove_if(batch.begin(), batch.end(), [&](const ScheduledSeq& b) { return b.seq == victim; }),
+                batch.end());
+    preempt(victim);
+    if (victim == needy) return false;
+  }
+  blocks_.append(needy->blocks, end);
+  return true;
+}
+
+std::vector<ScheduledSeq> Scheduler::schedule() {
+  std::vector<ScheduledSeq> batch;
+  int32_t budget = cfg_.max_batch_tokens;
+  std::sort(running_.begin(), running_.end(), [](const auto& a, const auto& b) { return before(*a, *b); });
+
+  // 1. Decodes: one token each. Iterate over a snapshot, since preemption
+  // edits running_.
+  std::vector<Sequence*> decoding;
+  for (auto& s : running_)
+    if (s->n_uncomputed() == 1 && !s->fork_pending) decoding.push_back(s.get());
+  for (Sequence* s : decoding) {
+    if (budget <= 0) break;
+    if (s->status != SeqStatus::kRunning) continue;  // preempted by an earlier one
+    if (!make_room(s, s->n_computed() + 1, batch)) continue;
+    batch.push_back({s, 1});
+    --budget;
+  }
+
+  // 2. Prompts in progress: the next chunk.
+  std::vector<Sequence*> prefilling;
+  for (auto& s : running_)
+    if (s->n_uncomputed() > 1) prefilling.push_back(s.get());
+  for (Sequence* s : prefilling) {
+    if (budget <= 0) break;
+    if (s->status != SeqStatus::kRunning) continue;
+    const int32_t n = std::min({s->n_uncomputed(), budget, cfg_.prefill_chunk});
+    if (!make_room(s, s->n_computed() + n, batch)) continue;
+    batch.push_back({s, n});
+    budget -= n;
+  }
+
+  // 3. Admissions.
+  while (budget > 0 && !waiting_.empty() && static_cast<int32_t>(running_.size()) < cfg_.max_seqs) {
+    Sequence* s = waiting_.front().get();
+    if (!blocks_.can_allocate(s->tokens)) break;  // head-of-line: keeps priority order, no starvation
+    blocks_.allocate(s->blocks, s->tokens);  // n_computed = prompt tokens found in the prefix cache
+    if (s->n_generated() == 0) s->n_cached_prompt = s->n_computed();
+    std::unique_ptr<Sequence> owned = std::move(waiting_.front());
+    waiting_.pop_front();
+    owned->status = SeqStatus::kRunning;
+    const int32_t n = std::min({owned->n_uncomputed(), budget, cfg_.prefill_chunk});
+    blocks_.append(owned->blocks, owned->n_computed() + n);  // allocate left room for this
+    batch.push_back({owned.get(), n});
+    budget -= n;
+    running_.push_back(std::move(owned));
+  }
+  return batch;
+}
+
+}  // namespace tandem

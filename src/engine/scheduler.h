@@ -1,0 +1,72 @@
+// Iteration-level scheduling: every step decides which sequences run and how
+// many of their tokens, within a token budget and a sequence limit.
+//
+//   1. Running sequences that are decoding take one token each (decode is
+//      never stalled by prefill: that is what chunked prefill buys).
+//   2. Running sequences part-way through their prompt take the next chunk.
+//   3. Waiting sequences are admitted by (priority, arrival) while the budget,
+//      the sequence limit and the KV blocks allow.
+// When a running sequence needs a block and none is free, the lowest-priority,
+// latest-arrived running sequence is preempted: its blocks are freed and it
+// goes back to the front of its priority in the wait queue to be recomputed
+// later (it keeps its generated tokens).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "engine/sequence.h"
+
+namespace tandem {
+
+class BlockManager;
+
+struct SchedulerConfig {
+  int32_t max_batch_tokens = 256;
+  int32_t max_seqs = 32;
+  int32_t prefill_chunk = 256;   // most prompt tokens of one sequence per step
+  int32_t max_context = 4096;
+};
+
+struct ScheduledSeq {
+  Sequence* seq = nullptr;
+  int32_t n_tokens = 0;  // tokens[n_computed, n_computed + n_tokens) run this step
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& cfg, BlockManager& blocks) : cfg_(cfg), blocks_(blocks) {}
+
+  void add(std::unique_ptr<Sequence> seq);   // to the wait queue
+  std::vector<ScheduledSeq> schedule();
+  // Removes a finished sequence (its blocks must already be freed).
+  std::unique_ptr<Sequence> remove(Sequence* seq);
+  void preempt(Sequence* seq);               // frees blocks, back to waiting
+
+  template <typename F>
+  void for_each(F&& f) {
+    for (auto& s : running_) f(*s);
+    for (auto& s : waiting_) f(*s);
+  }
+  // Adds a running sequence directly (forked choices share their parent's blocks).
+  void add_running(std::unique_ptr<Sequence> seq);
+
+  size_t n_running() const { return running_.size(); }
+  size_t n_waiting() const { return waiting_.size(); }
+  uint64_t preemptions() const { return preemptions_; }
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+
+ private:
+  bool make_room(Sequence* needy, int32_t end, std::vector<ScheduledSeq>& batch);
+  void insert_waiting(std::unique_ptr<Sequence> seq);
+
+  SchedulerConfig cfg_;
+  BlockManager& blocks_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;  // sorted: priority desc, arrival asc
+  uint64_t preemptions_ = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,56 @@
+// One sequence in the serving engine: a prompt and the tokens generated after
+// it, how much of it has K/V in the cache, and its generation state.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/sampler.h"
+#include "kv/block_manager.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem {
+
+enum class SeqStatus { kWaiting, kRunning, kFinished };
+
+// Shared by the choices of one request.
+struct RequestState {
+  uint64_t id = 0;
+  RequestParams params;
+  EventSink sink;
+  int32_t n_prompt = 0;
+  double arrival_s = 0;
+  bool cancelled = false;
+  int32_t choices_left = 0;
+};
+
+struct Sequence {
+  uint64_t id = 0;
+  std::shared_ptr<RequestState> req;
+  int32_t choice = 0;
+  SeqStatus status = SeqStatus::kWaiting;
+  uint64_t arrival_order = 0;        // FIFO order within a priority; kept across preemption
+
+  std::vector<int32_t> tokens;       // prompt + generated
+  int32_t n_prompt = 0;
+  int32_t n_cached_prompt = 0;       // prompt tokens that came from the prefix cache
+  SeqBlocks blocks;                  // blocks.n_computed: tokens whose K/V is in the cache
+  bool fork_pending = false;         // choice 0 of an n > 1 request, until its prompt is done
+
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<StreamDecoder> decoder;
+  std::string text;                  // generated text so far
+  size_t emitted = 0;                // bytes of `text` already sent
+  double first_token_s = -1;
+  double last_token_s = -1;
+
+  int32_t n_generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
+  int32_t n_computed() const { return blocks.n_computed; }
+  int32_t n_uncomputed() const { return static_cast<int32_t>(tokens.size()) - blocks.n_computed; }
+  int32_t priority() const { return req->params.priority; }
+};
+
+}  // namespace tandem
