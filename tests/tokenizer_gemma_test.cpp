@@ -1,7 +1,6 @@
 // Gemma 3 (262k-token SPM vocab, no space prefix, thousands of control and
 // user-defined tokens) against reference output of llama.cpp itself, produced
 // by scripts/gen_tokenizer_refs.py into tests/data/tokenizer/gemma3_270m.json.
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 
@@ -30,9 +29,7 @@ class GemmaTokenizer : public ::testing::Test {
     const std::string path = gemma_model_path();
     if (path.empty()) return;
     file_ = GgufFile::open(path).release();
-    const auto t0 = std::chrono::steady_clock::now();
     tok_ = Tokenizer::from_gguf(*file_).release();
-    load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ref_ = new nlohmann::json(testing_tok::load_reference("gemma3_270m.json"));
   }
   static void TearDownTestSuite() {
@@ -42,6 +39,8 @@ class GemmaTokenizer : public ::testing::Test {
   }
   void SetUp() override {
     if (!tok_) {
+      const char* ci = std::getenv("CI");
+      if (ci && std::string(ci) == "true") FAIL() << "Gemma 3 270M is not installed (scripts/setup.sh)";
       GTEST_SKIP() << "Gemma 3 270M GGUF not found: set TANDEM_GEMMA_MODEL or place it at "
                       "$HOME/.cache/tandem/models/gemma-3-270m-q4_k_m.gguf";
     }
@@ -50,19 +49,12 @@ class GemmaTokenizer : public ::testing::Test {
   static inline GgufFile* file_ = nullptr;
   static inline Tokenizer* tok_ = nullptr;
   static inline nlohmann::json* ref_ = nullptr;
-  static inline double load_seconds_ = 0;
 };
 
 TEST_F(GemmaTokenizer, Metadata) {
   testing_tok::expect_metadata(*tok_, *ref_);
   EXPECT_EQ(tok_->find_token("<end_of_turn>"), 106);
   EXPECT_TRUE(tok_->is_eog(106));
-}
-
-TEST_F(GemmaTokenizer, LoadsQuickly) {
-  RecordProperty("load_seconds", std::to_string(load_seconds_));
-  std::printf("Tokenizer::from_gguf on 262k tokens: %.3f s\n", load_seconds_);
-  EXPECT_LT(load_seconds_, 0.3);
 }
 
 TEST_F(GemmaTokenizer, EncodeAndDecodeMatchLlamaCpp) {
