@@ -132,7 +132,7 @@ TEST(Cli, ErrorsAreClearAndNonZero) {
 
 TEST(Cli, ChatOnDefaultModel) {
   TANDEM_REQUIRE_GEMMA(path);
-  Result r = run_cli("run -m " + quote(path) + " --chat 'What is the capital of France?' -n 24 --temp 0");
+  Result r = run_cli("run -m " + quote(path) + " --chat 'What is the capital of France?' -n 8 --temp 0");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_FALSE(r.out.empty());
   EXPECT_EQ(r.out.find("<end_of_turn>"), std::string::npos);  // the turn end is not printed

@@ -67,14 +67,22 @@ TEST_F(Gemma3, MatchesLlamaCppGreedyAndLogits) {
   const ModelConfig& c = model_->config();
   ThreadPool pool(2);
   Generator gen(*model_, pool, 1024);
+  // Under the sanitizers (TANDEM_TEST_QUICK=1) two prompts and 8 steps cover
+  // the same code paths at a fraction of the cost.
+  const bool quick = std::getenv("TANDEM_TEST_QUICK") != nullptr;
   int n_cases = 0;
   for (const auto& cs : refs["cases"]) {
+    if (quick && n_cases == 2) break;
     const std::string text = cs["prompt"].get<std::string>();
     SCOPED_TRACE(text);
     const auto prompt = model_->tokenizer().encode(text, true, true);
     ASSERT_EQ(prompt, cs["prompt_ids"].get<std::vector<int32_t>>());
-    const auto want = cs["greedy_ids"].get<std::vector<int32_t>>();
-    const auto margins = cs["greedy_margins"].get<std::vector<float>>();
+    auto want = cs["greedy_ids"].get<std::vector<int32_t>>();
+    auto margins = cs["greedy_margins"].get<std::vector<float>>();
+    if (quick) {
+      want.resize(8);
+      margins.resize(8);
+    }
     ASSERT_EQ(want.size(), margins.size());
 
     // Teacher-forced: run the prompt plus llama.cpp's greedy tokens through one
@@ -125,7 +133,7 @@ TEST_F(Gemma3, MatchesLlamaCppGreedyAndLogits) {
                 text.substr(0, 32).c_str(), worst, agree, want.size(), same, want.size());
     ++n_cases;
   }
-  EXPECT_GE(n_cases, 5);
+  EXPECT_GE(n_cases, quick ? 2 : 5);
 }
 
 }  // namespace
