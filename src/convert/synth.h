@@ -4,10 +4,17 @@
 // tests against llama.cpp on tiny shapes.
 //
 // The file is a pure function of the spec: the same spec and seed give the
-// same bytes on any machine and with any thread count. Weights come from our
-// own generator (splitmix64 streams, one per tensor row, and polar Box-Muller
-// with a log of our own rather than libm's), then go through the reference
-// quantizers in core/quant.h.
+// same bytes with any thread count, and on any x86-64 build. Weights come from
+// our own generator (splitmix64 streams, one per tensor row, and polar
+// Box-Muller with a log of our own rather than libm's), then go through the
+// reference quantizers in core/quant.h; all of it is IEEE-exact arithmetic
+// (a compiler that fuses a*b+c into one FMA, as is the default on some other
+// ISAs, could change low bits and so the bytes).
+//
+// Cost: one pass over the weights, rows spread over the thread pool; the
+// quantized file is held in memory once (peak RSS ~ file size). TinyLlama
+// 1.1B takes ~17 s of CPU in f16 or q8_0 and ~65 s in q4_k_m (the K-quant
+// scale search).
 #pragma once
 
 #include <cstdint>
