@@ -63,6 +63,7 @@ struct Server::Impl {
   int32_t max_context = 0;
   int64_t created = 0;
   int bound_port = -1;
+  int listen_fd = -1;  // the listening socket, seen through httplib's socket-options hook
 
   std::atomic<bool> stopping{false};
   Generations generations;
@@ -262,9 +263,10 @@ Server::Server(Engine& engine, const Model& model, ServerConfig cfg)
   // httplib's default sets SO_REUSEPORT, which lets a second server bind the
   // same port and silently take half the connections. SO_REUSEADDR alone
   // still allows a quick restart over connections in TIME_WAIT.
-  s.http.set_socket_options([](socket_t sock) {
+  s.http.set_socket_options([&s](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    s.listen_fd = sock;
   });
   s.routes();
 }
@@ -281,6 +283,10 @@ void Server::bind() {
       fail(ErrorKind::kIo, "cannot listen on {}:{} (address in use or not available)", s.cfg.host, s.cfg.port);
     s.bound_port = s.cfg.port;
   }
+  // httplib 0.11 listens with a backlog of 5: a burst of clients connecting
+  // at once overflows it (dropped handshakes, resets). listen() again on the
+  // bound socket only raises the backlog.
+  if (s.listen_fd >= 0) ::listen(s.listen_fd, 1024);
 }
 
 int Server::port() const { return impl_->bound_port; }
