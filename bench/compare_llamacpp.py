@@ -106,22 +106,23 @@ def llama_worker(args: argparse.Namespace) -> int:
             raise SystemExit(f"llama_decode returned {rc}")
         L.llama_synchronize(ctx)
 
-    def one_rep() -> tuple[float, float]:
+    def one_rep() -> tuple[float, float, float, float]:
+        """Wall and process-CPU seconds of the prefill and of the decode steps."""
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
         fill(tokens[:P], 0, True)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         decode()
-        prefill_s = time.perf_counter() - t
-        t = time.perf_counter()
+        prefill_s, prefill_cpu_s = time.perf_counter() - t, time.process_time() - c
+        t, c = time.perf_counter(), time.process_time()
         for i in range(N):
             fill([tokens[P + i]], P + i, False)
             decode()
-        return prefill_s, time.perf_counter() - t
+        return prefill_s, time.perf_counter() - t, prefill_cpu_s, time.process_time() - c
 
     tw = time.perf_counter()
     one_rep()
     warmup_s = time.perf_counter() - tw
-    prefill_s, decode_s = one_rep()
+    prefill_s, decode_s, prefill_cpu_s, decode_cpu_s = one_rep()
     L.llama_batch_free(batch)
 
     out = {
@@ -136,14 +137,19 @@ def llama_worker(args: argparse.Namespace) -> int:
         "warmup_s": warmup_s,
         "prefill_s": prefill_s,
         "decode_s": decode_s,
+        "prefill_cpu_s": [prefill_cpu_s],
+        "decode_cpu_s": [decode_cpu_s],
         "prefill_tok_s": P / prefill_s,
         "decode_tok_s": N / decode_s if N else 0.0,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "flash_attn_requested": args.flash_attn,
         "type_k": int(cp.type_k),
         "type_v": int(cp.type_v),
-        # What llama.cpp resolved "auto" to, and its KV cache line, from its own log.
-        "log_notes": [ln.strip() for ln in logs if "flash_attn" in ln or "llama_kv_cache" in ln][:8],
+        # "auto" is resolved inside llama.cpp; its graph log shows whether the
+        # fused FLASH_ATTN_EXT op was used.
+        "flash_attn_used": any("FLASH_ATTN_EXT" in ln for ln in logs),
+        "log_notes": [ln.strip() for ln in logs
+                      if "flash_attn " in ln or "llama_kv_cache: size" in ln or "CPU_REPACK model buffer" in ln][:8],
     }
     L.llama_free(ctx)
     L.llama_model_free(model)
@@ -214,7 +220,7 @@ def cell(s: dict) -> str:
     return f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
 
 
-def machine_info() -> dict:
+def machine_info(tandem: Path) -> dict:
     info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "platform": platform.platform()}
     try:
@@ -228,8 +234,9 @@ def machine_info() -> dict:
                                               if f.startswith(("avx", "fma", "f16c", "amx")))
     except OSError:
         pass
+    info["tandem_binary"] = str(Path(tandem).resolve())
     try:
-        info["tandem_commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+        info["repo_head"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                                                capture_output=True, text=True).stdout.strip()
     except OSError:
         pass
@@ -280,10 +287,12 @@ def compare(args: argparse.Namespace) -> int:
                 log(f"  llama.cpp prefill {lj['prefill_tok_s']:.1f} tok/s, decode {lj['decode_tok_s']:.1f} tok/s")
             results.append({"model": str(m), "runs": runs})
 
-    info = machine_info()
+    info = machine_info(tandem)
     if results:
         info["llama_system_info"] = results[0]["runs"]["llama"][0]["system_info"]
         info["llama_log_notes"] = results[0]["runs"]["llama"][0]["log_notes"]
+        info["llama_flash_attn_used"] = {Path(r["model"]).name: r["runs"]["llama"][0]["flash_attn_used"]
+                                         for r in results}
     report = {"machine": info, "prompt": P, "gen": N, "rounds": R, "threads": args.threads,
               "flash_attn": args.flash_attn, "results": results}
     if args.json_out:
@@ -292,25 +301,44 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def speeds(runs: list[dict], P: int, N: int, cpu: bool) -> tuple[dict, dict]:
+    """Prefill and decode tok/s over the rounds: wall clock, or per process-CPU second."""
+    if cpu:
+        return (stats([P / x["prefill_cpu_s"][0] for x in runs]), stats([N / x["decode_cpu_s"][0] for x in runs]))
+    return stats([x["prefill_tok_s"] for x in runs]), stats([x["decode_tok_s"] for x in runs])
+
+
+def speed_table(report: dict, cpu: bool) -> list[str]:
+    P, N = report["prompt"], report["gen"]
+    unit = "tok/CPU-s" if cpu else "tok/s"
+    lines = [f"| model | type | Tandem prefill {unit} | llama.cpp prefill {unit} | ratio | Tandem decode {unit} "
+             f"| llama.cpp decode {unit} | ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+    for res in report["results"]:
+        t, l = res["runs"]["tandem"], res["runs"]["llama"]
+        tp, td = speeds(t, P, N, cpu)
+        lp, ld = speeds(l, P, N, cpu)
+        lines.append(f"| {Path(res['model']).name} | {t[0]['model_type']} | {cell(tp)} | {cell(lp)} "
+                     f"| {tp['median'] / lp['median']:.2f} | {cell(td)} | {cell(ld)} "
+                     f"| {td['median'] / ld['median']:.2f} |")
+    return lines
+
+
 def markdown(report: dict) -> str:
     P, N = report["prompt"], report["gen"]
     lines = [f"P = {P} prompt tokens, N = {N} decode steps, {report['threads']} threads, "
              f"{report['rounds']} alternating rounds; tok/s as median (min-max); ratio = Tandem / llama.cpp "
-             f"(medians).", "",
-             "| model | type | Tandem prefill tok/s | llama.cpp prefill tok/s | ratio | Tandem decode tok/s "
-             "| llama.cpp decode tok/s | ratio |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"(medians).", ""] + speed_table(report, False)
+    if report["threads"] == 1:
+        # One thread: process CPU time is the work itself, little disturbed by
+        # other processes (no spin-waits are counted: there is nobody to wait for).
+        lines += ["", "The same runs, per second of process CPU time:", ""] + speed_table(report, True)
     detail = ["| model | Tandem load s | Tandem peak RSS MiB | file + KV MiB | decode GB/s (of read BW) "
               "| prefill GOP/s (of peak) | llama.cpp load s | llama.cpp peak RSS MiB |",
               "|---|---|---|---|---|---|---|---|"]
     for res in report["results"]:
         t, l = res["runs"]["tandem"], res["runs"]["llama"]
         name = Path(res["model"]).name
-        typ = t[0]["model_type"]
-        tp, lp = stats([x["prefill_tok_s"] for x in t]), stats([x["prefill_tok_s"] for x in l])
-        td, ld = stats([x["decode_tok_s"] for x in t]), stats([x["decode_tok_s"] for x in l])
-        lines.append(f"| {name} | {typ} | {cell(tp)} | {cell(lp)} | {tp['median'] / lp['median']:.2f} "
-                     f"| {cell(td)} | {cell(ld)} | {td['median'] / ld['median']:.2f} |")
         mib = 1024 * 1024
         gb = statistics.median([x["decode_gb_s"] for x in t])
         gbf = statistics.median([x["decode_bandwidth_fraction"] for x in t])

@@ -62,6 +62,7 @@ TEST(PerfBenchCli, JsonFieldsAreSane) {
   EXPECT_LE(j["decode_tok_s_min"].get<double>(), j["decode_tok_s"].get<double>());
   EXPECT_LE(j["decode_tok_s"].get<double>(), j["decode_tok_s_max"].get<double>());
   EXPECT_EQ(j["prefill_s"].size(), 3u);
+  EXPECT_EQ(j["decode_cpu_s"].size(), 3u);
   EXPECT_EQ(j["n_prompt"], 16);
   EXPECT_EQ(j["n_gen"], 8);
   EXPECT_EQ(j["threads"], 1);

@@ -239,6 +239,9 @@ TEST(PerfBench, RunsStoriesInProcess) {
   const BenchResult r = run_bench(o);
   ASSERT_EQ(r.prefill_s.size(), 3u);
   ASSERT_EQ(r.decode_s.size(), 3u);
+  ASSERT_EQ(r.prefill_cpu_s.size(), 3u);
+  ASSERT_EQ(r.decode_cpu_s.size(), 3u);
+  for (double c : r.prefill_cpu_s) EXPECT_GT(c, 0);
   EXPECT_GT(r.prefill_tok_s.median, 0);
   EXPECT_LE(r.prefill_tok_s.min, r.prefill_tok_s.median);
   EXPECT_LE(r.prefill_tok_s.median, r.prefill_tok_s.max);

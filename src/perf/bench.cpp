@@ -1,6 +1,7 @@
 #include "perf/bench.h"
 
 #include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -38,9 +39,21 @@ void check_options(const BenchOptions& o) {
   if (o.threads < 0) fail(ErrorKind::kInvalidArgument, "bench: --threads must not be negative, got {}", o.threads);
 }
 
-// One repetition on a fresh sequence: {prefill seconds, decode seconds}.
-std::pair<double, double> one_rep(Model& m, KvCache& kv, ThreadPool& pool, const std::vector<int32_t>& tokens,
-                                  int32_t P, int32_t N) {
+// Process CPU time (all threads). With one thread it is the time the work
+// itself took, whatever else the machine runs, which wall time is not.
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+struct RepTimes {
+  double prefill_s, decode_s, prefill_cpu_s, decode_cpu_s;
+};
+
+// One repetition on a fresh sequence.
+RepTimes one_rep(Model& m, KvCache& kv, ThreadPool& pool, const std::vector<int32_t>& tokens, int32_t P,
+                 int32_t N) {
   SeqKv seq;
   struct Release {
     SeqKv& s;
@@ -49,16 +62,22 @@ std::pair<double, double> one_rep(Model& m, KvCache& kv, ThreadPool& pool, const
   } release{seq, kv};
   if (!seq.reserve(kv, P + N)) fail(ErrorKind::kResource, "bench: the KV cache has no room for {} tokens", P + N);
   std::vector<float> logits;
+  RepTimes t{};
+  double c0 = cpu_seconds();
   auto t0 = Clock::now();
   m.prefill(seq, std::span<const int32_t>(tokens.data(), P), kv, pool, logits);
-  const double prefill = since(t0);
+  t.prefill_s = since(t0);
+  t.prefill_cpu_s = cpu_seconds() - c0;
   SeqKv* seqs[] = {&seq};
+  c0 = cpu_seconds();
   t0 = Clock::now();
   for (int32_t i = 0; i < N; ++i) {
     logits.clear();
     m.decode(seqs, std::span<const int32_t>(tokens.data() + P + i, 1), kv, pool, logits);
   }
-  return {prefill, since(t0)};
+  t.decode_s = since(t0);
+  t.decode_cpu_s = cpu_seconds() - c0;
+  return t;
 }
 
 }  // namespace
@@ -118,7 +137,7 @@ BenchResult run_bench(const BenchOptions& opts) {
          N, c.n_ctx_train);
   ThreadPool pool(opts.threads);
   KvShape shape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v};
-  KvCache kv(shape, (P + N + kBlockSize - 1) / kBlockSize, kBlockSize);
+  KvCache kv(shape, static_cast<int32_t>((int64_t{P} + N + kBlockSize - 1) / kBlockSize), kBlockSize);
   r.load_s = since(t0);
 
   r.model_name = c.name;
@@ -138,11 +157,13 @@ BenchResult run_bench(const BenchOptions& opts) {
 
   std::vector<double> prefill_tps, decode_tps;
   for (int32_t i = 0; i < opts.reps; ++i) {
-    auto [ps, ds] = one_rep(*model, kv, pool, r.tokens, P, N);
-    r.prefill_s.push_back(ps);
-    r.decode_s.push_back(ds);
-    prefill_tps.push_back(P / ps);
-    if (N > 0) decode_tps.push_back(N / ds);
+    const RepTimes t = one_rep(*model, kv, pool, r.tokens, P, N);
+    r.prefill_s.push_back(t.prefill_s);
+    r.decode_s.push_back(t.decode_s);
+    r.prefill_cpu_s.push_back(t.prefill_cpu_s);
+    r.decode_cpu_s.push_back(t.decode_cpu_s);
+    prefill_tps.push_back(P / t.prefill_s);
+    if (N > 0) decode_tps.push_back(N / t.decode_s);
   }
   r.prefill_tok_s = Stats::of(prefill_tps);
   r.decode_tok_s = Stats::of(decode_tps);
@@ -196,6 +217,8 @@ nlohmann::json bench_to_json(const BenchResult& r, const Roofline& roof) {
       {"decode_tok_s_max", r.decode_tok_s.max},
       {"prefill_s", r.prefill_s},
       {"decode_s", r.decode_s},
+      {"prefill_cpu_s", r.prefill_cpu_s},
+      {"decode_cpu_s", r.decode_cpu_s},
       {"peak_rss_bytes", r.peak_rss_bytes},
       {"kv_cache_bytes", r.kv_cache_bytes},
       {"kv_type", r.kv_elem_bytes == 2 ? "f16" : r.kv_elem_bytes == 4 ? "f32" : "?"},

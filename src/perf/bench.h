@@ -41,7 +41,10 @@ struct BenchResult {
   std::string kernel_level;
   double load_s = 0;    // map + bind + tokenizer + thread pool + KV cache allocation
   double warmup_s = 0;  // the untimed repetitions (the first touches every weight page)
-  std::vector<double> prefill_s, decode_s;  // per repetition
+  std::vector<double> prefill_s, decode_s;  // wall seconds per repetition
+  // Process CPU seconds per repetition (every thread, spinning included): with
+  // one thread a measure that other processes on the machine barely disturb.
+  std::vector<double> prefill_cpu_s, decode_cpu_s;
   Stats prefill_tok_s, decode_tok_s;
   uint64_t peak_rss_bytes = 0;  // getrusage high-water mark, whole process
   uint64_t kv_cache_bytes = 0;
