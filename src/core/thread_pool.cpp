@@ -1,5 +1,9 @@
 #include "core/thread_pool.h"
 
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <set>
 #include <string>
@@ -8,14 +12,41 @@
 namespace tandem {
 namespace {
 
-// How long a worker polls for the next job before sleeping. A decode step's
-// loops are ~10-100 us apart, so a short spin avoids a futex wake per loop.
-constexpr int kSpinIterations = 20000;
+using Clock = std::chrono::steady_clock;
+
+// A worker keeps polling this long after its last job before it sleeps on
+// the condition variable. Loops of a forward pass are microseconds apart and
+// decode steps a few milliseconds, so workers stay hot through a whole
+// generation and a futex wake is paid only after an idle pause.
+constexpr auto kHotPeriod = std::chrono::milliseconds(20);
+// Waits longer than this yield the CPU between polls: when the machine is
+// oversubscribed, the thread we wait for may need our core to make progress.
+constexpr auto kYieldAfter = std::chrono::microseconds(50);
+// Polls between clock reads.
+constexpr int kPollsPerCheck = 128;
+// Ranges per thread in the dynamic loops: enough that a preempted thread's
+// share is taken over by the others, few enough that claiming is cheap.
+constexpr int64_t kChunksPerThread = 4;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
+}
+
+// Polls `done` until it holds; spins, then spins with yields, and gives up
+// (returns false) once `deadline` passes. Returns true when done() held.
+template <typename Done>
+bool poll_until(Done done, Clock::time_point start, Clock::duration give_up) {
+  for (;;) {
+    for (int i = 0; i < kPollsPerCheck; ++i) {
+      if (done()) return true;
+      cpu_relax();
+    }
+    const auto waited = Clock::now() - start;
+    if (waited > give_up) return done();
+    if (waited > kYieldAfter) sched_yield();
+  }
 }
 
 }  // namespace
@@ -52,56 +83,71 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::worker(int index) {
   uint64_t seen = 0;
+  Clock::time_point idle_since = Clock::now();
   for (;;) {
-    uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; gen == seen && spin < kSpinIterations; ++spin) {
-      cpu_relax();
-      gen = generation_.load(std::memory_order_acquire);
-    }
-    if (gen == seen) {
+    auto fresh = [&] { return generation_.load(std::memory_order_acquire) != seen; };
+    if (!poll_until(fresh, idle_since, kHotPeriod)) {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
-      gen = generation_.load(std::memory_order_acquire);
+      // seq_cst pairs with the caller's bump-then-check in run(): either it
+      // sees us counted here or we see its new generation below.
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      cv_.wait(lock, [&] { return generation_.load(std::memory_order_seq_cst) != seen; });
+      sleepers_.fetch_sub(1, std::memory_order_relaxed);
     }
-    seen = gen;
-    if (stop_.load()) return;
+    seen = generation_.load(std::memory_order_acquire);
+    if (stop_.load(std::memory_order_acquire)) return;
     (*job_)(index, n_threads_);
     pending_.fetch_sub(1, std::memory_order_acq_rel);
+    idle_since = Clock::now();
   }
 }
 
-void ThreadPool::run(const std::function<void(int, int)>& fn) {
+void ThreadPool::wait_workers() {
+  const auto start = Clock::now();
+  poll_until([&] { return pending_.load(std::memory_order_acquire) == 0; }, start, Clock::duration::max());
+}
+
+void ThreadPool::run(FnRef<void(int, int)> fn) {
   if (n_threads_ == 1) {
     fn(0, 1);
     return;
   }
   job_ = &fn;
-  pending_.store(n_threads_ - 1, std::memory_order_release);
-  {
-    // Taking the lock orders the increment with a worker about to sleep.
-    std::lock_guard<std::mutex> lock(mu_);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
+  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    // Taking the lock orders the bump with a worker between its check and
+    // its wait, so the notify cannot be lost.
+    { std::lock_guard<std::mutex> lock(mu_); }
+    cv_.notify_all();
   }
-  cv_.notify_all();
   fn(0, n_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
+  wait_workers();
   job_ = nullptr;
 }
 
-void ThreadPool::parallel_for(int64_t n, int64_t grain,
-                              const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::parallel_chunks(int64_t n, int64_t grain, FnRef<void(int, int64_t, int64_t)> fn) {
   if (n <= 0) return;
-  if (grain < 1) grain = 1;
-  int64_t chunks = std::min<int64_t>(n_threads_, (n + grain - 1) / grain);
-  if (chunks <= 1) {
-    fn(0, n);
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t per = (n + n_threads_ * kChunksPerThread - 1) / (n_threads_ * kChunksPerThread);
+  const int64_t chunk = std::max(grain, per);
+  const int64_t n_chunks = (n + chunk - 1) / chunk;
+  if (n_chunks <= 1 || n_threads_ == 1) {
+    fn(0, 0, n);
     return;
   }
+  next_.store(0, std::memory_order_relaxed);
   run([&](int t, int) {
-    if (t >= chunks) return;
-    int64_t begin = n * t / chunks, end = n * (t + 1) / chunks;
-    if (begin < end) fn(begin, end);
+    for (;;) {
+      const int64_t c = next_.fetch_add(1, std::memory_order_relaxed);
+      if (c >= n_chunks) return;
+      fn(t, c * chunk, std::min(n, (c + 1) * chunk));
+    }
   });
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int64_t)> fn) {
+  parallel_chunks(n, grain, [&](int, int64_t b, int64_t e) { fn(b, e); });
 }
 
 }  // namespace tandem

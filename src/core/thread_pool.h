@@ -1,17 +1,42 @@
-// A persistent fork-join pool. A forward pass runs dozens of parallel loops
-// per layer, so workers stay alive and spin briefly between loops instead of
-// being created or woken through the OS each time.
+// A persistent fork-join pool. A forward pass runs ~10 parallel loops per
+// layer, each only tens of microseconds long in decode, so the fork/join
+// itself must cost well under a microsecond: workers stay hot (spinning on a
+// counter) for a while after each job and only then sleep; a job is a
+// non-owning function reference, so starting one allocates nothing.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace tandem {
+
+// A non-owning reference to a callable: two words, no allocation, no copy of
+// the callable. The callable must outlive the call it is passed to (a lambda
+// argument does: it lives until the end of the full expression).
+template <typename Sig>
+class FnRef;
+
+template <typename R, typename... Args>
+class FnRef<R(Args...)> {
+ public:
+  template <typename F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, FnRef> && std::is_invocable_r_v<R, F&, Args...>)
+  FnRef(F&& f)  // NOLINT(google-explicit-constructor): used like std::function
+      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* o, Args... a) -> R { return (*static_cast<std::remove_reference_t<F>*>(o))(std::forward<Args>(a)...); }) {}
+  R operator()(Args... a) const { return call_(obj_, std::forward<Args>(a)...); }
+
+ private:
+  void* obj_;
+  R (*call_)(void*, Args...);
+};
 
 class ThreadPool {
  public:
@@ -22,25 +47,39 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
-  // Calls fn(thread_index, n_threads) once on every thread (the caller is
-  // thread 0) and returns when all are done. Work splitting is the caller's,
-  // so it can be fixed by the problem's shape rather than by timing.
-  void run(const std::function<void(int, int)>& fn);
+  // Calls fn(thread_index, n_threads) exactly once on every thread (the
+  // caller is thread 0) and returns when all are done. Not reentrant: fn must
+  // not call run or the parallel loops of the same pool.
+  void run(FnRef<void(int, int)> fn);
 
-  // Splits [0, n) into contiguous chunks of at least `grain` items, one range
-  // per thread: fn(begin, end).
-  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+  // Calls fn(begin, end) on contiguous, disjoint ranges that cover [0, n),
+  // each at least `grain` long (but the last), in parallel. Ranges are handed
+  // out dynamically, so a thread the OS preempts does not hold the others up;
+  // a thread may get several ranges. Results must therefore not depend on
+  // which thread runs a range (they cannot: fn does not learn it).
+  void parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int64_t)> fn);
+
+  // As parallel_for, with the thread index for per-thread scratch:
+  // fn(thread, begin, end), thread in [0, size()).
+  void parallel_chunks(int64_t n, int64_t grain, FnRef<void(int, int64_t, int64_t)> fn);
 
   static int default_threads();  // physical cores
 
  private:
   void worker(int index);
+  void wait_workers();
 
   int n_threads_;
   std::vector<std::thread> threads_;
-  const std::function<void(int, int)>* job_ = nullptr;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  // Written by the caller before the generation bump that publishes it.
+  FnRef<void(int, int)>* job_ = nullptr;
+
+  // Each on its own cache line: workers poll generation_, the caller polls
+  // pending_, chunk claims hit next_.
+  alignas(64) std::atomic<uint64_t> generation_{0};
+  alignas(64) std::atomic<int> pending_{0};
+  alignas(64) std::atomic<int64_t> next_{0};
+  alignas(64) std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable cv_;
