@@ -2,21 +2,98 @@
 
 #include <algorithm>
 
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/dot.h"
 
 namespace tandem {
 namespace {
 
-// Weight rows per tile in the many-row path: 16 rows of a 4096-wide Q8_0
-// matrix are ~70 KB, which stays in L2 while every activation row passes.
-constexpr int64_t kTileRows = 16;
+// Panel bytes per K chunk: fits L1 with room for the activations streaming
+// past it, so the packed weights are read from L1 by every row tile.
+constexpr size_t kPanelBytes = 32 * 1024;
+
+// Weight rows per range in the fallback path.
+constexpr int64_t kFallbackRows = 16;
 
 }  // namespace
 
+Matmul::Matmul() : level_(active_kernel_level()) {}
+Matmul::Matmul(KernelLevel level) : level_(level) {}
+
 void Matmul::run(const WeightMatrix& W, const float* x, int64_t ldx, int64_t n_rows, float* y, int64_t ldy,
                  ThreadPool& pool) {
-  if (n_rows <= 0) return;
+  const WeightMatrix* Ws[] = {&W};
+  float* ys[] = {y};
+  const int64_t lds[] = {ldy};
+  run_many(Ws, x, ldx, n_rows, ys, lds, pool);
+}
+
+void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, int64_t ldx, int64_t n_rows,
+                      std::span<float* const> ys, std::span<const int64_t> ldys, ThreadPool& pool) {
+  if (n_rows <= 0 || Ws.empty()) return;
+  if (ys.size() != Ws.size() || ldys.size() != Ws.size())
+    fail(ErrorKind::kInvalidArgument, "matmul: {} matrices but {} outputs and {} strides", Ws.size(), ys.size(),
+         ldys.size());
+  const WeightMatrix& W0 = *Ws[0];
+  for (const WeightMatrix* W : Ws)
+    if (W->type != W0.type || W->cols != W0.cols)
+      fail(ErrorKind::kInvalidArgument, "matmul: matrices of one call must share type and width ({} x {} vs {} x {})",
+           type_traits(W->type).name, W->cols, type_traits(W0.type).name, W0.cols);
+
+  const GemmKernel kern = gemm_kernel(W0.type, level_);
+  if (!kern) {
+    for (size_t i = 0; i < Ws.size(); ++i) run_fallback(*Ws[i], x, ldx, n_rows, ys[i], ldys[i], pool);
+    return;
+  }
+
+  GemmActs& A = acts_;
+  gemm_acts_shape(W0.type, n_rows, W0.cols, A);
+  pool.parallel_for(A.groups, 1, [&](int64_t g0, int64_t g1) { gemm_prepare_acts(x, ldx, g0, g1, A, level_); });
+
+  // Tiles of all matrices in one list, so the threads share one region.
+  std::vector<int64_t> first_tile(Ws.size() + 1, 0);
+  for (size_t i = 0; i < Ws.size(); ++i)
+    first_tile[i + 1] = first_tile[i] + (Ws[i]->rows + kGemmTile - 1) / kGemmTile;
+  const int64_t n_tiles = first_tile.back();
+
+  const int64_t nb = A.nb;
+  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(kPanelBytes / kern.panel_block_bytes));
+  const int64_t panel_lines = (std::min(chunk, nb) * static_cast<int64_t>(kern.panel_block_bytes) + 63) / 64;
+  if (scratch_.size() < static_cast<size_t>(pool.size())) scratch_.resize(pool.size());
+  for (ThreadScratch& s : scratch_) {
+    if (s.panel.size() < static_cast<size_t>(panel_lines)) s.panel.resize(panel_lines);
+    if (s.acc.size() < static_cast<size_t>(n_rows * kGemmTile)) s.acc.resize(n_rows * kGemmTile);
+  }
+
+  pool.parallel_chunks(n_tiles, 1, [&](int t, int64_t t0, int64_t t1) {
+    ThreadScratch& s = scratch_[t];
+    uint8_t* panel = s.panel.data()->bytes;
+    float* acc = s.acc.data();
+    size_t m = 0;
+    for (int64_t tile = t0; tile < t1; ++tile) {
+      while (tile >= first_tile[m + 1]) ++m;
+      const WeightMatrix& W = *Ws[m];
+      const int64_t o0 = (tile - first_tile[m]) * kGemmTile;
+      std::fill(acc, acc + n_rows * kGemmTile, 0.0f);
+      for (int64_t c0 = 0; c0 < nb; c0 += chunk) {
+        const int64_t c1 = std::min(nb, c0 + chunk);
+        kern.pack(W, o0, c0, c1, panel);
+        for (int64_t g = 0; g < A.groups; ++g) {
+          const int R = static_cast<int>(std::min<int64_t>(A.slots, n_rows - g * A.slots));
+          kern.run(panel, c1 - c0, A, g, R, c0, acc + g * A.slots * kGemmTile);
+        }
+      }
+      const int64_t width = std::min<int64_t>(kGemmTile, W.rows - o0);
+      float* y = ys[m];
+      for (int64_t r = 0; r < n_rows; ++r)
+        std::copy_n(acc + r * kGemmTile, width, y + r * ldys[m] + o0);
+    }
+  });
+}
+
+void Matmul::run_fallback(const WeightMatrix& W, const float* x, int64_t ldx, int64_t n_rows, float* y, int64_t ldy,
+                          ThreadPool& pool) {
   const GgmlType at = vec_dot_type(W.type);
   const size_t act_stride = row_bytes(at, W.cols);
   if (act_.size() < act_stride * n_rows) act_.resize(act_stride * n_rows);
@@ -24,25 +101,16 @@ void Matmul::run(const WeightMatrix& W, const float* x, int64_t ldx, int64_t n_r
   pool.parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) quantize_activations(at, x + r * ldx, act + r * act_stride, W.cols);
   });
-
-  const VecDotFn dot = vec_dot_fn(W.type);
+  const VecDotFn dot = vec_dot_fn_for_level(W.type, level_);
   const int64_t n = W.cols;
-  if (n_rows == 1) {
-    // Decode: stream the weights once.
-    pool.parallel_for(W.rows, kTileRows, [&](int64_t o0, int64_t o1) {
-      for (int64_t o = o0; o < o1; ++o) y[o] = dot(n, W.row(o), act);
-    });
-    return;
-  }
-  // Prefill: a tile of weight rows meets every activation row before moving on.
-  const int64_t n_tiles = (W.rows + kTileRows - 1) / kTileRows;
-  pool.parallel_for(n_tiles, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t o0 = t * kTileRows, o1 = std::min(W.rows, o0 + kTileRows);
+  // A range of weight rows meets every activation row while it is in cache.
+  pool.parallel_for(W.rows, kFallbackRows, [&](int64_t o0, int64_t o1) {
+    for (int64_t t0 = o0; t0 < o1; t0 += kFallbackRows) {
+      const int64_t t1 = std::min(o1, t0 + kFallbackRows);
       for (int64_t r = 0; r < n_rows; ++r) {
         const uint8_t* a = act + r * act_stride;
         float* yr = y + r * ldy;
-        for (int64_t o = o0; o < o1; ++o) yr[o] = dot(n, W.row(o), a);
+        for (int64_t o = t0; o < t1; ++o) yr[o] = dot(n, W.row(o), a);
       }
     }
   });

@@ -1,17 +1,23 @@
 // Linear layers: Y = X W^T for a batch of activation rows.
 //
-// One row (decode) is a matrix-vector product: every weight byte is read once
-// and the cost is memory bandwidth. Many rows (prefill) reuse each weight row
-// across a tile of activation rows while it is in cache: matrix-matrix work,
-// bounded by arithmetic. Either way each output element is one vec_dot over
-// the whole row, so a row's result never depends on how many rows came with
-// it (batch invariance) nor on the thread count.
+// The weight types with tiled kernels (q4_0, q5_0, q8_0, q4_K, q5_K, q6_K,
+// f32, f16, bf16; see gemm.h) go through one code path for any number of
+// rows: tiles of 16 weight rows are packed into panels (one lane per weight
+// row) and multiplied by up to kGemmMaxRows activation rows at a time. With
+// one row (decode) that streams every weight byte once at memory speed; with
+// many (prefill) each packed panel is reused across all rows while it is in
+// cache. Each output is one fixed chain of float operations over its row, so
+// a row's result never depends on how many rows came with it, where it sat in
+// the batch, or the thread count: prefill and decode agree bit for bit.
+// Other types fall back to one vec_dot per output, also batch invariant.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/gemm.h"
 
 namespace tandem {
 
@@ -19,12 +25,35 @@ class ThreadPool;
 
 class Matmul {
  public:
+  Matmul();
+  // Pins the instruction-set level (tests); the default is the active one.
+  explicit Matmul(KernelLevel level);
+
   // y[r * ldy + o] = sum_i W[o][i] * x[r * ldx + i], r < n_rows, o < W.rows.
   void run(const WeightMatrix& W, const float* x, int64_t ldx, int64_t n_rows, float* y, int64_t ldy,
            ThreadPool& pool);
 
+  // Several matrices of the same type and width applied to the same input
+  // (e.g. the Q, K and V projections): the input is quantized once and all
+  // products run in one parallel region. ys[i] has row stride ldys[i].
+  void run_many(std::span<const WeightMatrix* const> Ws, const float* x, int64_t ldx, int64_t n_rows,
+                std::span<float* const> ys, std::span<const int64_t> ldys, ThreadPool& pool);
+
  private:
-  std::vector<uint8_t> act_;  // activations converted to the weights' dot type
+  struct alignas(64) Line {
+    uint8_t bytes[64];
+  };
+  struct ThreadScratch {
+    std::vector<Line> panel;
+    std::vector<float> acc;
+  };
+  void run_fallback(const WeightMatrix& W, const float* x, int64_t ldx, int64_t n_rows, float* y, int64_t ldy,
+                    ThreadPool& pool);
+
+  KernelLevel level_;
+  GemmActs acts_;
+  std::vector<ThreadScratch> scratch_;
+  std::vector<uint8_t> act_;  // fallback path: activations in the vec_dot type
 };
 
 }  // namespace tandem

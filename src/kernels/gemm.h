@@ -1,0 +1,127 @@
+// Tiled matrix products for the linear layers (used by Matmul).
+//
+// Weights are processed in tiles of kGemmTile = 16 rows. A tile's rows are
+// "packed" block by block into a panel in which each SIMD lane holds one
+// weight row (lane n = row o0 + n), so a kernel multiplies a 16-row panel by
+// R activation rows (broadcast) with no horizontal reductions at all: one
+// accumulator vector per activation row, one lane per output.
+//
+// Every output is therefore a single chain of float operations over the
+// blocks of its row, in block order, and that chain is the same whatever R
+// is, whichever lane the row sits in, however K is split into chunks (the
+// chain resumes from the stored accumulator), and at every instruction-set
+// level: the integer part of each block is exact, and the float part is
+// spelled out below and reproduced by the scalar reference with std::fma.
+// So results are bit-identical between prefill (R up to kGemmMaxRows) and
+// decode (R = 1), across thread counts, and between scalar, AVX2 and AVX-512.
+//
+// The chain per output (r, o), acc starting at +0:
+//   q4_0, q5_0, q8_0 (x q8_0), per 32-block b:
+//     S = sum w_q * a_q (int32);  acc = fma(float(S), dw_b * da_b, acc)
+//   q4_K, q5_K (x q8_K), per 256-superblock b, 8 sub-blocks j of 32:
+//     I = sum_j sc_j * S_j;  M = sum_j m_j * (bsum_2j + bsum_2j+1)
+//     acc = fma(float(I), dw * da, acc);  acc = fma(-float(M), dminw * da, acc)
+//   q6_K (x q8_K), 16 groups j of 16:  I = sum_j sc_j * S_j (signed quants)
+//     acc = fma(float(I), dw * da, acc)
+//   f32, f16, bf16 (activations rounded to the weight's type), per element k:
+//     acc = fma(w_k, a_k, acc)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/ggml_type.h"
+#include "core/tensor.h"
+#include "kernels/dot_impl.h"
+
+namespace tandem {
+
+inline constexpr int kGemmTile = 16;     // weight rows per panel (lanes)
+inline constexpr int kGemmMaxRows = 8;   // activation rows per kernel call
+
+enum class GemmClass {
+  kNone,    // no tiled kernel: Matmul falls back to one vec_dot per output
+  kQ32,     // q4_0, q5_0, q8_0 with q8_0 activations
+  kK4,      // q4_K, q5_K with q8_K activations
+  kK6,      // q6_K with q8_K activations
+  kFloat,   // f32, f16, bf16 with float activations
+};
+
+GemmClass gemm_class(GgmlType w);
+
+// Activations of `rows` rows in the layout the kernels read, for one weight
+// type. Rows are interleaved in groups of `slots` (= min(rows, 8)) so that a
+// kernel reaches all rows of a group from one pointer: within group G, the
+// four quants of k-group g (elements 4g..4g+3) of block b of slot s sit at
+//   q byte  G * group_q_bytes + ((b * groups_per_block + g) * slots + s) * 4
+// (for the float class: float number G * cols * slots + k * slots + s), and
+//   scale   [G][b][s],   extra  [G][b][e][s]  (e < extra_per_block).
+// Buffers only grow, so a Matmul reuses them without allocating.
+struct GemmActs {
+  GgmlType wtype = GgmlType::F32;
+  int64_t rows = 0, cols = 0;
+  int64_t slots = 1;           // rows per group
+  int64_t groups = 0;
+  int64_t nb = 0;              // blocks per row (elements for the float class)
+  int64_t block_elems = 1;
+  int64_t extra_per_block = 0;
+  int64_t group_q_bytes = 0;
+  std::vector<uint8_t> q;      // int8 quants, or floats for the float class
+  std::vector<float> scale;    // block scales (quantized classes)
+  std::vector<int32_t> extra;  // see gemm_prepare_acts
+
+  const int8_t* qgroup(int64_t g) const { return reinterpret_cast<const int8_t*>(q.data() + g * group_q_bytes); }
+  const float* fgroup(int64_t g) const { return reinterpret_cast<const float*>(q.data() + g * group_q_bytes); }
+  const float* sgroup(int64_t g) const { return scale.data() + g * nb * slots; }
+  const int32_t* egroup(int64_t g) const { return extra.data() + g * nb * extra_per_block * slots; }
+};
+
+// Sizes acts for rows x cols activations of weight type w (no conversion).
+void gemm_acts_shape(GgmlType w, int64_t rows, int64_t cols, GemmActs& acts);
+// Converts the rows of groups [g0, g1) of x (row stride ldx floats); groups
+// are the unit so threads never share one. The quants and scales
+// equal what quantize_activations(vec_dot_type(w), ...) produces, bit for bit
+// (float class: x rounded to f16 / bf16 for those weight types). Extras:
+//   q32: -q32_offset(w) * (sum of the block's quants), the correction for
+//        the offset the panel adds to the weight quants;
+//   q4_K, q5_K: e = 0..3 holds two int16, the quant sums of sub-blocks 2e
+//        (low half) and 2e+1 (high half), for the min terms;
+//   q6_K: e = 0..15: -32 * (sum of group e's 16 quants), for the +32 offset.
+void gemm_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmActs& acts, KernelLevel level);
+
+// One instruction-set level's implementation of one weight type.
+struct GemmKernel {
+  GemmClass cls = GemmClass::kNone;
+  int64_t block_elems = 0;    // elements per block (1 for the float class)
+  size_t panel_block_bytes = 0;
+  // Writes blocks [b0, b1) of weight rows [o0, o0 + kGemmTile) to panel;
+  // rows at or past W.rows are packed as zeros.
+  void (*pack)(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) = nullptr;
+  // For the first R slots of activation group G (R <= acts.slots), continues
+  // each output's chain over the nblk blocks of panel (activation blocks b0
+  // ..): acc[s * kGemmTile + n] is the accumulator of slot s, lane n.
+  void (*run)(const uint8_t* panel, int64_t nblk, const GemmActs& acts, int64_t G, int R, int64_t b0,
+              float* acc) = nullptr;
+  explicit operator bool() const { return run != nullptr; }
+};
+
+// The kernel for weight type w at `level` (which the CPU must support); an
+// empty GemmKernel for types without one.
+GemmKernel gemm_kernel(GgmlType w, KernelLevel level);
+
+namespace gemm_detail {
+GemmKernel ref_kernel(GgmlType w);
+GemmKernel avx2_kernel(GgmlType w, bool vnni);
+GemmKernel avx512_kernel(GgmlType w, bool bf16);  // needs AVX512-VNNI
+void ref_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmActs& acts);
+// Writes one row's plain-order quants (or floats), scales and extras into
+// the interleaved layout.
+void scatter_row(const void* q, const float* scale, const int32_t* extra, int64_t r, GemmActs& acts);
+// Returns false when it has no fast path for the type.
+bool avx512_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmActs& acts);
+// The unsigned offset a q32 panel adds to each quant (q = u - offset).
+int32_t q32_offset(GgmlType w);
+}  // namespace gemm_detail
+
+}  // namespace tandem

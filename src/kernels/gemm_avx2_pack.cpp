@@ -1,0 +1,247 @@
+// AVX2 packers: the AVX-512 packers' work (gemm_avx512_pack.cpp) with two
+// 8x8 transposes per 16-row tile, one for lanes 0-7 and one for lanes 8-15.
+// They write the same bytes as the scalar packers; a tile that runs past the
+// matrix's last row, and a float chunk's tail of fewer than 8 columns, go to
+// the scalar packer.
+#include "kernels/gemm_avx2_pack.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "core/blocks.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm_pack.h"
+
+#define TD_ATTR __attribute__((target("avx2,fma,f16c")))
+#define TD_FN TD_ATTR inline
+
+namespace tandem::gemm_detail {
+namespace {
+
+// 8 rows of 8 dwords in place: afterwards r[k] lane n = old r[n] lane k.
+TD_FN void transpose_8x8(__m256i r[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c.
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+  }
+}
+
+// 16 rows of 8 dwords to 8 panel vectors, 64 bytes apart from out.
+TD_FN void transpose_16x8(__m256i r[16], uint8_t* out) {
+  transpose_8x8(r);
+  transpose_8x8(r + 8);
+  for (int g = 0; g < 8; ++g) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 64 * g), r[g]);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 64 * g + 32), r[8 + g]);
+  }
+}
+
+TD_FN void pack_f16s(const uint8_t* const rows[16], size_t off, float* out) {
+  alignas(32) uint16_t h[16];
+  for (int n = 0; n < 16; ++n) std::memcpy(&h[n], rows[n] + off, 2);
+  const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(h));
+  _mm256_store_ps(out, _mm256_cvtph_ps(_mm256_castsi256_si128(v)));
+  _mm256_store_ps(out + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1)));
+}
+
+TD_FN __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+TD_FN __m256i nibbles32(const uint8_t* qs) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
+}
+
+// 0x10 in byte j where bit j of the 32-bit word is set.
+TD_FN __m256i bits_to_0x10(uint32_t bits) {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+struct Q4_0Conv {
+  static constexpr size_t kBlock = sizeof(BlockQ4_0);
+  TD_FN __m256i operator()(const uint8_t* blk) const { return nibbles32(blk + offsetof(BlockQ4_0, qs)); }
+};
+struct Q5_0Conv {
+  static constexpr size_t kBlock = sizeof(BlockQ5_0);
+  TD_FN __m256i operator()(const uint8_t* blk) const {
+    uint32_t qh;
+    std::memcpy(&qh, blk + offsetof(BlockQ5_0, qh), 4);
+    return _mm256_or_si256(nibbles32(blk + offsetof(BlockQ5_0, qs)), bits_to_0x10(qh));
+  }
+};
+struct Q8_0Conv {
+  static constexpr size_t kBlock = sizeof(BlockQ8_0);
+  TD_FN __m256i operator()(const uint8_t* blk) const {
+    return _mm256_xor_si256(load256(blk + offsetof(BlockQ8_0, qs)), _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
+};
+
+template <typename Conv>
+TD_FN void pack_q32_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, uint8_t* panel) {
+  const Conv conv;
+  for (int64_t b = b0; b < b1; ++b, panel += Q32Panel::kBytes) {
+    const size_t off = static_cast<size_t>(b) * Conv::kBlock;
+    __m256i r[16];
+    for (int n = 0; n < 16; ++n) r[n] = conv(rows[n] + off);
+    pack_f16s(rows, off, reinterpret_cast<float*>(panel + Q32Panel::kD));
+    transpose_16x8(r, panel + Q32Panel::kQ);
+  }
+}
+
+template <typename Block>
+TD_FN void pack_k4_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, uint8_t* panel) {
+  constexpr bool kQ5 = sizeof(Block) == sizeof(BlockQ5K);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int64_t b = b0; b < b1; ++b, panel += K4Panel::kBytes) {
+    const size_t off = static_cast<size_t>(b) * sizeof(Block);
+    pack_f16s(rows, off + offsetof(Block, d), reinterpret_cast<float*>(panel + K4Panel::kD));
+    pack_f16s(rows, off + offsetof(Block, dmin), reinterpret_cast<float*>(panel + K4Panel::kDmin));
+    int32_t* sc = reinterpret_cast<int32_t*>(panel + K4Panel::kSc);
+    int16_t* mins = reinterpret_cast<int16_t*>(panel + K4Panel::kMins);
+    for (int n = 0; n < 16; ++n) {
+      uint32_t words[4];
+      k4_unpack_words(rows[n] + off + offsetof(Block, scales), words);
+      uint8_t sm[16];
+      std::memcpy(sm, words, 16);
+      for (int j = 0; j < 8; ++j) {
+        sc[j * 16 + n] = sm[j];
+        mins[((j / 2) * 16 + n) * 2 + j % 2] = sm[8 + j];
+      }
+    }
+    for (int j = 0; j < 8; ++j) {
+      __m256i r[16];
+      for (int n = 0; n < 16; ++n) {
+        const __m256i x = load256(rows[n] + off + offsetof(Block, qs) + 32 * (j / 2));
+        __m256i v = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(x, 4) : x, m4);
+        if constexpr (kQ5) {
+          const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << j));
+          const __m256i qh = load256(rows[n] + off + offsetof(BlockQ5K, qh));
+          v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
+                                                  _mm256_set1_epi8(0x10)));
+        }
+        r[n] = v;
+      }
+      transpose_16x8(r, panel + K4Panel::kQ + 64 * 8 * j);
+    }
+  }
+}
+
+TD_FN void pack_k6_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, uint8_t* panel) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+  for (int64_t b = b0; b < b1; ++b, panel += K6Panel::kBytes) {
+    const size_t off = static_cast<size_t>(b) * sizeof(BlockQ6K);
+    pack_f16s(rows, off + offsetof(BlockQ6K, d), reinterpret_cast<float*>(panel + K6Panel::kD));
+    int32_t* sc = reinterpret_cast<int32_t*>(panel + K6Panel::kSc);
+    for (int n = 0; n < 16; ++n) {
+      const int8_t* s = reinterpret_cast<const int8_t*>(rows[n] + off + offsetof(BlockQ6K, scales));
+      for (int j = 0; j < 16; ++j) sc[j * 16 + n] = s[j];
+    }
+    for (int j = 0; j < 8; ++j) {
+      const int h = j / 4, q = j % 4;
+      __m256i r[16];
+      for (int n = 0; n < 16; ++n) {
+        const uint8_t* blk = rows[n] + off;
+        const __m256i l = load256(blk + offsetof(BlockQ6K, ql) + 64 * h + 32 * (q % 2));
+        const __m256i lo = _mm256_and_si256(q >= 2 ? _mm256_srli_epi16(l, 4) : l, m4);
+        const __m256i hb = load256(blk + offsetof(BlockQ6K, qh) + 32 * h);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * q), m2);
+        r[n] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+      }
+      transpose_16x8(r, panel + K6Panel::kQ + 64 * 8 * j);
+    }
+  }
+}
+
+struct LoadF32 {
+  TD_FN __m256i operator()(const uint8_t* row, int64_t k) const { return load256(row + 4 * k); }
+};
+struct LoadF16 {
+  TD_FN __m256i operator()(const uint8_t* row, int64_t k) const {
+    return _mm256_castps_si256(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k))));
+  }
+};
+struct LoadBF16 {
+  TD_FN __m256i operator()(const uint8_t* row, int64_t k) const {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k));
+    return _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+  }
+};
+
+template <typename Load>
+TD_FN void pack_float_rows(const WeightMatrix& W, int64_t o0, const uint8_t* const rows[16], int64_t k0, int64_t k1,
+                           uint8_t* panel) {
+  const Load load;
+  int64_t k = k0;
+  for (; k + 8 <= k1; k += 8) {
+    __m256i r[16];
+    for (int n = 0; n < 16; ++n) r[n] = load(rows[n], k);
+    transpose_16x8(r, panel + (k - k0) * FloatPanel::kBytes);
+  }
+  if (k < k1) pack_float_ref(W, o0, k, k1, panel + (k - k0) * FloatPanel::kBytes);
+}
+
+TD_FN void row_pointers(const WeightMatrix& W, int64_t o0, const uint8_t* rows[16]) {
+  for (int n = 0; n < 16; ++n) rows[n] = W.row(o0 + n);
+}
+
+}  // namespace
+
+TD_ATTR void avx2_pack_q32(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
+  if (o0 + kGemmTile > W.rows) return pack_q32_ref(W, o0, b0, b1, panel);
+  const uint8_t* rows[16];
+  row_pointers(W, o0, rows);
+  switch (W.type) {
+    case GgmlType::Q4_0: return pack_q32_rows<Q4_0Conv>(rows, b0, b1, panel);
+    case GgmlType::Q5_0: return pack_q32_rows<Q5_0Conv>(rows, b0, b1, panel);
+    default: return pack_q32_rows<Q8_0Conv>(rows, b0, b1, panel);
+  }
+}
+
+TD_ATTR void avx2_pack_k4(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
+  if (o0 + kGemmTile > W.rows) return pack_k4_ref(W, o0, b0, b1, panel);
+  const uint8_t* rows[16];
+  row_pointers(W, o0, rows);
+  if (W.type == GgmlType::Q5_K) return pack_k4_rows<BlockQ5K>(rows, b0, b1, panel);
+  pack_k4_rows<BlockQ4K>(rows, b0, b1, panel);
+}
+
+TD_ATTR void avx2_pack_k6(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
+  if (o0 + kGemmTile > W.rows) return pack_k6_ref(W, o0, b0, b1, panel);
+  const uint8_t* rows[16];
+  row_pointers(W, o0, rows);
+  pack_k6_rows(rows, b0, b1, panel);
+}
+
+TD_ATTR void avx2_pack_float(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
+  if (o0 + kGemmTile > W.rows) return pack_float_ref(W, o0, b0, b1, panel);
+  const uint8_t* rows[16];
+  row_pointers(W, o0, rows);
+  switch (W.type) {
+    case GgmlType::F16: return pack_float_rows<LoadF16>(W, o0, rows, b0, b1, panel);
+    case GgmlType::BF16: return pack_float_rows<LoadBF16>(W, o0, rows, b0, b1, panel);
+    default: return pack_float_rows<LoadF32>(W, o0, rows, b0, b1, panel);
+  }
+}
+
+}  // namespace tandem::gemm_detail
+
+#endif

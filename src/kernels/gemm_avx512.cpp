@@ -1,0 +1,232 @@
+// AVX-512 tiled kernels: AVX512-VNNI dpbusd for the quantized classes, FMA
+// for the float class. A panel vector holds one value (or four quants) per
+// weight row; activations come in as 32-bit broadcasts straight from memory,
+// so each weight vector loaded is used by all R activation rows.
+//
+// dpbusd multiplies unsigned by signed bytes: the panel holds the weight
+// quants as unsigned (q + offset) and the activations stay signed; the
+// offset's contribution, offset * sum(activation quants), is precomputed per
+// block (the "extra" of gemm_prepare_acts) and seeds the integer sum.
+#include "kernels/gemm.h"
+
+#if defined(__x86_64__)
+
+// See dot_avx512.cpp: GCC 12's AVX-512 headers trip -Wuninitialized when inlined.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "core/blocks.h"
+#include "kernels/gemm_avx512_pack.h"
+#include "kernels/gemm_pack.h"
+
+#define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
+#define TD_FN TD_ATTR inline
+
+namespace tandem::gemm_detail {
+namespace {
+
+TD_FN __m512i bcast32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+template <int R>
+TD_FN void load_acc(const float* acc, __m512 f[R]) {
+  for (int r = 0; r < R; ++r) f[r] = _mm512_loadu_ps(acc + r * kGemmTile);
+}
+template <int R>
+TD_FN void store_acc(float* acc, const __m512 f[R]) {
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * kGemmTile, f[r]);
+}
+
+template <int R>
+TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, float* acc) {
+  const int64_t S = A.slots;
+  const int8_t* aq = A.qgroup(G) + b0 * kQK * S;
+  const float* as = A.sgroup(G) + b0 * S;
+  const int32_t* ae = A.egroup(G) + b0 * S;
+  __m512 f[R];
+  load_acc<R>(acc, f);
+  for (int64_t i = 0; i < nblk; ++i) {
+    __m512i s[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) s[r] = _mm512_set1_epi32(ae[r]);
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m512i w = _mm512_load_si512(panel + Q32Panel::kQ + 64 * g);
+      const int8_t* ag = aq + g * 4 * S;
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) s[r] = _mm512_dpbusd_epi32(s[r], w, bcast32(ag + 4 * r));
+    }
+    const __m512 d = _mm512_load_ps(panel + Q32Panel::kD);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]), _mm512_mul_ps(d, _mm512_set1_ps(as[r])), f[r]);
+    panel += Q32Panel::kBytes;
+    aq += kQK * S;
+    as += S;
+    ae += S;
+  }
+  store_acc<R>(acc, f);
+}
+
+template <int R>
+TD_FN void k4_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, float* acc) {
+  const int64_t S = A.slots;
+  const int8_t* aq = A.qgroup(G) + b0 * kQKK * S;
+  const float* as = A.sgroup(G) + b0 * S;
+  const int32_t* ae = A.egroup(G) + b0 * 4 * S;
+  __m512 f[R];
+  load_acc<R>(acc, f);
+  for (int64_t i = 0; i < nblk; ++i) {
+    __m512i isum[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      __m512i s[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) {
+        const __m512i w = _mm512_load_si512(panel + K4Panel::kQ + 64 * (8 * j + g));
+        const int8_t* ag = aq + (8 * j + g) * 4 * S;
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) s[r] = _mm512_dpbusd_epi32(s[r], w, bcast32(ag + 4 * r));
+      }
+      const __m512i sc = _mm512_load_si512(panel + K4Panel::kSc + 64 * j);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(s[r], sc));
+    }
+    const __m512 d = _mm512_load_ps(panel + K4Panel::kD);
+    const __m512 dmin = _mm512_load_ps(panel + K4Panel::kDmin);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      __m512i m = _mm512_setzero_si512();
+      for (int e = 0; e < 4; ++e)
+        m = _mm512_dpwssd_epi32(m, _mm512_load_si512(panel + K4Panel::kMins + 64 * e), bcast32(ae + e * S + r));
+      const __m512 da = _mm512_set1_ps(as[r]);
+      f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, da), f[r]);
+      f[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(dmin, da), f[r]);
+    }
+    panel += K4Panel::kBytes;
+    aq += kQKK * S;
+    as += S;
+    ae += 4 * S;
+  }
+  store_acc<R>(acc, f);
+}
+
+template <int R>
+TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, float* acc) {
+  const int64_t S = A.slots;
+  const int8_t* aq = A.qgroup(G) + b0 * kQKK * S;
+  const float* as = A.sgroup(G) + b0 * S;
+  const int32_t* ae = A.egroup(G) + b0 * 16 * S;
+  __m512 f[R];
+  load_acc<R>(acc, f);
+  for (int64_t i = 0; i < nblk; ++i) {
+    __m512i isum[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    for (int j = 0; j < 16; ++j) {
+      __m512i s[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) s[r] = _mm512_set1_epi32(ae[j * S + r]);
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        const __m512i w = _mm512_load_si512(panel + K6Panel::kQ + 64 * (4 * j + g));
+        const int8_t* ag = aq + (4 * j + g) * 4 * S;
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) s[r] = _mm512_dpbusd_epi32(s[r], w, bcast32(ag + 4 * r));
+      }
+      const __m512i sc = _mm512_load_si512(panel + K6Panel::kSc + 64 * j);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(s[r], sc));
+    }
+    const __m512 d = _mm512_load_ps(panel + K6Panel::kD);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, _mm512_set1_ps(as[r])), f[r]);
+    panel += K6Panel::kBytes;
+    aq += kQKK * S;
+    as += S;
+    ae += 16 * S;
+  }
+  store_acc<R>(acc, f);
+}
+
+template <int R>
+TD_FN void float_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, float* acc) {
+  const int64_t S = A.slots;
+  const float* a = A.fgroup(G) + b0 * S;
+  __m512 f[R];
+  load_acc<R>(acc, f);
+  for (int64_t k = 0; k < nblk; ++k) {
+    const __m512 w = _mm512_load_ps(panel + k * FloatPanel::kBytes);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) f[r] = _mm512_fmadd_ps(w, _mm512_set1_ps(a[k * S + r]), f[r]);
+  }
+  store_acc<R>(acc, f);
+}
+
+#define TD_DISPATCH_ROWS(name, rows_fn)                                                                         \
+  TD_ATTR void name(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0,        \
+                    float* acc) {                                                                               \
+    switch (R) {                                                                                                \
+      case 1: return rows_fn<1>(panel, nblk, A, G, b0, acc);                                                    \
+      case 2: return rows_fn<2>(panel, nblk, A, G, b0, acc);                                                    \
+      case 3: return rows_fn<3>(panel, nblk, A, G, b0, acc);                                                    \
+      case 4: return rows_fn<4>(panel, nblk, A, G, b0, acc);                                                    \
+      case 5: return rows_fn<5>(panel, nblk, A, G, b0, acc);                                                    \
+      case 6: return rows_fn<6>(panel, nblk, A, G, b0, acc);                                                    \
+      case 7: return rows_fn<7>(panel, nblk, A, G, b0, acc);                                                    \
+      default: return rows_fn<8>(panel, nblk, A, G, b0, acc);                                                   \
+    }                                                                                                           \
+  }
+
+TD_DISPATCH_ROWS(run_q32, q32_rows)
+TD_DISPATCH_ROWS(run_k4, k4_rows)
+TD_DISPATCH_ROWS(run_k6, k6_rows)
+TD_DISPATCH_ROWS(run_float, float_rows)
+#undef TD_DISPATCH_ROWS
+
+}  // namespace
+
+GemmKernel avx512_kernel(GgmlType w, bool /*bf16*/) {
+  GemmKernel k = ref_kernel(w);  // block sizes and panel layout
+  switch (k.cls) {
+    case GemmClass::kQ32:
+      k.pack = avx512_pack_q32;
+      k.run = run_q32;
+      break;
+    case GemmClass::kK4:
+      k.pack = avx512_pack_k4;
+      k.run = run_k4;
+      break;
+    case GemmClass::kK6:
+      k.pack = avx512_pack_k6;
+      k.run = run_k6;
+      break;
+    case GemmClass::kFloat:
+      k.pack = avx512_pack_float;
+      k.run = run_float;
+      break;
+    case GemmClass::kNone: break;
+  }
+  return k;
+}
+
+}  // namespace tandem::gemm_detail
+
+#else
+
+namespace tandem::gemm_detail {
+GemmKernel avx512_kernel(GgmlType, bool) { return {}; }
+}  // namespace tandem::gemm_detail
+
+#endif

@@ -1,0 +1,265 @@
+// AVX-512 packers: each converts 16 weight rows' blocks to unsigned bytes in
+// registers and transposes them into the lane-per-row panel layout (see
+// gemm_pack.h); the bytes written equal the scalar packers'. A tile that runs
+// past the matrix's last row is rare and goes to the scalar packer.
+#include "kernels/gemm_avx512_pack.h"
+
+#if defined(__x86_64__)
+
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "core/blocks.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm_pack.h"
+
+#define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
+#define TD_FN TD_ATTR inline
+
+namespace tandem::gemm_detail {
+namespace {
+
+// 16 rows of 8 dwords (row n in r[n]) to 8 vectors of 16 dwords, vector g
+// holding dword g of every row, stored 64 bytes apart from out. Pairs of rows
+// (n, n+8) share a register so the classic 8x8 transpose moves both halves.
+TD_FN void transpose_16x8(const __m256i r[16], uint8_t* out) {
+  __m512i z[8];
+  for (int i = 0; i < 8; ++i) z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(r[i]), r[i + 8], 1);
+  const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+  const __m512i t4 = _mm512_unpacklo_epi32(z[4], z[5]), t5 = _mm512_unpackhi_epi32(z[4], z[5]);
+  const __m512i t6 = _mm512_unpacklo_epi32(z[6], z[7]), t7 = _mm512_unpackhi_epi32(z[6], z[7]);
+  // u[e] (e < 4): per 128-bit lane, dword e (lanes 0, 2) or e + 4 (lanes 1, 3)
+  // of rows 0-3 / 8-11; u[e + 4] the same for rows 4-7 / 12-15.
+  const __m512i u[8] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
+                        _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3),
+                        _mm512_unpacklo_epi64(t4, t6), _mm512_unpackhi_epi64(t4, t6),
+                        _mm512_unpacklo_epi64(t5, t7), _mm512_unpackhi_epi64(t5, t7)};
+  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+  const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  for (int e = 0; e < 4; ++e) {
+    _mm512_store_si512(out + 64 * e, _mm512_permutex2var_epi64(u[e], lo, u[e + 4]));
+    _mm512_store_si512(out + 64 * (e + 4), _mm512_permutex2var_epi64(u[e], hi, u[e + 4]));
+  }
+}
+
+// 16 rows of 16 floats in place: afterwards r[k] lane n = old r[n] lane k.
+TD_FN void transpose_16x16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  __m512 u[16];  // u[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+    u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 a0 = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512 a1 = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512 b0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512 b1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(3, 1, 3, 1));
+    r[c] = _mm512_shuffle_f32x4(a0, b0, _MM_SHUFFLE(2, 0, 2, 0));
+    r[8 + c] = _mm512_shuffle_f32x4(a0, b0, _MM_SHUFFLE(3, 1, 3, 1));
+    r[4 + c] = _mm512_shuffle_f32x4(a1, b1, _MM_SHUFFLE(2, 0, 2, 0));
+    r[12 + c] = _mm512_shuffle_f32x4(a1, b1, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+// The f16 at rows[n] + off for every n, as 16 floats at out.
+TD_FN void pack_f16s(const uint8_t* const rows[16], size_t off, float* out) {
+  alignas(32) uint16_t h[16];
+  for (int n = 0; n < 16; ++n) std::memcpy(&h[n], rows[n] + off, 2);
+  _mm512_store_ps(out, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h))));
+}
+
+TD_FN __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 16 packed nibble bytes to 32 bytes: low nibbles, then high nibbles.
+TD_FN __m256i nibbles32(const uint8_t* qs) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
+}
+
+struct Q4_0Conv {
+  static constexpr size_t kBlock = sizeof(BlockQ4_0);
+  TD_FN __m256i operator()(const uint8_t* blk) const { return nibbles32(blk + offsetof(BlockQ4_0, qs)); }
+};
+struct Q5_0Conv {
+  static constexpr size_t kBlock = sizeof(BlockQ5_0);
+  TD_FN __m256i operator()(const uint8_t* blk) const {
+    uint32_t qh;
+    std::memcpy(&qh, blk + offsetof(BlockQ5_0, qh), 4);
+    const __m256i u = nibbles32(blk + offsetof(BlockQ5_0, qs));
+    return _mm256_mask_add_epi8(u, static_cast<__mmask32>(qh), u, _mm256_set1_epi8(0x10));
+  }
+};
+struct Q8_0Conv {
+  static constexpr size_t kBlock = sizeof(BlockQ8_0);
+  TD_FN __m256i operator()(const uint8_t* blk) const {
+    return _mm256_xor_si256(load256(blk + offsetof(BlockQ8_0, qs)), _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
+};
+
+template <typename Conv>
+TD_FN void pack_q32_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, uint8_t* panel) {
+  const Conv conv;
+  for (int64_t b = b0; b < b1; ++b, panel += Q32Panel::kBytes) {
+    const size_t off = static_cast<size_t>(b) * Conv::kBlock;
+    __m256i r[16];
+    for (int n = 0; n < 16; ++n) r[n] = conv(rows[n] + off);
+    pack_f16s(rows, off, reinterpret_cast<float*>(panel + Q32Panel::kD));
+    transpose_16x8(r, panel + Q32Panel::kQ);
+  }
+}
+
+template <typename Block>
+TD_FN void pack_k4_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, uint8_t* panel) {
+  constexpr bool kQ5 = sizeof(Block) == sizeof(BlockQ5K);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int64_t b = b0; b < b1; ++b, panel += K4Panel::kBytes) {
+    const size_t off = static_cast<size_t>(b) * sizeof(Block);
+    pack_f16s(rows, off + offsetof(Block, d), reinterpret_cast<float*>(panel + K4Panel::kD));
+    pack_f16s(rows, off + offsetof(Block, dmin), reinterpret_cast<float*>(panel + K4Panel::kDmin));
+    int32_t* sc = reinterpret_cast<int32_t*>(panel + K4Panel::kSc);
+    int16_t* mins = reinterpret_cast<int16_t*>(panel + K4Panel::kMins);
+    for (int n = 0; n < 16; ++n) {
+      uint32_t words[4];
+      k4_unpack_words(rows[n] + off + offsetof(Block, scales), words);
+      uint8_t sm[16];  // scales 0..7, mins 8..15
+      std::memcpy(sm, words, 16);
+      for (int j = 0; j < 8; ++j) {
+        sc[j * 16 + n] = sm[j];
+        mins[((j / 2) * 16 + n) * 2 + j % 2] = sm[8 + j];
+      }
+    }
+    for (int j = 0; j < 8; ++j) {
+      __m256i r[16];
+      for (int n = 0; n < 16; ++n) {
+        const __m256i x = load256(rows[n] + off + offsetof(Block, qs) + 32 * (j / 2));
+        __m256i v = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(x, 4) : x, m4);
+        if constexpr (kQ5) {
+          const __m256i qh = load256(rows[n] + off + offsetof(BlockQ5K, qh));
+          const __mmask32 bit = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << j)));
+          v = _mm256_mask_add_epi8(v, bit, v, _mm256_set1_epi8(0x10));
+        }
+        r[n] = v;
+      }
+      transpose_16x8(r, panel + K4Panel::kQ + 64 * 8 * j);
+    }
+  }
+}
+
+TD_FN void pack_k6_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, uint8_t* panel) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+  for (int64_t b = b0; b < b1; ++b, panel += K6Panel::kBytes) {
+    const size_t off = static_cast<size_t>(b) * sizeof(BlockQ6K);
+    pack_f16s(rows, off + offsetof(BlockQ6K, d), reinterpret_cast<float*>(panel + K6Panel::kD));
+    int32_t* sc = reinterpret_cast<int32_t*>(panel + K6Panel::kSc);
+    for (int n = 0; n < 16; ++n) {
+      const int8_t* s = reinterpret_cast<const int8_t*>(rows[n] + off + offsetof(BlockQ6K, scales));
+      for (int j = 0; j < 16; ++j) sc[j * 16 + n] = s[j];
+    }
+    // Slice j = 4h + q holds elements 128h + 32q + (0..31).
+    for (int j = 0; j < 8; ++j) {
+      const int h = j / 4, q = j % 4;
+      __m256i r[16];
+      for (int n = 0; n < 16; ++n) {
+        const uint8_t* blk = rows[n] + off;
+        const __m256i l = load256(blk + offsetof(BlockQ6K, ql) + 64 * h + 32 * (q % 2));
+        const __m256i lo = _mm256_and_si256(q >= 2 ? _mm256_srli_epi16(l, 4) : l, m4);
+        const __m256i hb = load256(blk + offsetof(BlockQ6K, qh) + 32 * h);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * q), m2);
+        r[n] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+      }
+      transpose_16x8(r, panel + K6Panel::kQ + 64 * 8 * j);
+    }
+  }
+}
+
+struct LoadF32 {
+  TD_FN __m512 operator()(const uint8_t* row, int64_t k, __mmask16 m) const {
+    return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + k);
+  }
+};
+struct LoadF16 {
+  TD_FN __m512 operator()(const uint8_t* row, int64_t k, __mmask16 m) const {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + k));
+  }
+};
+struct LoadBF16 {
+  TD_FN __m512 operator()(const uint8_t* row, int64_t k, __mmask16 m) const {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + k);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+};
+
+template <typename Load>
+TD_FN void pack_float_rows(const uint8_t* const rows[16], int64_t k0, int64_t k1, uint8_t* panel) {
+  const Load load;
+  for (int64_t k = k0; k < k1; k += 16) {
+    const int64_t m = k1 - k < 16 ? k1 - k : 16;
+    const __mmask16 mask = static_cast<__mmask16>((1u << m) - 1);
+    __m512 r[16];
+    for (int n = 0; n < 16; ++n) r[n] = load(rows[n], k, mask);
+    transpose_16x16(r);
+    for (int64_t e = 0; e < m; ++e) _mm512_store_ps(reinterpret_cast<float*>(panel + (k - k0 + e) * 64), r[e]);
+  }
+}
+
+TD_FN void row_pointers(const WeightMatrix& W, int64_t o0, const uint8_t* rows[16]) {
+  for (int n = 0; n < 16; ++n) rows[n] = W.row(o0 + n);
+}
+
+}  // namespace
+
+TD_ATTR void avx512_pack_q32(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
+  if (o0 + kGemmTile > W.rows) return pack_q32_ref(W, o0, b0, b1, panel);
+  const uint8_t* rows[16];
+  row_pointers(W, o0, rows);
+  switch (W.type) {
+    case GgmlType::Q4_0: return pack_q32_rows<Q4_0Conv>(rows, b0, b1, panel);
+    case GgmlType::Q5_0: return pack_q32_rows<Q5_0Conv>(rows, b0, b1, panel);
+    default: return pack_q32_rows<Q8_0Conv>(rows, b0, b1, panel);
+  }
+}
+
+TD_ATTR void avx512_pack_k4(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
+  if (o0 + kGemmTile > W.rows) return pack_k4_ref(W, o0, b0, b1, panel);
+  const uint8_t* rows[16];
+  row_pointers(W, o0, rows);
+  if (W.type == GgmlType::Q5_K) return pack_k4_rows<BlockQ5K>(rows, b0, b1, panel);
+  pack_k4_rows<BlockQ4K>(rows, b0, b1, panel);
+}
+
+TD_ATTR void avx512_pack_k6(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
+  if (o0 + kGemmTile > W.rows) return pack_k6_ref(W, o0, b0, b1, panel);
+  const uint8_t* rows[16];
+  row_pointers(W, o0, rows);
+  pack_k6_rows(rows, b0, b1, panel);
+}
+
+TD_ATTR void avx512_pack_float(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
+  if (o0 + kGemmTile > W.rows) return pack_float_ref(W, o0, b0, b1, panel);
+  const uint8_t* rows[16];
+  row_pointers(W, o0, rows);
+  switch (W.type) {
+    case GgmlType::F16: return pack_float_rows<LoadF16>(rows, b0, b1, panel);
+    case GgmlType::BF16: return pack_float_rows<LoadBF16>(rows, b0, b1, panel);
+    default: return pack_float_rows<LoadF32>(rows, b0, b1, panel);
+  }
+}
+
+}  // namespace tandem::gemm_detail
+
+#endif
