@@ -1,0 +1,274 @@
+// Microbenchmarks of the linear-layer kernels and the machine's ceilings.
+//
+//   ./build/kernels_bench --benchmark_filter=Gemm      # prefill GEMM, GOP/s
+//   ./build/kernels_bench --benchmark_filter=Gemv      # decode GEMV, GB/s
+//   ./build/kernels_bench --benchmark_filter=Ceiling   # read bandwidth, int8/fp32 peaks
+//   ./build/kernels_bench --benchmark_filter=Pool      # fork/join latency
+//
+// Shapes are TinyLlama 1.1B's (2048 wide, 5632 FFN). "Old" rows are the
+// per-output vec_dot loop Matmul used before the tiled kernels, kept here as
+// the baseline. Thread count is the last argument of each benchmark.
+#include <benchmark/benchmark.h>
+
+// GCC 12's AVX-512 headers trip -Wuninitialized when inlined (see dot_avx512.cpp).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/quant.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "kernels/dot.h"
+#include "kernels/dot_impl.h"
+#include "kernels/gemm.h"
+#include "kernels/matmul.h"
+
+namespace tandem {
+namespace {
+
+ThreadPool& pool_of(int threads) {
+  static std::map<int, std::unique_ptr<ThreadPool>> pools;
+  auto& p = pools[threads];
+  if (!p) p = std::make_unique<ThreadPool>(threads);
+  return *p;
+}
+
+// A rows x cols matrix of type t quantized from normal values (cached: the
+// 5632 x 2048 ones take a while to make).
+struct Matrix {
+  std::vector<uint8_t> data;
+  WeightMatrix W;
+};
+
+const Matrix& matrix(GgmlType t, int64_t rows, int64_t cols) {
+  static std::map<std::tuple<int, int64_t, int64_t>, std::unique_ptr<Matrix>> cache;
+  auto& m = cache[{static_cast<int>(t), rows, cols}];
+  if (m) return *m;
+  m = std::make_unique<Matrix>();
+  const size_t rb = row_bytes(t, cols);
+  m->data.resize(rb * rows);
+  std::mt19937 rng(static_cast<uint32_t>(rows * 31 + cols));
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> src(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (auto& v : src) v = normal(rng);
+    quantize_row(t, src.data(), m->data.data() + r * rb, cols);
+  }
+  m->W = {t, m->data.data(), cols, rows, rb};
+  return *m;
+}
+
+std::vector<float> activations(int64_t rows, int64_t cols) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(rows * cols);
+  for (auto& v : x) v = normal(rng);
+  return x;
+}
+
+constexpr GgmlType kTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::F16,
+                               GgmlType::Q5_0, GgmlType::Q6_K, GgmlType::BF16};
+
+// The per-output vec_dot loop of the previous Matmul (tiles of 16 weight rows
+// meeting every activation row), for before/after numbers.
+void old_matmul(const WeightMatrix& W, const float* x, int64_t n_rows, float* y, ThreadPool& pool,
+                std::vector<uint8_t>& act_buf) {
+  const GgmlType at = vec_dot_type(W.type);
+  const size_t stride = row_bytes(at, W.cols);
+  act_buf.resize(stride * n_rows);
+  pool.parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) quantize_activations(at, x + r * W.cols, act_buf.data() + r * stride, W.cols);
+  });
+  const VecDotFn dot = vec_dot_fn(W.type);
+  const int64_t tiles = (W.rows + 15) / 16;
+  pool.parallel_for(tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t r = 0; r < n_rows; ++r)
+        for (int64_t o = t * 16; o < std::min(W.rows, t * 16 + 16); ++o)
+          y[r * W.rows + o] = dot(W.cols, W.row(o), act_buf.data() + r * stride);
+  });
+}
+
+// args: type index, N, K, M, threads, old (0/1)
+void BM_Gemm(benchmark::State& state) {
+  const GgmlType t = kTypes[state.range(0)];
+  const int64_t N = state.range(1), K = state.range(2), M = state.range(3);
+  const int threads = static_cast<int>(state.range(4));
+  const bool old = state.range(5) != 0;
+  const Matrix& m = matrix(t, N, K);
+  const std::vector<float> x = activations(M, K);
+  std::vector<float> y(M * N);
+  ThreadPool& pool = pool_of(threads);
+  Matmul mm;
+  std::vector<uint8_t> act;
+  for (auto _ : state) {
+    if (old) {
+      old_matmul(m.W, x.data(), M, y.data(), pool, act);
+    } else {
+      mm.run(m.W, x.data(), K, M, y.data(), N, pool);
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(std::string(type_traits(t).name) + (old ? " old" : ""));
+  state.counters["GOP/s"] = benchmark::Counter(2.0 * M * N * K, benchmark::Counter::kIsIterationInvariantRate,
+                                               benchmark::Counter::kIs1000);
+  state.counters["weightGB/s"] = benchmark::Counter(static_cast<double>(m.data.size()),
+                                                    benchmark::Counter::kIsIterationInvariantRate,
+                                                    benchmark::Counter::kIs1000);
+}
+
+void gemm_args(benchmark::internal::Benchmark* b) {
+  const int64_t shapes[][2] = {{2048, 2048}, {5632, 2048}, {2048, 5632}};
+  for (int ti = 0; ti < 4; ++ti)
+    for (auto& s : shapes)
+      for (int old : {0, 1}) b->Args({ti, s[0], s[1], 512, 2, old});
+  for (int ti = 4; ti < 7; ++ti) b->Args({ti, 2048, 2048, 512, 2, 0});
+  // One thread: CPU time then equals the kernel's own time even on a busy machine.
+  for (int ti = 0; ti < 7; ++ti) b->Args({ti, 2048, 2048, 512, 1, 0});
+}
+BENCHMARK(BM_Gemm)->Apply(gemm_args)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+
+// Activation preparation alone (quantize + interleave), M x K on one thread.
+void BM_GemmPrepareActs(benchmark::State& state) {
+  const GgmlType t = kTypes[state.range(0)];
+  const int64_t M = state.range(1), K = state.range(2);
+  const std::vector<float> x = activations(M, K);
+  GemmActs A;
+  for (auto _ : state) {
+    gemm_acts_shape(t, M, K, A);
+    gemm_prepare_acts(x.data(), K, 0, A.groups, A, active_kernel_level());
+    benchmark::DoNotOptimize(A.q.data());
+  }
+  state.SetLabel(std::string(type_traits(t).name));
+  state.counters["Melem/s"] = benchmark::Counter(static_cast<double>(M * K), benchmark::Counter::kIsIterationInvariantRate,
+                                                 benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_GemmPrepareActs)->Args({0, 512, 2048})->Args({2, 512, 2048})->Args({3, 512, 2048})->Args({0, 1, 2048})
+    ->Unit(benchmark::kMicrosecond);
+
+// Decode: one activation row, every weight byte read once.
+void gemv_args(benchmark::internal::Benchmark* b) {
+  for (int ti = 0; ti < 7; ++ti)
+    for (int threads : {1, 2})
+      for (int old : {0, 1}) b->Args({ti, 5632, 2048, 1, threads, old});
+}
+void BM_Gemv(benchmark::State& state) { BM_Gemm(state); }
+BENCHMARK(BM_Gemv)->Apply(gemv_args)->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(0.5);
+
+// Read bandwidth: every thread sums its own contiguous slice of a buffer far
+// larger than the caches, with 512-bit loads.
+__attribute__((target("avx512f"))) uint64_t sum_slice(const uint8_t* p, size_t n) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i + 256 <= n; i += 256) {
+    a0 = _mm512_add_epi64(a0, _mm512_load_si512(p + i));
+    a1 = _mm512_add_epi64(a1, _mm512_load_si512(p + i + 64));
+    a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + i + 128));
+    a3 = _mm512_add_epi64(a3, _mm512_load_si512(p + i + 192));
+  }
+  return static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3))));
+}
+
+bool have_avx512_vnni(benchmark::State& state) {
+  if (cpu_supports_level(KernelLevel::kAvx512Vnni)) return true;
+  state.SkipWithError("needs AVX512-VNNI");
+  return false;
+}
+
+void BM_CeilingReadBandwidth(benchmark::State& state) {
+  if (!have_avx512_vnni(state)) return;
+  const size_t bytes = size_t{1} << 30;
+  const int threads = static_cast<int>(state.range(0));
+  ThreadPool& pool = pool_of(threads);
+  std::unique_ptr<uint8_t, decltype(&std::free)> buf(static_cast<uint8_t*>(std::aligned_alloc(4096, bytes)), &std::free);
+  pool.run([&](int t, int nt) { std::memset(buf.get() + bytes / nt * t, t + 1, bytes / nt); });
+  std::atomic<uint64_t> sink{0};
+  for (auto _ : state)
+    pool.run([&](int t, int nt) { sink += sum_slice(buf.get() + bytes / nt * t, bytes / nt); });
+  benchmark::DoNotOptimize(sink.load());
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate,
+                                              benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_CeilingReadBandwidth)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+
+// Instruction throughput: 12 independent chains per thread, long enough that
+// only issue width limits them.
+__attribute__((target("avx512f,avx512vnni"))) int64_t vnni_loop(int64_t iters) {
+  __m512i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+  __m512i s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_epi32(s, acc[i]);
+  return _mm512_reduce_add_epi32(s);
+}
+__attribute__((target("avx512f,fma"))) float fma_loop(int64_t iters) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
+void BM_CeilingInt8Vnni(benchmark::State& state) {
+  if (!have_avx512_vnni(state)) return;
+  const int threads = static_cast<int>(state.range(0));
+  ThreadPool& pool = pool_of(threads);
+  const int64_t iters = 1 << 20;
+  std::atomic<int64_t> sink{0};
+  for (auto _ : state) pool.run([&](int, int) { sink += vnni_loop(iters); });
+  benchmark::DoNotOptimize(sink.load());
+  // 64 multiply-adds = 128 ops per instruction.
+  state.counters["GOP/s"] = benchmark::Counter(128.0 * 12 * iters * threads, benchmark::Counter::kIsIterationInvariantRate,
+                                               benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_CeilingInt8Vnni)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
+
+void BM_CeilingFp32Fma(benchmark::State& state) {
+  if (!have_avx512_vnni(state)) return;
+  const int threads = static_cast<int>(state.range(0));
+  ThreadPool& pool = pool_of(threads);
+  const int64_t iters = 1 << 20;
+  std::atomic<int64_t> sink{0};
+  for (auto _ : state) pool.run([&](int, int) { sink += static_cast<int64_t>(fma_loop(iters)); });
+  benchmark::DoNotOptimize(sink.load());
+  state.counters["GFLOP/s"] = benchmark::Counter(32.0 * 12 * iters * threads, benchmark::Counter::kIsIterationInvariantRate,
+                                                 benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_CeilingFp32Fma)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
+
+// Fork/join latency of an empty job, and of a parallel_for over 64 items.
+void BM_PoolEmptyRun(benchmark::State& state) {
+  ThreadPool& pool = pool_of(static_cast<int>(state.range(0)));
+  for (auto _ : state) pool.run([](int, int) {});
+}
+BENCHMARK(BM_PoolEmptyRun)->Arg(1)->Arg(2)->UseRealTime()->MinTime(0.5);
+
+void BM_PoolParallelFor(benchmark::State& state) {
+  ThreadPool& pool = pool_of(static_cast<int>(state.range(0)));
+  std::vector<int64_t> out(64);
+  for (auto _ : state) {
+    pool.parallel_for(64, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) out[i] += i;
+    });
+  }
+  benchmark::DoNotOptimize(out.data());
+}
+BENCHMARK(BM_PoolParallelFor)->Arg(1)->Arg(2)->UseRealTime()->MinTime(0.5);
+
+}  // namespace
+}  // namespace tandem
+
+BENCHMARK_MAIN();
