@@ -15,6 +15,12 @@ export TANDEM_QUANT_XCHECK="$PWD/build/quant_xcheck.bin"
 echo "== tests (release build)" >&2
 ctest --test-dir build --output-on-failure -j"$(nproc)"
 
+# The OpenAI-compatible server, driven by the official openai client over
+# loopback (tests/server: completions, chat, streaming, disconnects, metrics,
+# overload, batch invariance).
+echo "== server tests (openai client against build/tandem serve)" >&2
+TANDEM_CLI="$PWD/build/tandem" .venv/bin/python -m pytest -q tests/server
+
 echo "== tests (ASan + UBSan build)" >&2
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$(nproc)"

@@ -12,5 +12,6 @@ void add_tokenize_command(CLI::App& app, int& rc);
 void add_convert_command(CLI::App& app, int& rc);
 void add_bench_command(CLI::App& app, int& rc);
 void add_synth_command(CLI::App& app, int& rc);
+void add_serve_command(CLI::App& app, int& rc);
 
 }  // namespace tandem::cli

@@ -1,0 +1,144 @@
+// tandem serve: the OpenAI-compatible HTTP server over the serving engine.
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/error.h"
+#include "engine/llm_engine.h"
+#include "model/model.h"
+#include "server/http_server.h"
+
+namespace tandem::cli {
+namespace {
+
+struct ServeOpts {
+  std::string model, host = "127.0.0.1", api_key, alias, kv_memory, policy = "latency";
+  int port = 8080;
+  int32_t threads = 0, ctx = 0, max_batch_tokens = 0, max_seqs = 32, max_waiting = 256, http_threads = 0;
+  int64_t kv_tokens = 0;
+  bool no_prefix_cache = false;
+};
+
+// "2147483648", "512M", "2G", "1.5GiB": binary multiples.
+int64_t parse_bytes(const std::string& s) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    fail(ErrorKind::kInvalidArgument, "--kv-memory: '{}' is not a size (e.g. 512M, 2G)", s);
+  }
+  std::string unit = s.substr(used);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
+  double mult = 1;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib") mult = 1024.0;
+  else if (unit == "m" || unit == "mb" || unit == "mib") mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb" || unit == "gib") mult = 1024.0 * 1024 * 1024;
+  else fail(ErrorKind::kInvalidArgument, "--kv-memory: unknown unit '{}' in '{}' (use K, M or G)", unit, s);
+  const double bytes = v * mult;
+  if (!(bytes >= 1) || bytes > 1e15) fail(ErrorKind::kInvalidArgument, "--kv-memory: '{}' is out of range", s);
+  return static_cast<int64_t>(bytes);
+}
+
+int serve(const ServeOpts& o) {
+  if (o.port < 0 || o.port > 65535) fail(ErrorKind::kInvalidArgument, "--port {} is not a TCP port", o.port);
+  if (!o.kv_memory.empty() && o.kv_tokens > 0)
+    fail(ErrorKind::kInvalidArgument, "give at most one of --kv-memory and --kv-tokens");
+  if (o.policy != "latency" && o.policy != "throughput")
+    fail(ErrorKind::kInvalidArgument, "--policy must be 'latency' or 'throughput', got '{}'", o.policy);
+
+  // SIGINT/SIGTERM are taken by one thread with sigwait(), so they must be
+  // blocked before any other thread exists (threads inherit the mask). A
+  // client that hangs up must not kill the server through SIGPIPE.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto model = Model::load(resolve_model_path(o.model));
+  EngineConfig ec;
+  ec.threads = o.threads;
+  ec.max_context = o.ctx > 0 ? o.ctx : std::min(model->config().n_ctx_train, 4096);
+  ec.kv_tokens = o.kv_tokens;
+  ec.kv_bytes = o.kv_memory.empty() ? 0 : parse_bytes(o.kv_memory);
+  ec.max_batch_tokens = o.max_batch_tokens;
+  ec.max_seqs = o.max_seqs;
+  ec.max_waiting = o.max_waiting;
+  ec.policy = o.policy == "throughput" ? SchedulePolicy::kThroughput : SchedulePolicy::kLatency;
+  ec.prefix_caching = !o.no_prefix_cache;
+  Engine engine(*model, ec);
+
+  server::ServerConfig sc;
+  sc.host = o.host;
+  sc.port = o.port;
+  sc.api_key = o.api_key;
+  sc.model_id = o.alias;
+  sc.http_threads = o.http_threads;
+  sc.max_context = ec.max_context;
+  server::Server srv(engine, *model, sc);
+  srv.bind();
+  engine.start();
+
+  std::atomic<bool> stopped_by_signal{false};
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (!stopped_by_signal.exchange(true))
+      std::fprintf(stderr, "tandem serve: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    srv.stop();
+  });
+  std::fprintf(stderr, "tandem serve: %s on http://%s:%d (context %d, max %d sequences%s)\n",
+               srv.model_id().c_str(), o.host.c_str(), srv.port(), ec.max_context, ec.max_seqs,
+               o.api_key.empty() ? "" : ", API key required");
+  std::fflush(stderr);
+  srv.run();
+  // run() also returns on a listener failure: wake the waiter so it can end.
+  if (!stopped_by_signal.exchange(true)) pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  engine.stop();
+  return 0;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, int& rc) {
+  auto o = std::make_shared<ServeOpts>();
+  CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
+  cmd->add_option("-m,--model", o->model, "GGUF model file (default: the installed Gemma 3 270M)");
+  cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", o->port, "TCP port (0: any free port)")->capture_default_str();
+  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--model-alias", o->alias, "Model id reported by /v1/models (default: the file name)");
+  cmd->add_option("-t,--threads", o->threads, "Compute threads (0: physical cores)")->capture_default_str();
+  cmd->add_option("-c,--ctx-size", o->ctx, "Context per sequence in tokens (0: min(model's, 4096))")
+      ->capture_default_str();
+  auto* mem = cmd->add_option("--kv-memory", o->kv_memory, "KV cache pool size in bytes (suffixes K, M, G)");
+  cmd->add_option("--kv-tokens", o->kv_tokens, "KV cache pool size in tokens")->excludes(mem);
+  cmd->add_option("--max-batch-tokens", o->max_batch_tokens, "Tokens per engine step (0: policy default)")
+      ->capture_default_str();
+  cmd->add_option("--max-seqs", o->max_seqs, "Sequences per engine step")->capture_default_str();
+  cmd->add_option("--max-waiting", o->max_waiting, "Wait-queue bound; requests beyond it get 429")
+      ->capture_default_str();
+  cmd->add_option("--policy", o->policy, "Scheduling: latency (chat) or throughput (batch jobs)")
+      ->capture_default_str();
+  cmd->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not share KV blocks between requests");
+  cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (0: max-seqs + max-waiting + 8)")
+      ->capture_default_str();
+  cmd->callback([o, &rc] { rc = serve(*o); });
+}
+
+}  // namespace tandem::cli
