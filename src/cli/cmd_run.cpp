@@ -28,6 +28,7 @@ struct RunOpts {
   int32_t n_predict = 256;
   int32_t threads = 0;
   int32_t ctx = 0;
+  std::string kv_type = "f16";
   bool json = false;
   bool ignore_eos = false;
   SamplingParams sp;
@@ -72,7 +73,7 @@ int run(RunOpts& o) {
   const auto t0 = std::chrono::steady_clock::now();
   auto model = Model::load(resolve_model_path(o.model));
   ThreadPool pool(o.threads);
-  Generator gen(*model, pool, o.ctx);
+  Generator gen(*model, pool, o.ctx, parse_kv_type(o.kv_type));
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const Tokenizer& tok = model->tokenizer();
@@ -128,6 +129,9 @@ void add_run_command(CLI::App& app, int& rc) {
   cmd->add_option("--stop", o->stop, "Stop string (repeatable)");
   cmd->add_option("-t,--threads", o->threads, "Threads (0: physical cores)")->capture_default_str();
   cmd->add_option("-c,--ctx-size", o->ctx, "Context size in tokens (0: min(model's, 4096))")
+      ->capture_default_str();
+  cmd->add_option("--kv-type", o->kv_type, "KV cache element type: f16 or f32")
+      ->check(CLI::IsMember({"f16", "f32"}))
       ->capture_default_str();
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
   cmd->add_flag("--json", o->json, "Print the phase report as one JSON object on stderr");

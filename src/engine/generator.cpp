@@ -23,14 +23,14 @@ namespace {
 constexpr int32_t kBlockSize = 16;
 }
 
-Generator::Generator(Model& model, ThreadPool& pool, int32_t n_ctx) : model_(model), pool_(pool) {
+Generator::Generator(Model& model, ThreadPool& pool, int32_t n_ctx, KvType kv_type) : model_(model), pool_(pool) {
   const ModelConfig& c = model.config();
   n_ctx_ = n_ctx > 0 ? n_ctx : std::min(c.n_ctx_train, 4096);
   if (n_ctx_ > c.n_ctx_train)
     fail(ErrorKind::kInvalidArgument, "context size {} exceeds the model's training context {}", n_ctx_,
          c.n_ctx_train);
   KvShape shape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v};
-  kv_ = std::make_unique<KvCache>(shape, (n_ctx_ + kBlockSize - 1) / kBlockSize, kBlockSize);
+  kv_ = std::make_unique<KvCache>(shape, (n_ctx_ + kBlockSize - 1) / kBlockSize, kBlockSize, kv_type);
 }
 
 Generator::~Generator() = default;

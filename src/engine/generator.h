@@ -13,10 +13,10 @@
 
 #include "engine/sampler.h"
 #include "engine/step_log.h"
+#include "kv/kv_cache.h"
 
 namespace tandem {
 
-class KvCache;
 class Model;
 class ThreadPool;
 
@@ -45,8 +45,8 @@ struct GenerateReport {
 class Generator {
  public:
   // n_ctx: context size in tokens (KV cache capacity); <= 0 picks
-  // min(training context, 4096).
-  Generator(Model& model, ThreadPool& pool, int32_t n_ctx = 0);
+  // min(training context, 4096). kv_type: the KV cache's element type.
+  Generator(Model& model, ThreadPool& pool, int32_t n_ctx = 0, KvType kv_type = KvType::kF16);
   ~Generator();
 
   int32_t n_ctx() const { return n_ctx_; }

@@ -1,23 +1,94 @@
 #include "kv/kv_cache.h"
 
-#include <new>
+#include <cstdlib>
+#include <cstring>
 
+#include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/quant.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace tandem {
+namespace {
 
-KvCache::KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size)
-    : shape_(shape), n_blocks_(n_blocks), block_size_(block_size) {
+void to_f16_scalar(const float* x, uint16_t* y, int32_t n) {
+  for (int32_t i = 0; i < n; ++i) y[i] = f32_to_f16(x[i]);
+}
+
+#if defined(__x86_64__)
+// The hardware conversion rounds to nearest even like f32_to_f16, so both
+// give the same bits for every non-NaN input; this one is just faster for
+// prefill, which writes n_layer * (k_width + v_width) values per token.
+__attribute__((target("avx,f16c"))) void to_f16_f16c(const float* x, uint16_t* y, int32_t n) {
+  int32_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  to_f16_scalar(x + i, y + i, n - i);
+}
+#endif
+
+void to_f16(const float* x, uint16_t* y, int32_t n) {
+#if defined(__x86_64__)
+  static const bool f16c = cpu_features().f16c;
+  if (f16c) return to_f16_f16c(x, y, n);
+#endif
+  to_f16_scalar(x, y, n);
+}
+
+void store_row(KvType type, const float* x, std::byte* dst, int32_t n) {
+  if (type == KvType::kF32)
+    std::memcpy(dst, x, size_t(n) * sizeof(float));
+  else
+    to_f16(x, reinterpret_cast<uint16_t*>(dst), n);
+}
+
+void load_row(KvType type, const std::byte* src, float* x, int32_t n) {
+  if (type == KvType::kF32) {
+    std::memcpy(x, src, size_t(n) * sizeof(float));
+    return;
+  }
+  const auto* h = reinterpret_cast<const uint16_t*>(src);
+  for (int32_t i = 0; i < n; ++i) x[i] = f16_to_f32(h[i]);
+}
+
+}  // namespace
+
+void KvCache::Free::operator()(std::byte* p) const { std::free(p); }
+
+const char* kv_type_name(KvType t) { return t == KvType::kF16 ? "f16" : "f32"; }
+
+KvType parse_kv_type(std::string_view name) {
+  if (name == "f16") return KvType::kF16;
+  if (name == "f32") return KvType::kF32;
+  fail(ErrorKind::kInvalidArgument, "unknown KV cache type '{}' (expected f16 or f32)", name);
+}
+
+KvCache::KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size, KvType type)
+    : shape_(shape), n_blocks_(n_blocks), block_size_(block_size), type_(type) {
   if (n_blocks <= 0 || block_size <= 0)
     fail(ErrorKind::kInvalidArgument, "KV cache needs at least one block (got {} blocks of {})", n_blocks,
          block_size);
+  if (shape.n_layer <= 0 || shape.k_width <= 0 || shape.v_width <= 0)
+    fail(ErrorKind::kInvalidArgument, "KV cache shape needs positive sizes (n_layer {}, k_width {}, v_width {})",
+         shape.n_layer, shape.k_width, shape.v_width);
+  if (type != KvType::kF16 && type != KvType::kF32)
+    fail(ErrorKind::kInvalidArgument, "unknown KV cache type {}", static_cast<int>(type));
   const size_t tokens = size_t(n_blocks) * block_size;
-  try {
-    k_.resize(tokens * shape.n_layer * shape.k_width);
-    v_.resize(tokens * shape.n_layer * shape.v_width);
-  } catch (const std::bad_alloc&) {
-    fail(ErrorKind::kResource, "cannot allocate a KV cache of {} tokens ({} MiB)", tokens,
-         tokens * bytes_per_token(shape) >> 20);
+  size_t slots = 0, per = 0, total = 0;
+  if (__builtin_mul_overflow(tokens, size_t(shape.n_layer), &slots) ||
+      __builtin_mul_overflow(slots, kv_type_size(type), &per) ||
+      __builtin_mul_overflow(per, size_t(shape.k_width) + shape.v_width, &total))
+    fail(ErrorKind::kResource, "a KV cache of {} tokens x {} layers does not fit in memory", tokens, shape.n_layer);
+  // calloc: an unwritten slot reads as zeros, and the OS hands out zeroed
+  // pages lazily, so memory is committed as the context fills, not up front.
+  k_.reset(static_cast<std::byte*>(std::calloc(per, shape.k_width)));
+  v_.reset(static_cast<std::byte*>(std::calloc(per, shape.v_width)));
+  if (!k_ || !v_) {
+    fail(ErrorKind::kResource, "cannot allocate a {} KV cache of {} tokens ({} MiB)", kv_type_name(type), tokens,
+         tokens * bytes_per_token(shape, type) >> 20);
   }
   free_.reserve(n_blocks);
   for (int32_t b = n_blocks - 1; b >= 0; --b) free_.push_back(b);
@@ -31,6 +102,28 @@ int32_t KvCache::allocate() {
 }
 
 void KvCache::release(int32_t block) { free_.push_back(block); }
+
+void KvCache::write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v) {
+  store_row(type_, k, k_.get() + offset(layer, block, slot, shape_.k_width), shape_.k_width);
+  store_row(type_, v, v_.get() + offset(layer, block, slot, shape_.v_width), shape_.v_width);
+}
+
+void KvCache::read(int32_t layer, int32_t block, int32_t slot, float* k, float* v) const {
+  load_row(type_, k_.get() + offset(layer, block, slot, shape_.k_width), k, shape_.k_width);
+  load_row(type_, v_.get() + offset(layer, block, slot, shape_.v_width), v, shape_.v_width);
+}
+
+KvLayerView KvCache::layer_view(int32_t layer, const int32_t* blocks) const {
+  KvLayerView view;
+  view.keys = k_.get() + offset(layer, 0, 0, shape_.k_width);
+  view.values = v_.get() + offset(layer, 0, 0, shape_.v_width);
+  view.type = type_;
+  view.block_size = block_size_;
+  view.k_width = shape_.k_width;
+  view.v_width = shape_.v_width;
+  view.blocks = blocks;
+  return view;
+}
 
 bool SeqKv::reserve(KvCache& cache, int32_t n) {
   const int32_t need = (n + cache.block_size() - 1) / cache.block_size() - static_cast<int32_t>(blocks.size());

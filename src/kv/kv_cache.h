@@ -3,13 +3,27 @@
 // (its blocks in position order), so attention always reads K/V through the
 // table; how blocks are handed out (contiguously now, shared and paged by the
 // serving engine) does not change the kernels.
+//
+// Elements are stored as f16 (the default, as in llama.cpp: half the memory
+// and half the bytes decode attention streams) or f32. Rows are written from
+// f32 with round-to-nearest-even; attention converts f16 back to f32 as it
+// reads, so queries and all accumulation stay f32.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string_view>
 #include <vector>
 
 namespace tandem {
+
+enum class KvType : uint8_t { kF16, kF32 };
+
+const char* kv_type_name(KvType t);          // "f16", "f32"
+// Throws kInvalidArgument naming the value when it is neither "f16" nor "f32".
+KvType parse_kv_type(std::string_view name);
+inline size_t kv_type_size(KvType t) { return t == KvType::kF16 ? 2 : 4; }
 
 struct KvShape {
   int32_t n_layer = 0;
@@ -17,35 +31,66 @@ struct KvShape {
   int32_t v_width = 0;  // n_head_kv * head_dim_v
 };
 
+// Where one layer's K/V for one sequence live: what attention reads.
+struct KvLayerView {
+  const void* keys = nullptr;    // layer base: [block][slot][k_width] of `type`
+  const void* values = nullptr;  // layer base: [block][slot][v_width] of `type`
+  KvType type = KvType::kF32;
+  int32_t block_size = 0;
+  int32_t k_width = 0, v_width = 0;
+  const int32_t* blocks = nullptr;  // the sequence's block table
+
+  size_t slot_index(int32_t pos) const { return size_t(blocks[pos / block_size]) * block_size + pos % block_size; }
+  // Element pointers of position pos's row (T is float for kF32, uint16_t for kF16).
+  template <typename T>
+  const T* key(int32_t pos) const {
+    return static_cast<const T*>(keys) + slot_index(pos) * k_width;
+  }
+  template <typename T>
+  const T* value(int32_t pos) const {
+    return static_cast<const T*>(values) + slot_index(pos) * v_width;
+  }
+};
+
 class KvCache {
  public:
-  // Throws kResource when the pool cannot be allocated.
-  KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size = 16);
+  // Throws kInvalidArgument for an empty pool or shape, kResource when the
+  // pool cannot be allocated.
+  KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size = 16, KvType type = KvType::kF16);
 
   const KvShape& shape() const { return shape_; }
+  KvType type() const { return type_; }
   int32_t block_size() const { return block_size_; }
   int32_t n_blocks() const { return n_blocks_; }
   int32_t n_free() const { return static_cast<int32_t>(free_.size()); }
-  size_t bytes() const { return (k_.size() + v_.size()) * sizeof(float); }
-  static size_t bytes_per_token(const KvShape& s) { return size_t(s.n_layer) * (s.k_width + s.v_width) * sizeof(float); }
+  size_t bytes() const { return bytes_per_token(shape_, type_) * size_t(n_blocks_) * block_size_; }
+  static size_t bytes_per_token(const KvShape& s, KvType type) {
+    return size_t(s.n_layer) * (s.k_width + s.v_width) * kv_type_size(type);
+  }
 
   int32_t allocate();  // -1 when the pool is empty
   void release(int32_t block);
 
-  // Row of one token slot.
-  float* key(int32_t layer, int32_t block, int32_t slot) { return k_.data() + index(layer, block, slot, shape_.k_width); }
-  float* value(int32_t layer, int32_t block, int32_t slot) { return v_.data() + index(layer, block, slot, shape_.v_width); }
-  const float* layer_keys(int32_t layer) const { return k_.data() + index(layer, 0, 0, shape_.k_width); }
-  const float* layer_values(int32_t layer) const { return v_.data() + index(layer, 0, 0, shape_.v_width); }
+  // Stores one token's k (k_width floats) and v (v_width floats) in a slot,
+  // converted to the cache's element type.
+  void write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v);
+  // Reads a slot back as f32 (for tests and tools; attention uses views).
+  void read(int32_t layer, int32_t block, int32_t slot, float* k, float* v) const;
+
+  KvLayerView layer_view(int32_t layer, const int32_t* blocks) const;
 
  private:
-  size_t index(int32_t layer, int32_t block, int32_t slot, int32_t width) const {
-    return ((size_t(layer) * n_blocks_ + block) * block_size_ + slot) * width;
+  size_t offset(int32_t layer, int32_t block, int32_t slot, int32_t width) const {
+    return ((size_t(layer) * n_blocks_ + block) * block_size_ + slot) * width * kv_type_size(type_);
   }
   KvShape shape_;
   int32_t n_blocks_;
   int32_t block_size_;
-  std::vector<float> k_, v_;
+  KvType type_;
+  struct Free {
+    void operator()(std::byte* p) const;
+  };
+  std::unique_ptr<std::byte[], Free> k_, v_;
   std::vector<int32_t> free_;
 };
 

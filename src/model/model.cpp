@@ -149,22 +149,12 @@ void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, 
       const SeqKv& sk = *seqs[batch[r].seq];
       const int32_t pos = batch[r].pos;
       const int32_t block = sk.blocks[pos / kv.block_size()], slot = pos % kv.block_size();
-      std::copy(k, k + KW, kv.key(il, block, slot));
-      std::copy(v, v + VW, kv.value(il, block, slot));
+      kv.write(il, block, slot, k, v);
     }
   });
 
   AttnShape shape{c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, swa ? c.sliding_window : 0};
-  auto view_of = [&](const SeqKv& sk) {
-    KvLayerView v;
-    v.keys = kv.layer_keys(il);
-    v.values = kv.layer_values(il);
-    v.block_size = kv.block_size();
-    v.k_width = static_cast<int32_t>(KW);
-    v.v_width = static_cast<int32_t>(VW);
-    v.blocks = sk.blocks.data();
-    return v;
-  };
+  auto view_of = [&](const SeqKv& sk) { return kv.layer_view(il, sk.blocks.data()); };
   s.attn.resize(R * OW);
   s.views.clear();
   s.positions.clear();

@@ -1,0 +1,80 @@
+// AVX2 + FMA + F16C attention kernel: attention_chunk.h over 8-lane vectors.
+// Every function carries its target attribute, as in dot_avx2.cpp; the
+// dispatcher calls this only after CPUID allows it.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/attention_impl.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+namespace tandem::attn_detail {
+namespace avx2 {
+
+#define TD_FN __attribute__((target("avx2,fma,f16c"))) inline
+
+struct Ops {
+  using V = __m256;
+  static constexpr int W = 8, QR = 2, QK = 4, PR = 2, PD = 4;
+  TD_FN static __m256i lanes_below(int32_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  TD_FN static V zero() { return _mm256_setzero_ps(); }
+  TD_FN static V bcast(float f) { return _mm256_set1_ps(f); }
+  TD_FN static V load(const float* p) { return _mm256_loadu_ps(p); }
+  TD_FN static V load(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  TD_FN static V load_part(const float* p, int32_t n) { return _mm256_maskload_ps(p, lanes_below(n)); }
+  TD_FN static V load_part(const uint16_t* p, int32_t n) {
+    uint16_t tmp[8] = {};
+    std::memcpy(tmp, p, size_t(n) * sizeof(uint16_t));
+    return load(tmp);
+  }
+  TD_FN static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  TD_FN static void store_part(float* p, V v, int32_t n) { _mm256_maskstore_ps(p, lanes_below(n), v); }
+  TD_FN static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  TD_FN static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  TD_FN static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  TD_FN static float reduce(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  // exp for the softmax's arguments (<= 0): 2^n * poly(r), Cephes' expf
+  // polynomial; below -87 (where 2^n would be subnormal) and for NaN, 0.
+  TD_FN static V exp(V x) {
+    const V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    V r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    V p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const V y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const V ok = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), ok);
+  }
+};
+
+#include "kernels/attention_chunk.h"
+#undef TD_FN
+
+}  // namespace avx2
+
+ChunkFn avx2_chunk_fn() { return &avx2::chunk_kernel; }
+
+}  // namespace tandem::attn_detail
+
+#else
+
+namespace tandem::attn_detail {
+ChunkFn avx2_chunk_fn() { return nullptr; }
+}  // namespace tandem::attn_detail
+
+#endif

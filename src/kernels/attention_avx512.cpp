@@ -1,0 +1,76 @@
+// AVX-512 (F/BW/VL) attention kernel: attention_chunk.h over 16-lane
+// vectors, masked loads for row tails, F16C-style conversion of f16 K/V.
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/attention_impl.h"
+
+#if defined(__x86_64__)
+
+// GCC 12's AVX-512 intrinsics build some results from a deliberately
+// uninitialized vector; -Wuninitialized reports it once inlined here.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+namespace tandem::attn_detail {
+namespace avx512 {
+
+#define TD_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl"))) inline
+
+struct Ops {
+  using V = __m512;
+  static constexpr int W = 16, QR = 4, QK = 4, PR = 4, PD = 4;
+  TD_FN static __mmask16 lanes_below(int32_t n) { return static_cast<__mmask16>((1u << n) - 1); }
+  TD_FN static V zero() { return _mm512_setzero_ps(); }
+  TD_FN static V bcast(float f) { return _mm512_set1_ps(f); }
+  TD_FN static V load(const float* p) { return _mm512_loadu_ps(p); }
+  TD_FN static V load(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  TD_FN static V load_part(const float* p, int32_t n) { return _mm512_maskz_loadu_ps(lanes_below(n), p); }
+  TD_FN static V load_part(const uint16_t* p, int32_t n) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes_below(n), p));
+  }
+  TD_FN static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  TD_FN static void store_part(float* p, V v, int32_t n) { _mm512_mask_storeu_ps(p, lanes_below(n), v); }
+  TD_FN static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  TD_FN static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  TD_FN static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  TD_FN static float reduce(V v) { return _mm512_reduce_add_ps(v); }
+  // As the AVX2 exp: Cephes' expf polynomial, 2^n applied with scalef;
+  // below -87 and for NaN, 0.
+  TD_FN static V exp(V x) {
+    const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    V p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const V y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    return _mm512_maskz_scalef_ps(ok, y, n);
+  }
+};
+
+#include "kernels/attention_chunk.h"
+#undef TD_FN
+
+}  // namespace avx512
+
+ChunkFn avx512_chunk_fn() { return &avx512::chunk_kernel; }
+
+}  // namespace tandem::attn_detail
+
+#else
+
+namespace tandem::attn_detail {
+ChunkFn avx512_chunk_fn() { return nullptr; }
+}  // namespace tandem::attn_detail
+
+#endif

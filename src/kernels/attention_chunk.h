@@ -1,0 +1,183 @@
+// The chunk kernel of attention_impl.h, written once over a vector "Ops"
+// type and included by each instruction-set file inside its own namespace
+// (after defining Ops and TD_FN, the function attributes of that level), the
+// way dot_avx512_q32.h is. No includes here: the includer provides them.
+//
+// Ops provides: V (vector of W floats), W, zero(), bcast(f), load(const
+// float*), load(const uint16_t*) (f16 -> f32), load_part(p, n) for both
+// (lanes >= n are zero), store(float*, V), store_part(float*, V, n),
+// add(V, V), sub(V, V), fma(a, b, c) = a*b+c, reduce(V) (fixed lane order),
+// exp(V); tile sizes QR x QK for scores (rows x keys) and PR x PD for the
+// value sum (rows x vectors).
+//
+// Why the results do not depend on the tiling: every score is one
+// accumulator chain over head_dim in fixed steps, reduced the same way; the
+// softmax of a row touches only its own scores, over vectors aligned to the
+// chunk start; each output element of the value sum is one chain over the
+// keys in position order, and a tile row outside its own range adds exact
+// zeros (0 * v + acc == acc for finite v).
+
+// Scores of R query rows against K keys (keys past `kn` are padding and are
+// not written): s[r][j] = q[r] . k[j].
+template <int R, int K, typename T>
+TD_FN void qk_tile(const float* const* q, const T* const* k, int32_t hd, float* const* s, int32_t kn) {
+  using V = typename Ops::V;
+  V acc[R][K];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < K; ++j) acc[r][j] = Ops::zero();
+  int32_t d = 0;
+  for (; d + Ops::W <= hd; d += Ops::W) {
+    V qv[R];
+    for (int r = 0; r < R; ++r) qv[r] = Ops::load(q[r] + d);
+    for (int j = 0; j < K; ++j) {
+      const V kv = Ops::load(k[j] + d);
+      for (int r = 0; r < R; ++r) acc[r][j] = Ops::fma(qv[r], kv, acc[r][j]);
+    }
+  }
+  if (d < hd) {
+    const int32_t n = hd - d;
+    V qv[R];
+    for (int r = 0; r < R; ++r) qv[r] = Ops::load_part(q[r] + d, n);
+    for (int j = 0; j < K; ++j) {
+      const V kv = Ops::load_part(k[j] + d, n);
+      for (int r = 0; r < R; ++r) acc[r][j] = Ops::fma(qv[r], kv, acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < K && j < kn; ++j) s[r][j] = Ops::reduce(acc[r][j]);
+}
+
+// acc_out[r][d0 .. d0 + D*W) = sum over keys j in [a, b) of p[r][j] * v[j][..],
+// in key order. PART: one vector of `n` (< W) lanes instead (D must be 1).
+template <int R, int D, bool PART, typename T>
+TD_FN void pv_tile(const T* const* v, int32_t a, int32_t b, const float* const* p, float* const* out, int32_t d0,
+                   int32_t n) {
+  using V = typename Ops::V;
+  V acc[R][D];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < D; ++i) acc[r][i] = Ops::zero();
+  for (int32_t j = a; j < b; ++j) {
+    V w[R];
+    for (int r = 0; r < R; ++r) w[r] = Ops::bcast(p[r][j]);
+    for (int i = 0; i < D; ++i) {
+      const V x = PART ? Ops::load_part(v[j] + d0, n) : Ops::load(v[j] + d0 + i * Ops::W);
+      for (int r = 0; r < R; ++r) acc[r][i] = Ops::fma(w[r], x, acc[r][i]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < D; ++i) {
+      if (PART)
+        Ops::store_part(out[r] + d0, acc[r][i], n);
+      else
+        Ops::store(out[r] + d0 + i * Ops::W, acc[r][i]);
+    }
+}
+
+template <int R, typename T>
+TD_FN void pv_rows(const T* const* v, int32_t a, int32_t b, const float* const* p, float* const* out, int32_t hdv) {
+  int32_t d = 0;
+  for (; d + Ops::PD * Ops::W <= hdv; d += Ops::PD * Ops::W) pv_tile<R, Ops::PD, false>(v, a, b, p, out, d, 0);
+  for (; d + Ops::W <= hdv; d += Ops::W) pv_tile<R, 1, false>(v, a, b, p, out, d, 0);
+  if (d < hdv) pv_tile<R, 1, true>(v, a, b, p, out, d, hdv - d);
+}
+
+// Rows [r0, r0 + R) with R <= Ops::QR, over the union of their key ranges.
+template <int R, typename T>
+TD_FN void qk_rows(const ChunkJob& job, int32_t r0, const T* const* kp, int32_t ka, int32_t kb) {
+  const int32_t C = kAttnChunk;
+  for (int32_t j = ka; j < kb; j += Ops::QK) {
+    const int32_t kn = kb - j < Ops::QK ? kb - j : Ops::QK;
+    const T* k[Ops::QK];
+    for (int32_t i = 0; i < Ops::QK; ++i) k[i] = kp[i < kn ? j + i : kb - 1];  // pad with a real row
+    float* s[R];
+    for (int r = 0; r < R; ++r) s[r] = job.scores + size_t(r0 + r) * C + j;
+    qk_tile<R, Ops::QK>(job.q + r0, k, job.head_dim, s, kn);
+  }
+}
+
+// Turns row r's scores in [a, b) into exp(score - max) in place, zeroes
+// [za, zb) outside [a, b) (the span the value tile will read), and returns
+// the sum. The sum runs over vectors aligned to the chunk start, so it is a
+// function of (a, b) and the scores alone.
+TD_FN float softmax_row(float* s, int32_t a, int32_t b, int32_t za, int32_t zb, float* m_out) {
+  using V = typename Ops::V;
+  float m = s[a];
+  for (int32_t i = a + 1; i < b; ++i) m = s[i] > m ? s[i] : m;
+  const int32_t a0 = a / Ops::W * Ops::W, b1 = (b + Ops::W - 1) / Ops::W * Ops::W;
+  const V mv = Ops::bcast(m);
+  for (int32_t i = a0; i < b1; i += Ops::W) Ops::store(s + i, Ops::exp(Ops::sub(Ops::load(s + i), mv)));
+  for (int32_t i = a0 < za ? a0 : za; i < a; ++i) s[i] = 0.0f;
+  for (int32_t i = b; i < (b1 > zb ? b1 : zb); ++i) s[i] = 0.0f;
+  V sum = Ops::zero();
+  for (int32_t i = a0; i < b1; i += Ops::W) sum = Ops::add(sum, Ops::load(s + i));
+  *m_out = m;
+  return Ops::reduce(sum);
+}
+
+template <typename T>
+TD_FN void run_chunk(const ChunkJob& job) {
+  static_assert(Ops::QR >= 1 && Ops::QR <= 4 && Ops::PR >= 1 && Ops::PR <= 4, "the row switches below cover 1..4");
+  static_assert(kAttnChunk % Ops::W == 0, "softmax vectors must stay inside the chunk");
+  const int32_t C = kAttnChunk, c0 = job.c0, n = job.n_rows;
+  const KvLayerView& kv = *job.kv;
+  int32_t ka = C, kb = 0;  // union of the rows' ranges, chunk-relative
+  for (int32_t r = 0; r < n; ++r) {
+    ka = job.lo[r] - c0 < ka ? job.lo[r] - c0 : ka;
+    kb = job.hi[r] - c0 > kb ? job.hi[r] - c0 : kb;
+  }
+  const T* kp[kAttnChunk];
+  const T* vp[kAttnChunk];
+  for (int32_t j = ka; j < kb; ++j) {
+    kp[j] = kv.key<T>(c0 + j) + size_t(job.kv_head) * job.head_dim;
+    vp[j] = kv.value<T>(c0 + j) + size_t(job.kv_head) * job.head_dim_v;
+  }
+
+  // Row tiles cover consecutive rows; the driver orders rows by position, so
+  // a tile's ranges nearly coincide.
+  auto tile_range = [&](int32_t r0, int32_t R, int32_t& a, int32_t& b) {
+    a = C;
+    b = 0;
+    for (int32_t r = r0; r < r0 + R; ++r) {
+      a = job.lo[r] - c0 < a ? job.lo[r] - c0 : a;
+      b = job.hi[r] - c0 > b ? job.hi[r] - c0 : b;
+    }
+  };
+  for (int32_t r0 = 0; r0 < n; r0 += Ops::QR) {
+    const int32_t R = n - r0 < Ops::QR ? n - r0 : Ops::QR;
+    int32_t a, b;
+    tile_range(r0, R, a, b);
+    switch (R) {
+      case 1: qk_rows<1>(job, r0, kp, a, b); break;
+      case 2: if constexpr (Ops::QR >= 2) qk_rows<2>(job, r0, kp, a, b); break;
+      case 3: if constexpr (Ops::QR >= 3) qk_rows<3>(job, r0, kp, a, b); break;
+      default: if constexpr (Ops::QR >= 4) qk_rows<Ops::QR>(job, r0, kp, a, b); break;
+    }
+  }
+
+  for (int32_t r0 = 0; r0 < n; r0 += Ops::PR) {
+    const int32_t R = n - r0 < Ops::PR ? n - r0 : Ops::PR;
+    int32_t a, b;
+    tile_range(r0, R, a, b);
+    const float* p[Ops::PR];
+    float* out[Ops::PR];
+    for (int32_t r = r0; r < r0 + R; ++r) {
+      float* s = job.scores + size_t(r) * C;
+      job.l[r] = softmax_row(s, job.lo[r] - c0, job.hi[r] - c0, a, b, &job.m[r]);
+      p[r - r0] = s;
+      out[r - r0] = job.acc + size_t(r) * job.head_dim_v;
+    }
+    switch (R) {
+      case 1: pv_rows<1>(vp, a, b, p, out, job.head_dim_v); break;
+      case 2: if constexpr (Ops::PR >= 2) pv_rows<2>(vp, a, b, p, out, job.head_dim_v); break;
+      case 3: if constexpr (Ops::PR >= 3) pv_rows<3>(vp, a, b, p, out, job.head_dim_v); break;
+      default: if constexpr (Ops::PR >= 4) pv_rows<Ops::PR>(vp, a, b, p, out, job.head_dim_v); break;
+    }
+  }
+}
+
+TD_FN void chunk_kernel(const ChunkJob& job) {
+  if (job.kv->type == KvType::kF16)
+    run_chunk<uint16_t>(job);
+  else
+    run_chunk<float>(job);
+}

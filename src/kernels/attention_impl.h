@@ -1,0 +1,51 @@
+// Internals of the attention kernels, exposed for tests that run a specific
+// instruction-set level rather than the active one.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/attention.h"
+#include "kernels/dot_impl.h"
+
+namespace tandem {
+
+// As attention_prefill / attention_decode, at a given level (which the CPU
+// must support; throws kInvalidArgument otherwise). The public functions use
+// active_kernel_level().
+void attention_prefill_at(KernelLevel level, const AttnShape& s, const KvLayerView& kv, const float* q,
+                          int64_t q_stride, int32_t pos0, int32_t n, float* out, int64_t out_stride, ThreadPool& pool);
+void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerView* views, const int32_t* positions,
+                         int32_t n_seqs, const float* q, int64_t q_stride, float* out, int64_t out_stride,
+                         ThreadPool& pool);
+
+namespace attn_detail {
+
+// One kernel call: some query rows of one KV head against the keys of one
+// chunk [c0, c0 + kAttnChunk). Row r attends to positions [lo[r], hi[r]),
+// a non-empty range inside the chunk. For each row the kernel produces
+//   m[r]   = max of the scores,
+//   l[r]   = sum of exp(score - m[r]),
+//   acc[r] = sum of exp(score - m[r]) * v   (head_dim_v floats),
+// each computed in an order fixed by (row's query, lo, hi, c0, K/V) alone.
+struct ChunkJob {
+  const KvLayerView* kv = nullptr;
+  int32_t kv_head = 0, head_dim = 0, head_dim_v = 0;
+  int32_t c0 = 0;
+  int32_t n_rows = 0;
+  const float* const* q = nullptr;  // [n_rows] query rows
+  const int32_t* lo = nullptr;
+  const int32_t* hi = nullptr;
+  float* scores = nullptr;          // scratch, n_rows * kAttnChunk floats
+  float* m = nullptr;
+  float* l = nullptr;
+  float* acc = nullptr;             // [n_rows][head_dim_v]
+};
+using ChunkFn = void (*)(const ChunkJob& job);
+
+// Per-file kernels; nullptr where the build has none (non-x86).
+ChunkFn ref_chunk_fn();
+ChunkFn avx2_chunk_fn();
+ChunkFn avx512_chunk_fn();
+
+}  // namespace attn_detail
+}  // namespace tandem

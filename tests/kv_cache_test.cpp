@@ -1,0 +1,150 @@
+// The KV cache: element types (f16 rounding, f32 exactness), slot layout as
+// attention sees it through views, block pool bookkeeping, and bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "core/quant.h"
+#include "kv/kv_cache.h"
+
+namespace tandem {
+namespace {
+
+constexpr int kK = 43, kV = 27;  // the SIMD f16 conversion leaves a scalar tail
+const KvShape kShape{3, kK, kV};
+
+TEST(KvCache, F32StoresExactly) {
+  KvCache kv(kShape, 4, 5, KvType::kF32);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  std::vector<float> k(kK), v(kV), k2(kK), v2(kV);
+  for (float& x : k) x = nd(rng);
+  for (float& x : v) x = nd(rng);
+  kv.write(2, 3, 4, k.data(), v.data());
+  kv.read(2, 3, 4, k2.data(), v2.data());
+  EXPECT_EQ(std::memcmp(k.data(), k2.data(), sizeof(float) * k.size()), 0);
+  EXPECT_EQ(std::memcmp(v.data(), v2.data(), sizeof(float) * v.size()), 0);
+}
+
+// Every row is rounded to nearest even exactly as f32_to_f16, including the
+// SIMD conversion's vector part and its scalar tail.
+TEST(KvCache, F16RoundsToNearestEven) {
+  KvCache kv(kShape, 2, 16, KvType::kF16);
+  std::vector<float> k(kK), v(kV);
+  const float specials[] = {0.0f, -0.0f, 1.0f, 65504.0f, 65519.99f, 65520.0f, -70000.0f, 5.96e-8f, 2.98e-8f,
+                            1e-5f, 0.1f, 1.0f + 1.0f / 4096, 1.0f + 3.0f / 4096,
+                            std::numeric_limits<float>::infinity()};
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> ud(-3, 3);
+  for (int trial = 0; trial < 20; ++trial) {
+    for (size_t i = 0; i < k.size(); ++i)
+      k[i] = trial == 0 && i < std::size(specials) ? specials[i] : std::ldexp(ud(rng), int(ud(rng) * 6));
+    for (float& x : v) x = ud(rng) * 1e-4f;
+    kv.write(1, 1, trial % 16, k.data(), v.data());
+    std::vector<float> k2(kK), v2(kV);
+    kv.read(1, 1, trial % 16, k2.data(), v2.data());
+    for (size_t i = 0; i < k.size(); ++i) {
+      const float want = f16_to_f32(f32_to_f16(k[i]));
+      EXPECT_EQ(std::memcmp(&k2[i], &want, sizeof(float)), 0) << "k[" << i << "] = " << k[i];
+    }
+    for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(v2[i], f16_to_f32(f32_to_f16(v[i]))) << "v[" << i << "]";
+  }
+}
+
+TEST(KvCache, BytesFollowTheType) {
+  const KvCache a(kShape, 4, 16, KvType::kF32), b(kShape, 4, 16, KvType::kF16);
+  EXPECT_EQ(a.bytes(), size_t(4 * 16) * 3 * (kK + kV) * 4);
+  EXPECT_EQ(b.bytes() * 2, a.bytes());
+  EXPECT_EQ(KvCache::bytes_per_token(kShape, KvType::kF16), size_t(3) * (kK + kV) * 2);
+  EXPECT_EQ(KvCache(kShape, 1).type(), KvType::kF16);  // the default
+}
+
+// A view addresses position p of a sequence through its block table:
+// block blocks[p / block_size], slot p % block_size, this layer only.
+TEST(KvCache, ViewAddressesRowsThroughTheBlockTable) {
+  for (KvType type : {KvType::kF16, KvType::kF32}) {
+    KvCache kv(kShape, 6, 4, type);
+    const std::vector<int32_t> table = {5, 0, 3};
+    std::vector<float> k(kK), v(kV);
+    for (int32_t layer = 0; layer < 3; ++layer)
+      for (int32_t p = 0; p < 12; ++p) {
+        for (int i = 0; i < kK; ++i) k[i] = float(layer * 1000 + p * 10 + i % 10);
+        for (int i = 0; i < kV; ++i) v[i] = -float(layer * 1000 + p * 10 + i % 10);
+        kv.write(layer, table[p / 4], p % 4, k.data(), v.data());
+      }
+    const KvLayerView view = kv.layer_view(1, table.data());
+    EXPECT_EQ(view.type, type);
+    for (int32_t p = 0; p < 12; ++p)
+      for (int i : {0, 9, kK - 1}) {
+        const float want = float(1000 + p * 10 + i % 10);
+        if (type == KvType::kF16) {
+          EXPECT_EQ(f16_to_f32(view.key<uint16_t>(p)[i]), want);
+          EXPECT_EQ(f16_to_f32(view.value<uint16_t>(p)[i % kV]), -float(1000 + p * 10 + (i % kV) % 10));
+        } else {
+          EXPECT_EQ(view.key<float>(p)[i], want);
+          EXPECT_EQ(view.value<float>(p)[i % kV], -float(1000 + p * 10 + (i % kV) % 10));
+        }
+      }
+  }
+}
+
+TEST(KvCache, UnwrittenSlotsReadAsZero) {
+  KvCache kv(kShape, 2, 4);
+  std::vector<float> k(kK, 1.0f), v(kV, 1.0f);
+  kv.read(2, 1, 3, k.data(), v.data());
+  for (float x : k) EXPECT_EQ(x, 0.0f);
+  for (float x : v) EXPECT_EQ(x, 0.0f);
+}
+
+TEST(KvCache, BlocksAreHandedOutAndReturned) {
+  KvCache kv(kShape, 3, 4);
+  SeqKv a, b;
+  EXPECT_TRUE(a.reserve(kv, 5));  // two blocks
+  EXPECT_EQ(a.blocks.size(), 2u);
+  EXPECT_EQ(kv.n_free(), 1);
+  EXPECT_FALSE(b.reserve(kv, 8));  // needs two: nothing taken
+  EXPECT_TRUE(b.blocks.empty());
+  EXPECT_EQ(kv.n_free(), 1);
+  EXPECT_TRUE(a.reserve(kv, 8));  // still two
+  EXPECT_EQ(kv.n_free(), 1);
+  a.release(kv);
+  EXPECT_EQ(kv.n_free(), 3);
+  EXPECT_TRUE(b.reserve(kv, 12));
+  EXPECT_EQ(kv.n_free(), 0);
+  EXPECT_EQ(kv.allocate(), -1);
+}
+
+TEST(KvCache, TypeNamesParse) {
+  EXPECT_EQ(parse_kv_type("f16"), KvType::kF16);
+  EXPECT_EQ(parse_kv_type("f32"), KvType::kF32);
+  EXPECT_STREQ(kv_type_name(KvType::kF16), "f16");
+  EXPECT_STREQ(kv_type_name(KvType::kF32), "f32");
+  try {
+    parse_kv_type("q8_0");
+    FAIL() << "accepted q8_0";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("q8_0"), std::string::npos);
+  }
+}
+
+TEST(KvCache, BadSizesAreRejected) {
+  EXPECT_THROW(KvCache(kShape, 0, 16), Error);
+  EXPECT_THROW(KvCache(kShape, 4, 0), Error);
+  EXPECT_THROW(KvCache(KvShape{0, kK, kV}, 4, 16), Error);
+  EXPECT_THROW(KvCache(KvShape{2, -1, kV}, 4, 16), Error);
+  try {
+    KvCache(KvShape{1 << 30, 1 << 30, 1 << 30}, 1 << 30, 1 << 30);
+    FAIL() << "an impossible cache was allocated";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kResource);
+  }
+}
+
+}  // namespace
+}  // namespace tandem
