@@ -21,9 +21,12 @@ Their length in tokens is aimed at by a one-off calibration request (the
 server's usage.prompt_tokens for a known text gives tokens per character),
 so lengths are close, not exact; the report uses the server's counts.
 
-Outputs run to max_tokens: requests carry `ignore_eos: true` (Tandem, vLLM)
-and `min_tokens: max_tokens` (llama-cpp-python); a request that still ends
-early (finish_reason "stop") is counted as early_stop.
+Outputs run to max_tokens: requests carry `ignore_eos: true` (Tandem, vLLM,
+llama.cpp's llama-server). A server without it can be given another way with
+--extra-body, e.g. a logit_bias that bans the end-of-generation tokens
+(bench/serve_compare.py does that for llama-cpp-python, whose min_tokens
+masks only EOS and breaks its chat streams). A request that still ends early
+(finish_reason "stop") is counted as early_stop.
 
 Optional:
   --shared-prefix N   every prompt starts with the same N-token system prompt
@@ -265,11 +268,13 @@ def chunk_text(chunk, chat: bool) -> tuple[str, str | None]:
     return c.text or "", c.finish_reason
 
 
-async def one_request(client, model: str, spec: Spec, chat: bool, args, group: str, t0: float) -> Result:
+async def one_request(client, model: str, spec: Spec, chat: bool, args, group: str, t0: float,
+                      sink: list[Result]) -> Result:
+    """Streams one request; its Result lands in `sink` even when the task is cancelled."""
     r = Result(spec.index, group, spec.prompt_len, spec.output_len)
-    extra: dict = {}
+    extra: dict = dict(args.extra_body)
     if args.ignore_eos:
-        extra = {"ignore_eos": True, "min_tokens": spec.output_len}
+        extra["ignore_eos"] = True
     common = dict(model=model, max_tokens=spec.output_len, temperature=args.temperature, stream=True,
                   stream_options={"include_usage": True}, extra_body=extra or None, seed=args.seed + spec.index)
     last = None
@@ -313,14 +318,18 @@ async def one_request(client, model: str, spec: Spec, chat: bool, args, group: s
             r.tpot = (end - start - r.ttft) / (r.completion_tokens - 1)
         r.early_stop = r.finish_reason == "stop" and r.completion_tokens < spec.output_len
     except asyncio.CancelledError:
+        # Closing the stream drops the connection, which is how the server
+        # learns to cancel the request. The task still ends cancelled.
         r.cancelled = True
         r.error = "cancelled at the end of the run"
         if stream is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(stream.close())
-        return r
+        raise
     except Exception as e:  # noqa: BLE001 - every failure is a data point
         r.error = f"{type(e).__name__}: {e}"[:500]
+    finally:
+        sink.append(r)
     return r
 
 
@@ -515,7 +524,7 @@ async def run(args) -> dict:
                 spec = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            results.append(await one_request(client, model, spec, args.chat, args, "main", t0))
+            await one_request(client, model, spec, args.chat, args, "main", t0, results)
             done = len(results)
             if args.progress and (done % max(1, args.num_requests // 10) == 0 or done == args.num_requests):
                 log(f"{done}/{args.num_requests} requests done")
@@ -528,8 +537,7 @@ async def run(args) -> dict:
             spec = build_requests(1, args.bg_prompt_len, args.bg_output_len, src, bg_rng, args.bg_chat, "",
                                   f"Background {args.seed}-{i}")[0]
             spec.index = i
-            res = await one_request(client, model, spec, args.bg_chat, args, "background", t0)
-            bg_results.append(res)
+            res = await one_request(client, model, spec, args.bg_chat, args, "background", t0, bg_results)
             if not res.ok:
                 await asyncio.sleep(0.5)  # an overloaded server answers fast; do not spin
             if args.bg_interval > 0:
@@ -543,11 +551,7 @@ async def run(args) -> dict:
     duration = time.perf_counter() - t_main
     for t in bg_tasks:
         t.cancel()
-    if bg_tasks:
-        # Cancelled tasks return a Result for the request they were in.
-        for res in await asyncio.gather(*bg_tasks, return_exceptions=True):
-            if isinstance(res, Result):
-                bg_results.append(res)
+    await asyncio.gather(*bg_tasks, return_exceptions=True)
     bg_duration = time.perf_counter() - t0
     await asyncio.sleep(0.2)
     metrics_after = scrape_metrics(args.base_url, args.api_key)
@@ -560,7 +564,7 @@ async def run(args) -> dict:
             "concurrency": args.concurrency, "num_requests": args.num_requests,
             "prompt_len": args.prompt_len.spec, "output_len": args.output_len.spec,
             "shared_prefix": args.shared_prefix, "seed": args.seed, "temperature": args.temperature,
-            "ignore_eos": args.ignore_eos, "launch": args.launch,
+            "ignore_eos": args.ignore_eos, "extra_body": args.extra_body, "launch": args.launch,
             "bg_concurrency": args.bg_concurrency, "bg_prompt_len": args.bg_prompt_len.spec,
             "bg_output_len": args.bg_output_len.spec, "bg_interval": args.bg_interval, "bg_lead": args.bg_lead,
             "tokens_per_char": per_char, "calibration_prompt_tokens": calib_tokens,
@@ -626,6 +630,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                     help="let requests end at EOS instead of running to max_tokens")
+    ap.add_argument("--extra-body", type=json.loads, default={},
+                    help='JSON object merged into every request body, e.g. \'{"logit_bias": {"106": -100}}\'')
     ap.add_argument("--bg-concurrency", type=int, default=0, help="background clients (0: none)")
     ap.add_argument("--bg-prompt-len", type=Dist.parse, default=Dist.parse("1500"))
     ap.add_argument("--bg-output-len", type=Dist.parse, default=Dist.parse("8"))
@@ -644,6 +650,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         raise SystemExit("the openai package is missing: pip install openai (bench/serve_compare.py sets up a venv)")
 
+    if not isinstance(args.extra_body, dict):
+        ap.error("--extra-body must be a JSON object")
+    # A SIGTERM (a timeout, a parent giving up) still stops a launched server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     proc = launch(args.launch, args.launch_log) if args.launch else None
     try:
         wait_ready(args.base_url, proc, args.ready_timeout if proc else 10, args.api_key)
