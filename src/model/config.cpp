@@ -118,7 +118,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
       c.sliding_window = k.opt_int("attention.sliding_window", 4096, 1, 1 << 24);
       int32_t pattern = k.opt_int("attention.sliding_window_pattern", 6, 1, 1024);
       for (int32_t il = 0; il < c.n_layer; ++il) c.layer_is_swa[il] = (il % pattern) < pattern - 1;
-      c.rope_base_swa = 10000.0f;
+      c.rope_base_swa = k.opt_float("rope.freq_base_swa", 10000.0);
       c.rope_scale_swa = 1.0f;
       break;
     }
