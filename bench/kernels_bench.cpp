@@ -144,7 +144,7 @@ void BM_GemmPrepareActs(benchmark::State& state) {
   const std::vector<float> x = activations(M, K);
   GemmActs A;
   for (auto _ : state) {
-    gemm_acts_shape(t, M, K, A);
+    gemm_acts_shape(t, M, K, kGemmMaxRows, A);
     gemm_prepare_acts(x.data(), K, 0, A.groups, A, active_kernel_level());
     benchmark::DoNotOptimize(A.q.data());
   }

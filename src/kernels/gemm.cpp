@@ -103,7 +103,7 @@ GemmClass gemm_class(GgmlType w) {
   }
 }
 
-void gemm_acts_shape(GgmlType w, int64_t rows, int64_t cols, GemmActs& a) {
+void gemm_acts_shape(GgmlType w, int64_t rows, int64_t cols, int64_t max_slots, GemmActs& a) {
   const GemmClass cls = gemm_class(w);
   if (cls == GemmClass::kNone)
     fail(ErrorKind::kUnsupported, "no tiled kernel for weight type {}", type_traits(w).name);
@@ -114,7 +114,7 @@ void gemm_acts_shape(GgmlType w, int64_t rows, int64_t cols, GemmActs& a) {
   a.wtype = w;
   a.rows = rows;
   a.cols = cols;
-  a.slots = std::clamp<int64_t>(rows, 1, kGemmMaxRows);
+  a.slots = std::clamp<int64_t>(std::min(rows, max_slots), 1, kGemmMaxRows);
   a.groups = (rows + a.slots - 1) / a.slots;
   a.block_elems = be;
   a.nb = cols / be;

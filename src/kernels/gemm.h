@@ -1,30 +1,36 @@
-// Tiled matrix products for the linear layers (used by Matmul).
+// Matrix products for the linear layers (used by Matmul), in two shapes that
+// give bit-identical results.
 //
-// Weights are processed in tiles of kGemmTile = 16 rows. A tile's rows are
-// "packed" block by block into a panel in which each SIMD lane holds one
-// weight row (lane n = row o0 + n), so a kernel multiplies a 16-row panel by
-// R activation rows (broadcast) with no horizontal reductions at all: one
-// accumulator vector per activation row, one lane per output.
-//
-// Every output is therefore a single chain of float operations over the
-// blocks of its row, in block order, and that chain is the same whatever R
-// is, whichever lane the row sits in, however K is split into chunks (the
-// chain resumes from the stored accumulator), and at every instruction-set
-// level: the integer part of each block is exact, and the float part is
-// spelled out below and reproduced by the scalar reference with std::fma.
-// So results are bit-identical between prefill (R up to kGemmMaxRows) and
-// decode (R = 1), across thread counts, and between scalar, AVX2 and AVX-512.
-//
-// The chain per output (r, o), acc starting at +0:
-//   q4_0, q5_0, q8_0 (x q8_0), per 32-block b:
+// Quantized weights (q4_0, q5_0, q8_0 with q8_0 activations; q4_K, q5_K,
+// q6_K with q8_K activations): every output is a single chain of float
+// operations over the blocks of its row, in block order, fed with exact
+// integer block sums:
+//   q4_0, q5_0, q8_0, per 32-block b:
 //     S = sum w_q * a_q (int32);  acc = fma(float(S), dw_b * da_b, acc)
-//   q4_K, q5_K (x q8_K), per 256-superblock b, 8 sub-blocks j of 32:
+//   q4_K, q5_K, per 256-superblock b, 8 sub-blocks j of 32:
 //     I = sum_j sc_j * S_j;  M = sum_j m_j * (bsum_2j + bsum_2j+1)
 //     acc = fma(float(I), dw * da, acc);  acc = fma(-float(M), dminw * da, acc)
-//   q6_K (x q8_K), 16 groups j of 16:  I = sum_j sc_j * S_j (signed quants)
+//   q6_K, 16 groups j of 16:  I = sum_j sc_j * S_j (signed quants)
 //     acc = fma(float(I), dw * da, acc)
-//   f32, f16, bf16 (activations rounded to the weight's type), per element k:
-//     acc = fma(w_k, a_k, acc)
+// with acc starting at +0. Many activation rows (prefill) take the packed
+// path: tiles of kGemmTile = 16 weight rows are packed into panels with one
+// SIMD lane per weight row, and a kernel multiplies a panel by up to 8
+// activation rows (broadcast), each weight vector loaded once for all of
+// them, no horizontal sums. A few rows (decode) take the row-wise path, which
+// streams each weight row once in file order, gets the same block sums with
+// lanes along the row, and runs the same chain in scalar code.
+//
+// Float weights (f32, f16, bf16; activations rounded to the weight type):
+// 16 interleaved partial sums, p_j = fma(w_k, a_k, p_j) for k = j (mod 16) in
+// increasing k, then a fixed halving tree: q_j = p_j + p_j+8, r_j = q_j +
+// q_j+4, s_j = r_j + r_j+2, result s_0 + s_1 (a 16-lane FMA accumulator and
+// its usual reduction). These take the row-wise path for any number of rows,
+// with tiles of activation rows x weight rows in registers.
+//
+// Either way a result does not depend on how many rows are in the batch,
+// which tile or lane a row lands in, how K is chunked, the thread count or
+// the instruction-set level (the scalar reference spells the chains out with
+// std::fma): prefill and decode agree bit for bit.
 #pragma once
 
 #include <cstddef>
@@ -50,8 +56,16 @@ enum class GemmClass {
 
 GemmClass gemm_class(GgmlType w);
 
+// The float class's reduction tree over 16 partial sums (see above).
+inline float reduce16(const float p[16]) {
+  float q[8], r[4];
+  for (int j = 0; j < 8; ++j) q[j] = p[j] + p[j + 8];
+  for (int j = 0; j < 4; ++j) r[j] = q[j] + q[j + 4];
+  return (r[0] + r[2]) + (r[1] + r[3]);
+}
+
 // Activations of `rows` rows in the layout the kernels read, for one weight
-// type. Rows are interleaved in groups of `slots` (= min(rows, 8)) so that a
+// type. Rows are interleaved in groups of `slots` (up to 8) so that a
 // kernel reaches all rows of a group from one pointer: within group G, the
 // four quants of k-group g (elements 4g..4g+3) of block b of slot s sit at
 //   q byte  G * group_q_bytes + ((b * groups_per_block + g) * slots + s) * 4
@@ -77,8 +91,10 @@ struct GemmActs {
   const int32_t* egroup(int64_t g) const { return extra.data() + g * nb * extra_per_block * slots; }
 };
 
-// Sizes acts for rows x cols activations of weight type w (no conversion).
-void gemm_acts_shape(GgmlType w, int64_t rows, int64_t cols, GemmActs& acts);
+// Sizes acts for rows x cols activations of weight type w (no conversion),
+// in groups of min(rows, max_slots) rows: kGemmMaxRows for the packed path,
+// 1 (plain rows) for the row-wise path.
+void gemm_acts_shape(GgmlType w, int64_t rows, int64_t cols, int64_t max_slots, GemmActs& acts);
 // Converts the rows of groups [g0, g1) of x (row stride ldx floats); groups
 // are the unit so threads never share one. The quants and scales
 // equal what quantize_activations(vec_dot_type(w), ...) produces, bit for bit
@@ -94,6 +110,7 @@ void gemm_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, Gemm
 struct GemmKernel {
   GemmClass cls = GemmClass::kNone;
   int64_t block_elems = 0;    // elements per block (1 for the float class)
+  // Packed path (quantized classes only; null for floats).
   size_t panel_block_bytes = 0;
   // Writes blocks [b0, b1) of weight rows [o0, o0 + kGemmTile) to panel;
   // rows at or past W.rows are packed as zeros.
@@ -103,7 +120,11 @@ struct GemmKernel {
   // ..): acc[s * kGemmTile + n] is the accumulator of slot s, lane n.
   void (*run)(const uint8_t* panel, int64_t nblk, const GemmActs& acts, int64_t G, int R, int64_t b0,
               float* acc) = nullptr;
-  explicit operator bool() const { return run != nullptr; }
+  // Row-wise path (acts.slots == 1): y[r * ldy + o] for weight rows o in
+  // [o0, o1) and activation rows r in [r0, r1), weights read in place.
+  void (*rows)(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& acts, int64_t r0, int64_t r1,
+               float* y, int64_t ldy) = nullptr;
+  explicit operator bool() const { return rows != nullptr; }
 };
 
 // The kernel for weight type w at `level` (which the CPU must support); an
@@ -113,7 +134,11 @@ GemmKernel gemm_kernel(GgmlType w, KernelLevel level);
 namespace gemm_detail {
 GemmKernel ref_kernel(GgmlType w);
 GemmKernel avx2_kernel(GgmlType w, bool vnni);
+// k with its row-wise path replaced by the AVX2 one.
+GemmKernel avx2_rows_kernel(GgmlType w, GemmKernel k);
 GemmKernel avx512_kernel(GgmlType w, bool bf16);  // needs AVX512-VNNI
+// k with its row-wise path replaced by the AVX-512 one.
+GemmKernel avx512_rows_kernel(GgmlType w, GemmKernel k);
 void ref_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmActs& acts);
 // Writes one row's plain-order quants (or floats), scales and extras into
 // the interleaved layout.

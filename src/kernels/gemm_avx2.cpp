@@ -50,12 +50,9 @@ GemmKernel avx2_kernel(GgmlType w, bool vnni) {
       k.run = vnni ? avx2_vnni::run_k6 : avx2_plain::run_k6;
       break;
     case GemmClass::kFloat:
-      k.pack = avx2_pack_float;
-      k.run = avx2_plain::run_float;
-      break;
     case GemmClass::kNone: break;
   }
-  return k;
+  return avx2_rows_kernel(w, k);
 }
 
 }  // namespace tandem::gemm_detail

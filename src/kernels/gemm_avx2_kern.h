@@ -157,24 +157,6 @@ TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_
   store_acc<R>(acc, f);
 }
 
-template <int R>
-TD_FN void float_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int s0, int64_t b0,
-                      float* acc) {
-  const int64_t S = A.slots;
-  const float* a = A.fgroup(G) + b0 * S + s0;
-  __m256 f[R][2];
-  load_acc<R>(acc, f);
-  for (int64_t k = 0; k < nblk; ++k) {
-    const __m256 w0 = load_f(panel + k * FloatPanel::kBytes), w1 = load_f(panel + k * FloatPanel::kBytes + 32);
-    for (int r = 0; r < R; ++r) {
-      const __m256 v = _mm256_set1_ps(a[k * S + r]);
-      f[r][0] = _mm256_fmadd_ps(w0, v, f[r][0]);
-      f[r][1] = _mm256_fmadd_ps(w1, v, f[r][1]);
-    }
-  }
-  store_acc<R>(acc, f);
-}
-
 // Slots [0, R) in steps of kStep (R <= 8).
 #define TD_DISPATCH_STEPS(name, kStep, call)                                                                  \
   TD_ATTR void name(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0,      \
@@ -194,17 +176,14 @@ TD_FN void float_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int
 #define TD_Q32S(n) q32_rows<n, true>(panel, nblk, A, G, s0, b0, a)
 #define TD_K4(n) k4_rows<n>(panel, nblk, A, G, s0, b0, a)
 #define TD_K6(n) k6_rows<n>(panel, nblk, A, G, s0, b0, a)
-#define TD_FLT(n) float_rows<n>(panel, nblk, A, G, s0, b0, a)
 TD_DISPATCH_STEPS(run_q32, 2, TD_Q32)
 TD_DISPATCH_STEPS(run_q32_signed, 2, TD_Q32S)
 TD_DISPATCH_STEPS(run_k4, 2, TD_K4)
 TD_DISPATCH_STEPS(run_k6, 2, TD_K6)
-TD_DISPATCH_STEPS(run_float, 4, TD_FLT)
 #undef TD_Q32
 #undef TD_Q32S
 #undef TD_K4
 #undef TD_K6
-#undef TD_FLT
 #undef TD_DISPATCH_STEPS
 
 #undef TD_FN

@@ -1,8 +1,7 @@
 // AVX2 packers: the AVX-512 packers' work (gemm_avx512_pack.cpp) with two
 // 8x8 transposes per 16-row tile, one for lanes 0-7 and one for lanes 8-15.
 // They write the same bytes as the scalar packers; a tile that runs past the
-// matrix's last row, and a float chunk's tail of fewer than 8 columns, go to
-// the scalar packer.
+// matrix's last row goes to the scalar packer.
 #include "kernels/gemm_avx2_pack.h"
 
 #if defined(__x86_64__)
@@ -13,6 +12,7 @@
 
 #include "core/blocks.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_avx2_conv.h"
 #include "kernels/gemm_pack.h"
 
 #define TD_ATTR __attribute__((target("avx2,fma,f16c")))
@@ -20,6 +20,8 @@
 
 namespace tandem::gemm_detail {
 namespace {
+
+using namespace avx2;
 
 // 8 rows of 8 dwords in place: afterwards r[k] lane n = old r[n] lane k.
 TD_FN void transpose_8x8(__m256i r[8]) {
@@ -58,42 +60,6 @@ TD_FN void pack_f16s(const uint8_t* const rows[16], size_t off, float* out) {
   _mm256_store_ps(out, _mm256_cvtph_ps(_mm256_castsi256_si128(v)));
   _mm256_store_ps(out + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1)));
 }
-
-TD_FN __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-
-TD_FN __m256i nibbles32(const uint8_t* qs) {
-  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i m = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
-}
-
-// 0x10 in byte j where bit j of the 32-bit word is set.
-TD_FN __m256i bits_to_0x10(uint32_t bits) {
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int>(bits)),
-      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
-}
-
-struct Q4_0Conv {
-  static constexpr size_t kBlock = sizeof(BlockQ4_0);
-  TD_FN __m256i operator()(const uint8_t* blk) const { return nibbles32(blk + offsetof(BlockQ4_0, qs)); }
-};
-struct Q5_0Conv {
-  static constexpr size_t kBlock = sizeof(BlockQ5_0);
-  TD_FN __m256i operator()(const uint8_t* blk) const {
-    uint32_t qh;
-    std::memcpy(&qh, blk + offsetof(BlockQ5_0, qh), 4);
-    return _mm256_or_si256(nibbles32(blk + offsetof(BlockQ5_0, qs)), bits_to_0x10(qh));
-  }
-};
-struct Q8_0Conv {
-  static constexpr size_t kBlock = sizeof(BlockQ8_0);
-  TD_FN __m256i operator()(const uint8_t* blk) const {
-    return _mm256_xor_si256(load256(blk + offsetof(BlockQ8_0, qs)), _mm256_set1_epi8(static_cast<char>(0x80)));
-  }
-};
 
 template <typename Conv>
 TD_FN void pack_q32_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, uint8_t* panel) {
@@ -171,34 +137,6 @@ TD_FN void pack_k6_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, u
   }
 }
 
-struct LoadF32 {
-  TD_FN __m256i operator()(const uint8_t* row, int64_t k) const { return load256(row + 4 * k); }
-};
-struct LoadF16 {
-  TD_FN __m256i operator()(const uint8_t* row, int64_t k) const {
-    return _mm256_castps_si256(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k))));
-  }
-};
-struct LoadBF16 {
-  TD_FN __m256i operator()(const uint8_t* row, int64_t k) const {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k));
-    return _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
-  }
-};
-
-template <typename Load>
-TD_FN void pack_float_rows(const WeightMatrix& W, int64_t o0, const uint8_t* const rows[16], int64_t k0, int64_t k1,
-                           uint8_t* panel) {
-  const Load load;
-  int64_t k = k0;
-  for (; k + 8 <= k1; k += 8) {
-    __m256i r[16];
-    for (int n = 0; n < 16; ++n) r[n] = load(rows[n], k);
-    transpose_16x8(r, panel + (k - k0) * FloatPanel::kBytes);
-  }
-  if (k < k1) pack_float_ref(W, o0, k, k1, panel + (k - k0) * FloatPanel::kBytes);
-}
-
 TD_FN void row_pointers(const WeightMatrix& W, int64_t o0, const uint8_t* rows[16]) {
   for (int n = 0; n < 16; ++n) rows[n] = W.row(o0 + n);
 }
@@ -229,17 +167,6 @@ TD_ATTR void avx2_pack_k6(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t
   const uint8_t* rows[16];
   row_pointers(W, o0, rows);
   pack_k6_rows(rows, b0, b1, panel);
-}
-
-TD_ATTR void avx2_pack_float(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
-  if (o0 + kGemmTile > W.rows) return pack_float_ref(W, o0, b0, b1, panel);
-  const uint8_t* rows[16];
-  row_pointers(W, o0, rows);
-  switch (W.type) {
-    case GgmlType::F16: return pack_float_rows<LoadF16>(W, o0, rows, b0, b1, panel);
-    case GgmlType::BF16: return pack_float_rows<LoadBF16>(W, o0, rows, b0, b1, panel);
-    default: return pack_float_rows<LoadF32>(W, o0, rows, b0, b1, panel);
-  }
 }
 
 }  // namespace tandem::gemm_detail

@@ -160,20 +160,6 @@ TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_
   store_acc<R>(acc, f);
 }
 
-template <int R>
-TD_FN void float_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, float* acc) {
-  const int64_t S = A.slots;
-  const float* a = A.fgroup(G) + b0 * S;
-  __m512 f[R];
-  load_acc<R>(acc, f);
-  for (int64_t k = 0; k < nblk; ++k) {
-    const __m512 w = _mm512_load_ps(panel + k * FloatPanel::kBytes);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) f[r] = _mm512_fmadd_ps(w, _mm512_set1_ps(a[k * S + r]), f[r]);
-  }
-  store_acc<R>(acc, f);
-}
-
 #define TD_DISPATCH_ROWS(name, rows_fn)                                                                         \
   TD_ATTR void name(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0,        \
                     float* acc) {                                                                               \
@@ -192,7 +178,6 @@ TD_FN void float_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int
 TD_DISPATCH_ROWS(run_q32, q32_rows)
 TD_DISPATCH_ROWS(run_k4, k4_rows)
 TD_DISPATCH_ROWS(run_k6, k6_rows)
-TD_DISPATCH_ROWS(run_float, float_rows)
 #undef TD_DISPATCH_ROWS
 
 }  // namespace
@@ -213,12 +198,9 @@ GemmKernel avx512_kernel(GgmlType w, bool /*bf16*/) {
       k.run = run_k6;
       break;
     case GemmClass::kFloat:
-      k.pack = avx512_pack_float;
-      k.run = run_float;
-      break;
     case GemmClass::kNone: break;
   }
-  return k;
+  return avx512_rows_kernel(w, k);
 }
 
 }  // namespace tandem::gemm_detail

@@ -15,6 +15,7 @@
 
 #include "core/blocks.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_avx512_conv.h"
 #include "kernels/gemm_pack.h"
 
 #define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
@@ -22,6 +23,8 @@
 
 namespace tandem::gemm_detail {
 namespace {
+
+using namespace avx512;
 
 // 16 rows of 8 dwords (row n in r[n]) to 8 vectors of 16 dwords, vector g
 // holding dword g of every row, stored 64 bytes apart from out. Pairs of rows
@@ -47,69 +50,12 @@ TD_FN void transpose_16x8(const __m256i r[16], uint8_t* out) {
   }
 }
 
-// 16 rows of 16 floats in place: afterwards r[k] lane n = old r[n] lane k.
-TD_FN void transpose_16x16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  __m512 u[16];  // u[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
-    const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
-    u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
-    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512 a0 = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512 a1 = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512 b0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512 b1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(3, 1, 3, 1));
-    r[c] = _mm512_shuffle_f32x4(a0, b0, _MM_SHUFFLE(2, 0, 2, 0));
-    r[8 + c] = _mm512_shuffle_f32x4(a0, b0, _MM_SHUFFLE(3, 1, 3, 1));
-    r[4 + c] = _mm512_shuffle_f32x4(a1, b1, _MM_SHUFFLE(2, 0, 2, 0));
-    r[12 + c] = _mm512_shuffle_f32x4(a1, b1, _MM_SHUFFLE(3, 1, 3, 1));
-  }
-}
-
 // The f16 at rows[n] + off for every n, as 16 floats at out.
 TD_FN void pack_f16s(const uint8_t* const rows[16], size_t off, float* out) {
   alignas(32) uint16_t h[16];
   for (int n = 0; n < 16; ++n) std::memcpy(&h[n], rows[n] + off, 2);
   _mm512_store_ps(out, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h))));
 }
-
-TD_FN __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-
-// 16 packed nibble bytes to 32 bytes: low nibbles, then high nibbles.
-TD_FN __m256i nibbles32(const uint8_t* qs) {
-  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i m = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
-}
-
-struct Q4_0Conv {
-  static constexpr size_t kBlock = sizeof(BlockQ4_0);
-  TD_FN __m256i operator()(const uint8_t* blk) const { return nibbles32(blk + offsetof(BlockQ4_0, qs)); }
-};
-struct Q5_0Conv {
-  static constexpr size_t kBlock = sizeof(BlockQ5_0);
-  TD_FN __m256i operator()(const uint8_t* blk) const {
-    uint32_t qh;
-    std::memcpy(&qh, blk + offsetof(BlockQ5_0, qh), 4);
-    const __m256i u = nibbles32(blk + offsetof(BlockQ5_0, qs));
-    return _mm256_mask_add_epi8(u, static_cast<__mmask32>(qh), u, _mm256_set1_epi8(0x10));
-  }
-};
-struct Q8_0Conv {
-  static constexpr size_t kBlock = sizeof(BlockQ8_0);
-  TD_FN __m256i operator()(const uint8_t* blk) const {
-    return _mm256_xor_si256(load256(blk + offsetof(BlockQ8_0, qs)), _mm256_set1_epi8(static_cast<char>(0x80)));
-  }
-};
 
 template <typename Conv>
 TD_FN void pack_q32_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, uint8_t* panel) {
@@ -187,36 +133,6 @@ TD_FN void pack_k6_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, u
   }
 }
 
-struct LoadF32 {
-  TD_FN __m512 operator()(const uint8_t* row, int64_t k, __mmask16 m) const {
-    return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + k);
-  }
-};
-struct LoadF16 {
-  TD_FN __m512 operator()(const uint8_t* row, int64_t k, __mmask16 m) const {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + k));
-  }
-};
-struct LoadBF16 {
-  TD_FN __m512 operator()(const uint8_t* row, int64_t k, __mmask16 m) const {
-    const __m256i h = _mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + k);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-};
-
-template <typename Load>
-TD_FN void pack_float_rows(const uint8_t* const rows[16], int64_t k0, int64_t k1, uint8_t* panel) {
-  const Load load;
-  for (int64_t k = k0; k < k1; k += 16) {
-    const int64_t m = k1 - k < 16 ? k1 - k : 16;
-    const __mmask16 mask = static_cast<__mmask16>((1u << m) - 1);
-    __m512 r[16];
-    for (int n = 0; n < 16; ++n) r[n] = load(rows[n], k, mask);
-    transpose_16x16(r);
-    for (int64_t e = 0; e < m; ++e) _mm512_store_ps(reinterpret_cast<float*>(panel + (k - k0 + e) * 64), r[e]);
-  }
-}
-
 TD_FN void row_pointers(const WeightMatrix& W, int64_t o0, const uint8_t* rows[16]) {
   for (int n = 0; n < 16; ++n) rows[n] = W.row(o0 + n);
 }
@@ -247,17 +163,6 @@ TD_ATTR void avx512_pack_k6(const WeightMatrix& W, int64_t o0, int64_t b0, int64
   const uint8_t* rows[16];
   row_pointers(W, o0, rows);
   pack_k6_rows(rows, b0, b1, panel);
-}
-
-TD_ATTR void avx512_pack_float(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
-  if (o0 + kGemmTile > W.rows) return pack_float_ref(W, o0, b0, b1, panel);
-  const uint8_t* rows[16];
-  row_pointers(W, o0, rows);
-  switch (W.type) {
-    case GgmlType::F16: return pack_float_rows<LoadF16>(rows, b0, b1, panel);
-    case GgmlType::BF16: return pack_float_rows<LoadBF16>(rows, b0, b1, panel);
-    default: return pack_float_rows<LoadF32>(rows, b0, b1, panel);
-  }
 }
 
 }  // namespace tandem::gemm_detail

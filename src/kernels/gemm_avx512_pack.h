@@ -14,6 +14,5 @@ namespace tandem::gemm_detail {
 void avx512_pack_q32(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
 void avx512_pack_k4(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
 void avx512_pack_k6(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
-void avx512_pack_float(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
 
 }  // namespace tandem::gemm_detail

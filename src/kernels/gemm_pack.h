@@ -38,16 +38,10 @@ struct K6Panel {
   static constexpr size_t kBytes = kQ + 64 * 64;   // 5184
 };
 
-// Float class: one element per block, float w[16].
-struct FloatPanel {
-  static constexpr size_t kBytes = 64;
-};
-
 // Scalar packers (the definition of the layouts above); SIMD levels may use
 // faster ones that write the same bytes.
 void pack_q32_ref(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
 void pack_k4_ref(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
 void pack_k6_ref(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
-void pack_float_ref(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
 
 }  // namespace tandem::gemm_detail

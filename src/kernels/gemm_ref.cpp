@@ -130,14 +130,105 @@ void run_k6(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, in
   }
 }
 
-void run_float(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0, float* acc) {
-  const int64_t S = A.slots;
-  const float* a = A.fgroup(G) + b0 * S;
-  for (int s = 0; s < R; ++s)
-    for (int64_t k = 0; k < nblk; ++k) {
-      const float* w = at<float>(panel, k * FloatPanel::kBytes);
-      for (int n = 0; n < kGemmTile; ++n)
-        acc[s * kGemmTile + n] = std::fma(w[n], a[k * S + s], acc[s * kGemmTile + n]);
+// Row-wise reference: the same chains, straight from the stored blocks.
+
+void rows_q32(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1, float* y,
+              int64_t ldy) {
+  const size_t bb = type_traits(W.type).block_bytes;
+  for (int64_t o = o0; o < o1; ++o)
+    for (int64_t r = r0; r < r1; ++r) {
+      const int8_t* a = A.qgroup(r);
+      float acc = 0.0f;
+      for (int64_t b = 0; b < A.nb; ++b) {
+        int8_t q[kQK];
+        const float d = q32_block(W.type, W.row(o) + b * bb, q);
+        int32_t sum = 0;
+        for (int k = 0; k < kQK; ++k) sum += q[k] * a[b * kQK + k];
+        acc = std::fma(static_cast<float>(sum), d * A.sgroup(r)[b], acc);
+      }
+      y[r * ldy + o] = acc;
+    }
+}
+
+void rows_k4(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1, float* y,
+             int64_t ldy) {
+  const bool q5 = W.type == GgmlType::Q5_K;
+  for (int64_t o = o0; o < o1; ++o)
+    for (int64_t r = r0; r < r1; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < A.nb; ++b) {
+        const BlockQ5K* x5 = q5 ? reinterpret_cast<const BlockQ5K*>(W.row(o)) + b : nullptr;
+        const BlockQ4K* x4 = q5 ? nullptr : reinterpret_cast<const BlockQ4K*>(W.row(o)) + b;
+        const uint8_t* scales = q5 ? x5->scales : x4->scales;
+        const uint8_t* qs = q5 ? x5->qs : x4->qs;
+        const int8_t* a = A.qgroup(r) + b * kQKK;
+        int16_t bp[8];
+        std::memcpy(bp, A.egroup(r) + b * 4, sizeof(bp));
+        int32_t isum = 0, msum = 0;
+        for (int j = 0; j < 8; ++j) {
+          uint8_t sc, m;
+          k4_scale_min(j, scales, &sc, &m);
+          int32_t sum = 0;
+          for (int l = 0; l < 32; ++l) {
+            int v = (qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0xF;
+            if (q5) v |= ((x5->qh[l] >> j) & 1) << 4;
+            sum += v * a[32 * j + l];
+          }
+          isum += sc * sum;
+          msum += m * bp[j];
+        }
+        const float da = A.sgroup(r)[b];
+        acc = std::fma(static_cast<float>(isum), f16_to_f32(q5 ? x5->d : x4->d) * da, acc);
+        acc = std::fma(-static_cast<float>(msum), f16_to_f32(q5 ? x5->dmin : x4->dmin) * da, acc);
+      }
+      y[r * ldy + o] = acc;
+    }
+}
+
+void rows_k6(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1, float* y,
+             int64_t ldy) {
+  for (int64_t o = o0; o < o1; ++o)
+    for (int64_t r = r0; r < r1; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < A.nb; ++b) {
+        const BlockQ6K& x = reinterpret_cast<const BlockQ6K*>(W.row(o))[b];
+        const int8_t* a = A.qgroup(r) + b * kQKK;
+        int32_t isum = 0;
+        for (int j = 0; j < 16; ++j) {
+          int32_t sum = 0;
+          for (int k = 16 * j; k < 16 * j + 16; ++k) {
+            const int h = k / 128, quarter = (k % 128) / 32, l = k % 32;
+            const int lo = (x.ql[64 * h + 32 * (quarter % 2) + l] >> (4 * (quarter / 2))) & 0xF;
+            const int hi = (x.qh[32 * h + l] >> (2 * quarter)) & 3;
+            sum += ((lo | (hi << 4)) - 32) * a[k];
+          }
+          isum += x.scales[j] * sum;
+        }
+        acc = std::fma(static_cast<float>(isum), f16_to_f32(x.d) * A.sgroup(r)[b], acc);
+      }
+      y[r * ldy + o] = acc;
+    }
+}
+
+float weight_value(GgmlType t, const uint8_t* row, int64_t k) {
+  if (t == GgmlType::F32) {
+    float v;
+    std::memcpy(&v, row + 4 * k, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, row + 2 * k, 2);
+  return t == GgmlType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1, float* y,
+                int64_t ldy) {
+  for (int64_t o = o0; o < o1; ++o)
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* a = A.fgroup(r);
+      float p[16] = {};
+      for (int64_t k = 0; k < A.cols; ++k) p[k % 16] = std::fma(weight_value(W.type, W.row(o), k), a[k], p[k % 16]);
+      y[r * ldy + o] = reduce16(p);
     }
 }
 
@@ -216,26 +307,6 @@ void pack_k6_ref(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint
   }
 }
 
-void pack_float_ref(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
-  for (int64_t k = b0; k < b1; ++k, panel += FloatPanel::kBytes) {
-    float* w = at<float>(panel, 0);
-    for (int n = 0; n < kGemmTile; ++n) {
-      if (o0 + n >= W.rows) {
-        w[n] = 0.0f;
-        continue;
-      }
-      const uint8_t* row = W.row(o0 + n);
-      if (W.type == GgmlType::F32) {
-        std::memcpy(&w[n], row + k * 4, 4);
-      } else {
-        uint16_t h;
-        std::memcpy(&h, row + k * 2, 2);
-        w[n] = W.type == GgmlType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
-      }
-    }
-  }
-}
-
 GemmKernel ref_kernel(GgmlType w) {
   GemmKernel k;
   k.cls = gemm_class(w);
@@ -245,24 +316,25 @@ GemmKernel ref_kernel(GgmlType w) {
       k.panel_block_bytes = Q32Panel::kBytes;
       k.pack = pack_q32_ref;
       k.run = run_q32;
+      k.rows = rows_q32;
       break;
     case GemmClass::kK4:
       k.block_elems = kQKK;
       k.panel_block_bytes = K4Panel::kBytes;
       k.pack = pack_k4_ref;
       k.run = run_k4;
+      k.rows = rows_k4;
       break;
     case GemmClass::kK6:
       k.block_elems = kQKK;
       k.panel_block_bytes = K6Panel::kBytes;
       k.pack = pack_k6_ref;
       k.run = run_k6;
+      k.rows = rows_k6;
       break;
     case GemmClass::kFloat:
       k.block_elems = 1;
-      k.panel_block_bytes = FloatPanel::kBytes;
-      k.pack = pack_float_ref;
-      k.run = run_float;
+      k.rows = rows_float;
       break;
     case GemmClass::kNone: break;
   }

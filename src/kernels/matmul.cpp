@@ -13,6 +13,9 @@ namespace {
 // past it, so the packed weights are read from L1 by every row tile.
 constexpr size_t kPanelBytes = 32 * 1024;
 
+// Up to this many activation rows take the row-wise (streaming) path.
+constexpr int64_t kRowwiseMaxRows = 2;
+
 // Weight rows per range in the fallback path.
 constexpr int64_t kFallbackRows = 16;
 
@@ -47,8 +50,11 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
     return;
   }
 
+  // Few rows: stream the weights row by row. Many: pack tiles and reuse
+  // each across all rows. Float weights always go row-wise (register tiles).
+  const bool packed = kern.run != nullptr && n_rows > kRowwiseMaxRows;
   GemmActs& A = acts_;
-  gemm_acts_shape(W0.type, n_rows, W0.cols, A);
+  gemm_acts_shape(W0.type, n_rows, W0.cols, packed ? kGemmMaxRows : 1, A);
   pool.parallel_for(A.groups, 1, [&](int64_t g0, int64_t g1) { gemm_prepare_acts(x, ldx, g0, g1, A, level_); });
 
   // Tiles of all matrices in one list, so the threads share one region.
@@ -57,13 +63,34 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
     first_tile[i + 1] = first_tile[i] + (Ws[i]->rows + kGemmTile - 1) / kGemmTile;
   const int64_t n_tiles = first_tile.back();
 
+  if (!packed) {
+    pool.parallel_chunks(n_tiles, 1, [&](int, int64_t t0, int64_t t1) {
+      // The range may span matrices: one call per matrix it touches.
+      size_t m = 0;
+      while (t0 < t1) {
+        while (t0 >= first_tile[m + 1]) ++m;
+        const int64_t te = std::min(t1, first_tile[m + 1]);
+        const WeightMatrix& W = *Ws[m];
+        const int64_t o0 = (t0 - first_tile[m]) * kGemmTile;
+        const int64_t o1 = std::min(W.rows, (te - first_tile[m]) * kGemmTile);
+        kern.rows(W, o0, o1, A, 0, n_rows, ys[m], ldys[m]);
+        t0 = te;
+      }
+    });
+    return;
+  }
+
   const int64_t nb = A.nb;
-  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(kPanelBytes / kern.panel_block_bytes));
-  const int64_t panel_lines = (std::min(chunk, nb) * static_cast<int64_t>(kern.panel_block_bytes) + 63) / 64;
+  // K in equal chunks whose panel fits kPanelBytes.
+  const int64_t max_chunk = std::max<int64_t>(1, static_cast<int64_t>(kPanelBytes / kern.panel_block_bytes));
+  const int64_t n_chunks = (nb + max_chunk - 1) / max_chunk;
+  const int64_t chunk = (nb + n_chunks - 1) / n_chunks;
+  const int64_t panel_lines = (chunk * static_cast<int64_t>(kern.panel_block_bytes) + 63) / 64;
   if (scratch_.size() < static_cast<size_t>(pool.size())) scratch_.resize(pool.size());
   for (ThreadScratch& s : scratch_) {
     if (s.panel.size() < static_cast<size_t>(panel_lines)) s.panel.resize(panel_lines);
-    if (s.acc.size() < static_cast<size_t>(n_rows * kGemmTile)) s.acc.resize(n_rows * kGemmTile);
+    if (s.acc.size() < static_cast<size_t>(A.groups * A.slots * kGemmTile))
+      s.acc.resize(A.groups * A.slots * kGemmTile);
   }
 
   pool.parallel_chunks(n_tiles, 1, [&](int t, int64_t t0, int64_t t1) {

@@ -1,0 +1,82 @@
+// Block decoders shared by the AVX-512 packers and row kernels: each turns
+// one q4_0 / q5_0 / q8_0 block into its 32 quants as unsigned bytes
+// (q + q32_offset), element order. Only for files compiled with the
+// TD_GEMM_AVX512 target on their functions; not a general header.
+#pragma once
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "core/blocks.h"
+#include "kernels/gemm_avx512_pack.h"
+
+namespace tandem::gemm_detail::avx512 {
+
+#define TD_CONV_FN __attribute__((target(TD_GEMM_AVX512))) inline
+
+TD_CONV_FN __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 16 packed nibble bytes to 32 bytes: low nibbles, then high nibbles.
+TD_CONV_FN __m256i nibbles32(const uint8_t* qs) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
+}
+
+// Blocks blk and blk + kBlock as one register: [first 32 | second 32].
+TD_CONV_FN __m512i join(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); }
+
+// The nibbles of two consecutive 16-byte quant fields: [lo0 hi0 lo1 hi1].
+TD_CONV_FN __m512i nibbles64(const uint8_t* qs0, const uint8_t* qs1) {
+  const __m256i y = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1)), 1);
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  const __m512i z = join(_mm256_and_si256(y, m), _mm256_and_si256(_mm256_srli_epi16(y, 4), m));  // lo0 lo1 hi0 hi1
+  return _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+struct Q4_0Conv {
+  static constexpr size_t kBlock = sizeof(BlockQ4_0);
+  TD_CONV_FN __m256i operator()(const uint8_t* blk) const { return nibbles32(blk + offsetof(BlockQ4_0, qs)); }
+  TD_CONV_FN __m512i pair(const uint8_t* blk) const {
+    return nibbles64(blk + offsetof(BlockQ4_0, qs), blk + kBlock + offsetof(BlockQ4_0, qs));
+  }
+};
+struct Q5_0Conv {
+  static constexpr size_t kBlock = sizeof(BlockQ5_0);
+  TD_CONV_FN __m256i operator()(const uint8_t* blk) const {
+    uint32_t qh;
+    std::memcpy(&qh, blk + offsetof(BlockQ5_0, qh), 4);
+    const __m256i u = nibbles32(blk + offsetof(BlockQ5_0, qs));
+    return _mm256_mask_add_epi8(u, static_cast<__mmask32>(qh), u, _mm256_set1_epi8(0x10));
+  }
+  TD_CONV_FN __m512i pair(const uint8_t* blk) const {
+    uint32_t qh0, qh1;
+    std::memcpy(&qh0, blk + offsetof(BlockQ5_0, qh), 4);
+    std::memcpy(&qh1, blk + kBlock + offsetof(BlockQ5_0, qh), 4);
+    const __m512i u = nibbles64(blk + offsetof(BlockQ5_0, qs), blk + kBlock + offsetof(BlockQ5_0, qs));
+    return _mm512_mask_add_epi8(u, static_cast<__mmask64>((uint64_t{qh1} << 32) | qh0), u, _mm512_set1_epi8(0x10));
+  }
+};
+struct Q8_0Conv {
+  static constexpr size_t kBlock = sizeof(BlockQ8_0);
+  TD_CONV_FN __m256i operator()(const uint8_t* blk) const {
+    return _mm256_xor_si256(load256(blk + offsetof(BlockQ8_0, qs)), _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
+  TD_CONV_FN __m512i pair(const uint8_t* blk) const {
+    return _mm512_xor_si512(join(load256(blk + offsetof(BlockQ8_0, qs)), load256(blk + kBlock + offsetof(BlockQ8_0, qs))),
+                            _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
+};
+
+#undef TD_CONV_FN
+
+}  // namespace tandem::gemm_detail::avx512
+
+#endif

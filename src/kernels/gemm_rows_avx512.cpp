@@ -1,0 +1,437 @@
+// AVX-512 row-wise kernels (gemm.h): decode-shaped products that stream each
+// weight row once, in file order, at memory speed.
+//
+// Quantized types: vector lanes run along the row (dpbusd over 64 quants),
+// the lane sums of each block are folded into exact block sums, and the
+// per-block float chain of gemm.h runs in scalar FMAs, so the results equal
+// the packed path's bit for bit. Two weight rows are interleaved so that two
+// chains are in flight.
+//
+// Float types: tiles of up to 4 activation rows x 4 weight rows (1 x 8 for a
+// single row) of 16-lane FMA accumulators, reduced by gemm.h's fixed tree.
+#include "kernels/gemm.h"
+
+#if defined(__x86_64__)
+
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/blocks.h"
+#include "kernels/gemm_avx512_conv.h"
+#include "kernels/gemm_avx512_pack.h"
+
+#define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
+#define TD_FN TD_ATTR inline
+
+namespace tandem::gemm_detail {
+namespace {
+
+using namespace avx512;
+
+TD_FN float fma1(float a, float b, float c) {
+  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+
+TD_FN float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// Four vectors of two blocks' dpbusd lane sums (block 2p in lanes 0-7, 2p+1
+// in 8-15 of P[p]) to the 8 block sums, block i in lane i.
+TD_FN __m256i block_sums8(const __m512i P[4]) {
+  const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[0], P[1]), _mm512_unpackhi_epi32(P[0], P[1]));
+  const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[2], P[3]), _mm512_unpackhi_epi32(P[2], P[3]));
+  // 128-bit lanes: 0, 1 hold blocks 0, 2, 4, 6 (element halves); 2, 3 blocks 1, 3, 5, 7.
+  const __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+  const __m256i lo = _mm512_castsi512_si256(v), hi = _mm512_extracti64x4_epi64(v, 1);
+  const __m128i even = _mm_add_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
+  const __m128i odd = _mm_add_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
+  return _mm256_set_m128i(_mm_unpackhi_epi32(even, odd), _mm_unpacklo_epi32(even, odd));
+}
+
+// Software prefetch at least this far ahead: the hardware prefetcher alone
+// leaves these streaming kernels well short of bandwidth. A kernel reading
+// rows o..o+n-1 side by side prefetches the same offsets a whole number of
+// n-row groups ahead (prefetch_distance), i.e. bytes a later group will read
+// at the same point; a plain "4 KB ahead" would land on the next row of the
+// current group, already being read.
+constexpr int64_t kPrefetchBytes = 4096;
+
+inline int64_t prefetch_distance(size_t row_stride, int rows_side_by_side) {
+  const int64_t group = static_cast<int64_t>(row_stride) * rows_side_by_side;
+  return (kPrefetchBytes + group - 1) / group * group;
+}
+
+TD_FN void prefetch_ahead(const uint8_t* p, int64_t bytes, int64_t dist) {
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + dist + i), _MM_HINT_T0);
+}
+
+// The f16 scales of 8 blocks kBlock bytes apart, as floats.
+template <size_t kBlock>
+TD_FN __m256 block_scales8(const uint8_t* blk) {
+  const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(kBlock));
+  const __m256i words = _mm256_i32gather_epi32(reinterpret_cast<const int*>(blk), idx, 1);
+  return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(words));
+}
+
+// NW weight rows x NA activation rows of a q4_0 / q5_0 / q8_0 matrix.
+template <typename Conv, int NW, int NA>
+TD_FN void q32_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
+  const Conv conv;
+  const int64_t nb = A.nb;
+  __m128 acc[NW][NA];
+  for (int i = 0; i < NW; ++i)
+    for (int m = 0; m < NA; ++m) acc[i][m] = _mm_setzero_ps();
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    __m512i u[NW][4];
+    __m256 dw[NW];
+    for (int i = 0; i < NW; ++i) {
+      const uint8_t* blk = w[i] + b * Conv::kBlock;
+      prefetch_ahead(blk, 8 * Conv::kBlock, pf);
+      for (int p = 0; p < 4; ++p) u[i][p] = conv.pair(blk + 2 * p * Conv::kBlock);
+      dw[i] = block_scales8<Conv::kBlock>(blk);
+    }
+    for (int m = 0; m < NA; ++m) {
+      const int8_t* a = A.qgroup(r + m) + b * kQK;
+      const __m256 da = _mm256_loadu_ps(A.sgroup(r + m) + b);
+      const __m256i extra = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A.egroup(r + m) + b));
+      __m512i av[4];
+      for (int p = 0; p < 4; ++p) av[p] = _mm512_loadu_si512(a + 64 * p);
+      for (int i = 0; i < NW; ++i) {
+        __m512i P[4];
+        for (int p = 0; p < 4; ++p) P[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[i][p], av[p]);
+        alignas(32) float s[8], sc[8];
+        _mm256_store_ps(s, _mm256_cvtepi32_ps(_mm256_add_epi32(block_sums8(P), extra)));
+        _mm256_store_ps(sc, _mm256_mul_ps(dw[i], da));
+        __m128 x = acc[i][m];
+        for (int k = 0; k < 8; ++k) x = _mm_fmadd_ss(_mm_load_ss(s + k), _mm_load_ss(sc + k), x);
+        acc[i][m] = x;
+      }
+    }
+  }
+  for (; b < nb; ++b) {
+    for (int i = 0; i < NW; ++i) {
+      const uint8_t* blk = w[i] + b * Conv::kBlock;
+      const __m256i u = conv(blk);
+      const float dw = f16(blk);
+      for (int m = 0; m < NA; ++m) {
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u,
+                                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A.qgroup(r + m) + b * kQK)));
+        const int32_t sum = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(p)) + A.egroup(r + m)[b];
+        acc[i][m] = _mm_set_ss(fma1(static_cast<float>(sum), dw * A.sgroup(r + m)[b], _mm_cvtss_f32(acc[i][m])));
+      }
+    }
+  }
+  for (int i = 0; i < NW; ++i)
+    for (int m = 0; m < NA; ++m) y[m * ldy + i] = _mm_cvtss_f32(acc[i][m]);
+}
+
+// 16 int32 lanes of I and 4 of M to (float(I), float(M)) in lanes 0 and 1.
+TD_FN __m128 hsum_pair(__m512i isum, __m128i msum) {
+  const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+  const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+  const __m128i h = _mm_hadd_epi32(s4, msum);
+  return _mm_cvtepi32_ps(_mm_hadd_epi32(h, h));
+}
+
+// Which sub-blocks the lanes of quant vector x hold: (0, 2), (1, 3), (4, 6), (5, 7).
+alignas(64) constexpr int32_t kK4Spread[4][16] = {{0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2},
+                                                  {1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3},
+                                                  {4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6},
+                                                  {5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7}};
+
+// q4_K / q5_K: NW weight rows x NA activation rows.
+template <typename Block, int NW, int NA>
+TD_FN void k4_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
+  constexpr bool kQ5 = sizeof(Block) == sizeof(BlockQ5K);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m128 acc[NW][NA];
+  for (int i = 0; i < NW; ++i)
+    for (int m = 0; m < NA; ++m) acc[i][m] = _mm_setzero_ps();
+  for (int64_t b = 0; b < A.nb; ++b) {
+    __m512i q[NW][4], sc[NW][4];
+    __m128i mins[NW];
+    float d[NW], dmin[NW];
+    for (int i = 0; i < NW; ++i) {
+      const uint8_t* blk = w[i] + b * sizeof(Block);
+      prefetch_ahead(blk, sizeof(Block), pf);
+      const __m512i q0 = _mm512_loadu_si512(blk + offsetof(Block, qs));
+      const __m512i q1 = _mm512_loadu_si512(blk + offsetof(Block, qs) + 64);
+      q[i][0] = _mm512_and_si512(q0, m4);
+      q[i][1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
+      q[i][2] = _mm512_and_si512(q1, m4);
+      q[i][3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
+      if constexpr (kQ5) {
+        // Bit j of qh[l] is the fifth bit of element 32j + l.
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ5K, qh))));
+        for (int x = 0; x < 4; ++x) {
+          const int j0 = kK4Spread[x][0], j1 = kK4Spread[x][8];
+          const __mmask64 hit = _mm512_test_epi8_mask(
+              qh, _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << j0)), _mm256_set1_epi8(static_cast<char>(1 << j1)), 1));
+          q[i][x] = _mm512_mask_add_epi8(q[i][x], hit, q[i][x], _mm512_set1_epi8(0x10));
+        }
+      }
+      uint32_t words[4];
+      k4_unpack_words(blk + offsetof(Block, scales), words);
+      const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(words));  // scales 0..7, mins 8..15
+      const __m512i sm32 = _mm512_cvtepu8_epi32(sm);
+      for (int x = 0; x < 4; ++x) sc[i][x] = _mm512_permutexvar_epi32(_mm512_load_si512(kK4Spread[x]), sm32);
+      mins[i] = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+      d[i] = f16(blk + offsetof(Block, d));
+      dmin[i] = f16(blk + offsetof(Block, dmin));
+    }
+    for (int m = 0; m < NA; ++m) {
+      const int8_t* a = A.qgroup(r + m) + b * kQKK;
+      const __m512i a0 = _mm512_loadu_si512(a), a1 = _mm512_loadu_si512(a + 64);
+      const __m512i a2 = _mm512_loadu_si512(a + 128), a3 = _mm512_loadu_si512(a + 192);
+      // Elements of sub-blocks (0, 2), (1, 3), (4, 6), (5, 7).
+      const __m512i av[4] = {_mm512_shuffle_i64x2(a0, a1, 0x44), _mm512_shuffle_i64x2(a0, a1, 0xEE),
+                             _mm512_shuffle_i64x2(a2, a3, 0x44), _mm512_shuffle_i64x2(a2, a3, 0xEE)};
+      const __m128i bp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(A.egroup(r + m) + b * 4));
+      const __m128 da = _mm_set_ss(A.sgroup(r + m)[b]);
+      for (int i = 0; i < NW; ++i) {
+        __m512i s = _mm512_mullo_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q[i][0], av[0]), sc[i][0]);
+        for (int x = 1; x < 4; ++x)
+          s = _mm512_add_epi32(s, _mm512_mullo_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q[i][x], av[x]), sc[i][x]));
+        const __m128 im = hsum_pair(s, _mm_madd_epi16(mins[i], bp));  // float(I), float(M)
+        __m128 x = _mm_fmadd_ss(im, _mm_mul_ss(_mm_set_ss(d[i]), da), acc[i][m]);
+        acc[i][m] = _mm_fnmadd_ss(_mm_movehdup_ps(im), _mm_mul_ss(_mm_set_ss(dmin[i]), da), x);
+      }
+    }
+  }
+  for (int i = 0; i < NW; ++i)
+    for (int m = 0; m < NA; ++m) y[m * ldy + i] = _mm_cvtss_f32(acc[i][m]);
+}
+
+template <int NW, int NA>
+TD_FN void k6_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+  float acc[NW][NA] = {};
+  for (int64_t b = 0; b < A.nb; ++b) {
+    __m512i q[NW][4], sc[NW][4], sc16[NW];
+    float d[NW];
+    for (int i = 0; i < NW; ++i) {
+      const uint8_t* blk = w[i] + b * sizeof(BlockQ6K);
+      prefetch_ahead(blk, sizeof(BlockQ6K), pf);
+      for (int h = 0; h < 2; ++h) {
+        // Elements 128h + (0..63) and 128h + (64..127), in order.
+        const __m512i l = _mm512_loadu_si512(blk + offsetof(BlockQ6K, ql) + 64 * h);
+        const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ6K, qh) + 32 * h));
+        const __m512i qh = _mm512_inserti64x4(_mm512_castsi256_si512(hb), _mm256_srli_epi16(hb, 2), 1);
+        q[i][2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(_mm512_and_si512(qh, m2), 4));
+        q[i][2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4), m2), 4));
+      }
+      sc16[i] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ6K, scales))));
+      // Lane l of chunk c covers elements 64c + 4l..+3, in group 4c + l/4.
+      for (int c = 0; c < 4; ++c)
+        sc[i][c] = _mm512_permutexvar_epi32(
+            _mm512_add_epi32(_mm512_set1_epi32(4 * c), _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)),
+            sc16[i]);
+      d[i] = f16(blk + offsetof(BlockQ6K, d));
+    }
+    for (int m = 0; m < NA; ++m) {
+      const int8_t* a = A.qgroup(r + m) + b * kQKK;
+      // Quants carry +32: extra = -32 * (group sums) takes it out.
+      const __m512i extra = _mm512_loadu_si512(A.egroup(r + m) + b * 16);
+      const float da = A.sgroup(r + m)[b];
+      for (int i = 0; i < NW; ++i) {
+        __m512i s = _mm512_mullo_epi32(sc16[i], extra);
+        for (int c = 0; c < 4; ++c)
+          s = _mm512_add_epi32(s, _mm512_mullo_epi32(
+                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[i][c], _mm512_loadu_si512(a + 64 * c)),
+                                      sc[i][c]));
+        acc[i][m] = fma1(static_cast<float>(_mm512_reduce_add_epi32(s)), d[i] * da, acc[i][m]);
+      }
+    }
+  }
+  for (int i = 0; i < NW; ++i)
+    for (int m = 0; m < NA; ++m) y[m * ldy + i] = acc[i][m];
+}
+
+// Walks weight rows [o0, o1) Tile::kRows (1 or 2) at a time and activation
+// rows in pairs, calling Tile::run<NW, NA>(w, A, r, y + r * ldy + o, ldy).
+// Two weight rows give the q32 kernels two float chains in flight; the
+// K-quant kernels have few float steps and run out of registers with two.
+template <typename Tile>
+TD_FN void quant_rows(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
+                      float* y, int64_t ldy) {
+  const int64_t pf = prefetch_distance(W.row_stride, Tile::kRows);
+  for (int64_t o = o0; o < o1; o += Tile::kRows) {
+    const uint8_t* w[2] = {W.row(o), W.row(std::min(o + 1, o1 - 1))};
+    const bool two = Tile::kRows == 2 && o + 1 < o1;
+    for (int64_t r = r0; r < r1; r += 2) {
+      float* yo = y + r * ldy + o;
+      const bool pair = r + 1 < r1;
+      if constexpr (Tile::kRows == 2) {
+        if (two) {
+          if (pair) Tile::template run<2, 2>(w, A, r, yo, ldy, pf);
+          else Tile::template run<2, 1>(w, A, r, yo, ldy, pf);
+          continue;
+        }
+      }
+      if (pair) Tile::template run<1, 2>(w, A, r, yo, ldy, pf);
+      else Tile::template run<1, 1>(w, A, r, yo, ldy, pf);
+    }
+  }
+}
+
+template <typename Conv>
+struct Q32Tile {
+  static constexpr int kRows = 2;
+  template <int NW, int NA>
+  TD_FN static void run(const uint8_t* const* w, const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
+    q32_tile<Conv, NW, NA>(w, A, r, y, ldy, pf);
+  }
+};
+template <typename Block>
+struct K4Tile {
+  static constexpr int kRows = 1;
+  template <int NW, int NA>
+  TD_FN static void run(const uint8_t* const* w, const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
+    k4_tile<Block, NW, NA>(w, A, r, y, ldy, pf);
+  }
+};
+struct K6Tile {
+  static constexpr int kRows = 1;
+  template <int NW, int NA>
+  TD_FN static void run(const uint8_t* const* w, const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
+    k6_tile<NW, NA>(w, A, r, y, ldy, pf);
+  }
+};
+
+template <typename Tile>
+TD_ATTR void rows_quant(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
+                        float* y, int64_t ldy) {
+  quant_rows<Tile>(W, o0, o1, A, r0, r1, y, ldy);
+}
+
+// ---- float class ----
+
+struct LoadF32 {
+  static constexpr int kBytes = 4;
+  TD_FN __m512 operator()(const uint8_t* row, int64_t k) const {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  }
+};
+struct LoadF16 {
+  static constexpr int kBytes = 2;
+  TD_FN __m512 operator()(const uint8_t* row, int64_t k) const {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k)));
+  }
+};
+struct LoadBF16 {
+  static constexpr int kBytes = 2;
+  TD_FN __m512 operator()(const uint8_t* row, int64_t k) const {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+};
+
+// gemm.h's tree: lanes j + j+8, then j + j+4, j + j+2, 0 + 1.
+TD_FN float reduce_tree(__m512 v) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+}
+
+template <typename Load, int NA, int NW>
+TD_FN void float_tile(const uint8_t* const w[NW], const float* const a[NA], int64_t K, float* y, int64_t ldy, int64_t pf) {
+  const Load load;
+  __m512 acc[NA][NW];
+  for (int m = 0; m < NA; ++m)
+    for (int i = 0; i < NW; ++i) acc[m][i] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[NW];
+    for (int i = 0; i < NW; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(w[i] + k * Load::kBytes + pf), _MM_HINT_T0);
+      wv[i] = load(w[i], k);
+    }
+    for (int m = 0; m < NA; ++m) {
+      const __m512 av = _mm512_loadu_ps(a[m] + k);
+      for (int i = 0; i < NW; ++i) acc[m][i] = _mm512_fmadd_ps(wv[i], av, acc[m][i]);
+    }
+  }
+  if (k < K) {
+    // The tail through zero-padded copies: the extra lanes add exact zeros.
+    alignas(64) uint8_t wt[NW][64] = {};
+    alignas(64) float at[NA][16] = {};
+    for (int i = 0; i < NW; ++i) std::memcpy(wt[i], w[i] + k * Load::kBytes, (K - k) * Load::kBytes);
+    for (int m = 0; m < NA; ++m) std::memcpy(at[m], a[m] + k, (K - k) * 4);
+    for (int m = 0; m < NA; ++m)
+      for (int i = 0; i < NW; ++i) acc[m][i] = _mm512_fmadd_ps(load(wt[i], 0), _mm512_load_ps(at[m]), acc[m][i]);
+  }
+  for (int m = 0; m < NA; ++m)
+    for (int i = 0; i < NW; ++i) y[m * ldy + i] = reduce_tree(acc[m][i]);
+}
+
+// Weight rows in blocks of 64 (kept in L2 while every activation row passes),
+// activation rows 4 at a time (in L1), tiles of 4 x 4; a single activation
+// row takes 8 weight rows at once instead, for 8 independent chains.
+template <typename Load>
+TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
+                        float* y, int64_t ldy) {
+  const int64_t K = A.cols;
+  const int64_t pf8 = prefetch_distance(W.row_stride, 8), pf4 = prefetch_distance(W.row_stride, 4);
+  for (int64_t ob = o0; ob < o1; ob += 64) {
+    const int64_t oe = std::min(o1, ob + 64);
+    for (int64_t r = r0; r < r1; r += 4) {
+      const int64_t na = std::min<int64_t>(4, r1 - r);
+      const float* a[4];
+      for (int m = 0; m < 4; ++m) a[m] = A.fgroup(std::min(r + m, r1 - 1));
+      int64_t o = ob;
+      if (na == 1) {
+        for (; o + 8 <= oe; o += 8) {
+          const uint8_t* w[8];
+          for (int i = 0; i < 8; ++i) w[i] = W.row(o + i);
+          float_tile<Load, 1, 8>(w, a, K, y + r * ldy + o, ldy, pf8);
+        }
+      }
+      for (; o < oe; o += 4) {
+        const int64_t nw = std::min<int64_t>(4, oe - o);
+        const uint8_t* w[4];
+        for (int i = 0; i < 4; ++i) w[i] = W.row(std::min(o + i, oe - 1));
+        float* yo = y + r * ldy + o;
+        if (nw == 4 && na == 4) {
+          float_tile<Load, 4, 4>(w, a, K, yo, ldy, pf4);
+          continue;
+        }
+        // Edge tiles one output at a time: rare, and the chain is the same.
+        for (int64_t m = 0; m < na; ++m)
+          for (int64_t i = 0; i < nw; ++i) float_tile<Load, 1, 1>(w + i, a + m, K, yo + m * ldy + i, ldy, pf4);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+GemmKernel avx512_rows_kernel(GgmlType w, GemmKernel k) {
+  switch (w) {
+    case GgmlType::Q4_0: k.rows = rows_quant<Q32Tile<Q4_0Conv>>; break;
+    case GgmlType::Q5_0: k.rows = rows_quant<Q32Tile<Q5_0Conv>>; break;
+    case GgmlType::Q8_0: k.rows = rows_quant<Q32Tile<Q8_0Conv>>; break;
+    case GgmlType::Q4_K: k.rows = rows_quant<K4Tile<BlockQ4K>>; break;
+    case GgmlType::Q5_K: k.rows = rows_quant<K4Tile<BlockQ5K>>; break;
+    case GgmlType::Q6_K: k.rows = rows_quant<K6Tile>; break;
+    case GgmlType::F32: k.rows = rows_float<LoadF32>; break;
+    case GgmlType::F16: k.rows = rows_float<LoadF16>; break;
+    case GgmlType::BF16: k.rows = rows_float<LoadBF16>; break;
+    default: break;
+  }
+  return k;
+}
+
+}  // namespace tandem::gemm_detail
+
+#endif
