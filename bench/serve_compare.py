@@ -227,6 +227,7 @@ def run_side(side: str, model: Path, args, py: Path, out_dir: Path) -> dict:
             rep = json.loads(jpath.read_text())
             rep["loadavg_1min_before"] = load
             rep["command"] = " ".join(["bench/serve_bench.py", *argv])
+            jpath.write_text(json.dumps(rep, indent=1))
             results[name] = rep
             print(r.stdout.rstrip(), file=sys.stderr)
     finally:
