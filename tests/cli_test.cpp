@@ -1,7 +1,5 @@
 // The `tandem` program as a user runs it: a real process, stdout and stderr
 // captured separately.
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -14,26 +12,8 @@
 namespace tandem {
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
-
-Result run_cli(const std::string& args) {
-  const auto err_path = std::filesystem::temp_directory_path() / ("tandem_cli_err_" + std::to_string(::getpid()));
-  const std::string cmd = std::string(TANDEM_CLI_PATH) + " " + args + " 2>" + err_path.string();
-  Result r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.err = test::read_file(err_path.string());
-  std::filesystem::remove(err_path);
-  return r;
-}
+using Result = test::CliResult;
+using test::run_cli;
 
 std::string quote(const std::string& s) { return "'" + s + "'"; }
 

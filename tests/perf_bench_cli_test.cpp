@@ -18,27 +18,9 @@
 namespace tandem {
 namespace {
 
-struct CliResult {
-  int status = -1;
-  std::string out, err;
-};
+using test::CliResult;
 
-CliResult run_bench_cli(const std::string& args) {
-  const auto err_path =
-      std::filesystem::temp_directory_path() / ("tandem_bench_err_" + std::to_string(::getpid()));
-  const std::string cmd = std::string(TANDEM_CLI_PATH) + " bench " + args + " 2>" + err_path.string();
-  CliResult r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.err = test::read_file(err_path.string());
-  std::filesystem::remove(err_path);
-  return r;
-}
+CliResult run_bench_cli(const std::string& args) { return test::run_cli("bench " + args); }
 
 const std::string kStories = "'" + test::shared_path("models/gguf/stories260K.gguf") + "'";
 

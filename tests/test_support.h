@@ -1,6 +1,10 @@
 // Paths and small helpers shared by the model tests.
 #pragma once
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +23,29 @@ inline std::string read_file(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// Runs the tandem program with `args` (shell syntax) and captures its exit
+// status, stdout and stderr separately.
+struct CliResult {
+  int status = -1;
+  std::string out, err;
+};
+
+inline CliResult run_cli(const std::string& args) {
+  const auto err_path = std::filesystem::temp_directory_path() / ("tandem_cli_err_" + std::to_string(::getpid()));
+  const std::string cmd = std::string(TANDEM_CLI_PATH) + " " + args + " 2>" + err_path.string();
+  CliResult r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.err = read_file(err_path.string());
+  std::filesystem::remove(err_path);
+  return r;
 }
 
 // The default Gemma 3 270M model that scripts/setup.sh installs. Empty when
