@@ -49,6 +49,17 @@ bool poll_until(Done done, Clock::time_point start, Clock::duration give_up) {
   }
 }
 
+// Claims a thread slot for job generation g: succeeds only if the slot was
+// last claimed for an older job. A worker that read g and was then preempted
+// while the caller finished g (and started later jobs) must not claim a later
+// job's slot on g's behalf; generations are compared modulo 2^32.
+bool claim(std::atomic<uint32_t>& slot, uint32_t g) {
+  uint32_t cur = slot.load(std::memory_order_acquire);
+  while (static_cast<int32_t>(cur - g) < 0)
+    if (slot.compare_exchange_weak(cur, g, std::memory_order_acq_rel, std::memory_order_acquire)) return true;
+  return false;
+}
+
 }  // namespace
 
 int ThreadPool::default_threads() {
@@ -67,7 +78,8 @@ int ThreadPool::default_threads() {
   return hw > 0 ? static_cast<int>(hw) : 1;
 }
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads > 0 ? n_threads : default_threads()) {
+ThreadPool::ThreadPool(int n_threads)
+    : n_threads_(n_threads > 0 ? n_threads : default_threads()), slots_(new Slot[n_threads_]) {
   for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
 }
 
@@ -96,8 +108,11 @@ void ThreadPool::worker(int index) {
     }
     seen = generation_.load(std::memory_order_acquire);
     if (stop_.load(std::memory_order_acquire)) return;
-    (*job_)(index, n_threads_);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    const uint32_t g = static_cast<uint32_t>(seen);
+    if (claim(slots_[index].claimed, g)) {
+      (*job_)(index, n_threads_);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
     idle_since = Clock::now();
   }
 }
@@ -114,7 +129,7 @@ void ThreadPool::run(FnRef<void(int, int)> fn) {
   }
   job_ = &fn;
   pending_.store(n_threads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_seq_cst);
+  const uint32_t g = static_cast<uint32_t>(generation_.fetch_add(1, std::memory_order_seq_cst) + 1);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) {
     // Taking the lock orders the bump with a worker between its check and
     // its wait, so the notify cannot be lost.
@@ -122,6 +137,12 @@ void ThreadPool::run(FnRef<void(int, int)> fn) {
     cv_.notify_all();
   }
   fn(0, n_threads_);
+  // Calls no worker has started yet are ours.
+  for (int t = 1; t < n_threads_; ++t)
+    if (claim(slots_[t].claimed, g)) {
+      fn(t, n_threads_);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
   wait_workers();
   job_ = nullptr;
 }

@@ -47,9 +47,12 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
-  // Calls fn(thread_index, n_threads) exactly once on every thread (the
-  // caller is thread 0) and returns when all are done. Not reentrant: fn must
-  // not call run or the parallel loops of the same pool.
+  // Calls fn(t, n_threads) exactly once for every t in [0, n_threads) and
+  // returns when all calls are done. The caller runs t = 0, worker t the
+  // rest; a worker that has not picked up its call by the time the caller
+  // is free (preempted, asleep) has it run by the caller instead, so one
+  // descheduled thread cannot stall the pool. Not reentrant: fn must not
+  // call run or the parallel loops of the same pool.
   void run(FnRef<void(int, int)> fn);
 
   // Calls fn(begin, end) on contiguous, disjoint ranges that cover [0, n),
@@ -80,6 +83,12 @@ class ThreadPool {
   alignas(64) std::atomic<int> pending_{0};
   alignas(64) std::atomic<int64_t> next_{0};
   alignas(64) std::atomic<int> sleepers_{0};
+  // Per thread slot: the low 32 bits of the generation whose call it last
+  // claimed; the worker and the caller race to claim it, once per job.
+  struct alignas(64) Slot {
+    std::atomic<uint32_t> claimed{0};
+  };
+  std::unique_ptr<Slot[]> slots_;
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable cv_;

@@ -1,0 +1,145 @@
+// The thread pool under Matmul and every other parallel loop: each thread
+// slot runs exactly once per job, parallel loops cover their range exactly
+// once in contiguous pieces, per-slot scratch is never shared, workers that
+// went to sleep are woken, and many back-to-back jobs neither lose nor
+// repeat work.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/quant.h"
+#include "core/thread_pool.h"
+#include "kernels/matmul.h"
+
+namespace tandem {
+namespace {
+
+// Many tiny jobs, more threads than cores: workers are often preempted
+// between seeing a job and claiming their slot, and the caller runs their
+// calls instead; a late worker must not run a later job's slot.
+TEST(KernelsMatmulPool, RunCallsEverySlotOnce) {
+  constexpr int kJobs = 20000;
+  for (int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.size(), threads);
+    std::vector<std::atomic<int>> calls(threads);
+    for (int job = 0; job < kJobs; ++job) {
+      std::atomic<int> in_job{0};
+      pool.run([&](int t, int n) {
+        ASSERT_EQ(n, threads);
+        ASSERT_GE(t, 0);
+        ASSERT_LT(t, n);
+        calls[t].fetch_add(1);
+        in_job.fetch_add(1);
+      });
+      // run returns only after every call finished.
+      ASSERT_EQ(in_job.load(), threads) << "job " << job;
+    }
+    for (int t = 0; t < threads; ++t) EXPECT_EQ(calls[t].load(), kJobs) << "slot " << t;
+  }
+}
+
+TEST(KernelsMatmulPool, ParallelForCoversRangeOnceInGrains) {
+  std::mt19937 rng(1);
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (int trial = 0; trial < 300; ++trial) {
+      const int64_t n = rng() % 3000, grain = 1 + rng() % 40;
+      std::vector<std::atomic<int>> hit(n);
+      std::atomic<int64_t> short_ranges{0};
+      pool.parallel_for(n, grain, [&](int64_t b, int64_t e) {
+        ASSERT_LE(0, b);
+        ASSERT_LT(b, e);
+        ASSERT_LE(e, n);
+        if (e - b < grain && e != n) short_ranges.fetch_add(1);
+        for (int64_t i = b; i < e; ++i) hit[i].fetch_add(1);
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hit[i].load(), 1) << "n=" << n << " grain=" << grain << " i=" << i;
+      EXPECT_EQ(short_ranges.load(), 0) << "a range shorter than the grain that is not the last";
+    }
+  }
+}
+
+TEST(KernelsMatmulPool, ParallelChunksNeverShareASlot) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> busy(pool.size());
+  std::atomic<int64_t> covered{0};
+  for (int job = 0; job < 500; ++job) {
+    pool.parallel_chunks(997, 3, [&](int t, int64_t b, int64_t e) {
+      ASSERT_GE(t, 0);
+      ASSERT_LT(t, pool.size());
+      ASSERT_EQ(busy[t].fetch_add(1), 0) << "slot " << t << " in use twice at once";
+      covered.fetch_add(e - b);
+      busy[t].fetch_sub(1);
+    });
+  }
+  EXPECT_EQ(covered.load(), 997 * 500);
+}
+
+// Workers sleep after an idle spell longer than their hot period; the next
+// job must wake them (a lost wake-up would hang here).
+TEST(KernelsMatmulPool, WakesSleepingWorkers) {
+  ThreadPool pool(2);
+  for (int round = 0; round < 3; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    std::atomic<int> calls{0};
+    pool.run([&](int, int) { calls.fetch_add(1); });
+    EXPECT_EQ(calls.load(), 2);
+  }
+}
+
+// A job that keeps one slot busy: the others still all run, once.
+TEST(KernelsMatmulPool, UnevenSlotsStillRunOnce) {
+  ThreadPool pool(2);
+  for (int job = 0; job < 20; ++job) {
+    std::atomic<int> calls{0};
+    pool.run([&](int t, int) {
+      if (t == job % 2) std::this_thread::sleep_for(std::chrono::microseconds(300));
+      calls.fetch_add(1);
+    });
+    EXPECT_EQ(calls.load(), 2);
+  }
+}
+
+TEST(KernelsMatmulPool, FnRefCallsTheReferencedCallable) {
+  int hits = 0;
+  std::vector<int> big(100, 1);  // a capture larger than any small-buffer optimisation
+  auto f = [&, big](int x) { hits += x + big[99]; };
+  FnRef<void(int)> r = f;
+  r(2);
+  r(3);
+  EXPECT_EQ(hits, 7);
+}
+
+// Matmul over a matrix with more rows than any tile count, run back to back
+// with different row counts on one pool: results equal single-threaded runs.
+TEST(KernelsMatmulPool, MatmulSameResultsOnAnyPool) {
+  const int64_t rows = 301, cols = 256;
+  std::vector<float> src(rows * cols);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto& v : src) v = normal(rng);
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16}) {
+    const size_t rb = row_bytes(t, cols);
+    std::vector<uint8_t> w(rb * rows);
+    for (int64_t r = 0; r < rows; ++r) quantize_row(t, src.data() + r * cols, w.data() + r * rb, cols);
+    const WeightMatrix W{t, w.data(), cols, rows, rb};
+    std::vector<float> x(17 * cols);
+    for (auto& v : x) v = normal(rng);
+    ThreadPool one(1), three(3);
+    Matmul a, b;
+    for (int64_t n : {1, 17, 2, 9}) {
+      std::vector<float> ya(n * rows), yb(n * rows);
+      a.run(W, x.data(), cols, n, ya.data(), rows, one);
+      b.run(W, x.data(), cols, n, yb.data(), rows, three);
+      EXPECT_EQ(ya, yb) << type_traits(t).name << " n=" << n;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem
