@@ -134,6 +134,82 @@ TD_FN void q32_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, fl
     for (int m = 0; m < NA; ++m) y[m * ldy + i] = _mm_cvtss_f32(acc[i][m]);
 }
 
+// 8 vectors of 8 int32 in place: afterwards r[k] lane n = old r[n] lane k.
+TD_FN void transpose8x8(__m256i r[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+  }
+}
+
+// 8 weight rows (rows0 + n * stride) x NA activation rows of a q4_0 / q5_0 /
+// q8_0 matrix. The block sums come out one row per vector; transposed, each
+// block's sums for the 8 rows share a vector, and the 8 chains advance in
+// the lanes of one FMA per block.
+template <typename Conv, int NA>
+TD_FN void q32_tile8(const uint8_t* rows0, size_t stride, const GemmActs& A, int64_t r, float* y, int64_t ldy,
+                     int64_t pf) {
+  const Conv conv;
+  const int64_t nb = A.nb;
+  const __m256i row_off = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                             _mm256_set1_epi32(static_cast<int32_t>(stride)));
+  __m256 acc[NA];
+  for (int m = 0; m < NA; ++m) acc[m] = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    __m256i S[NA][8];
+    for (int i = 0; i < 8; ++i) {
+      const uint8_t* blk = rows0 + i * stride + b * Conv::kBlock;
+      prefetch_ahead(blk, 8 * Conv::kBlock, pf);
+      __m512i u[4];
+      for (int p = 0; p < 4; ++p) u[p] = conv.pair(blk + 2 * p * Conv::kBlock);
+      for (int m = 0; m < NA; ++m) {
+        const int8_t* a = A.qgroup(r + m) + b * kQK;
+        __m512i P[4];
+        for (int p = 0; p < 4; ++p)
+          P[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[p], _mm512_loadu_si512(a + 64 * p));
+        S[m][i] = block_sums8(P);
+      }
+    }
+    for (int m = 0; m < NA; ++m) transpose8x8(S[m]);  // S[m][k]: block b + k, lane = row
+    for (int k = 0; k < 8; ++k) {
+      const __m256i h = _mm256_i32gather_epi32(reinterpret_cast<const int*>(rows0 + (b + k) * Conv::kBlock), row_off, 1);
+      const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(h));
+      for (int m = 0; m < NA; ++m) {
+        const __m256i sum = _mm256_add_epi32(S[m][k], _mm256_set1_epi32(A.egroup(r + m)[b + k]));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(A.sgroup(r + m)[b + k])),
+                                 acc[m]);
+      }
+    }
+  }
+  for (; b < nb; ++b) {
+    const __m256i h = _mm256_i32gather_epi32(reinterpret_cast<const int*>(rows0 + b * Conv::kBlock), row_off, 1);
+    const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(h));
+    for (int m = 0; m < NA; ++m) {
+      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A.qgroup(r + m) + b * kQK));
+      alignas(32) int32_t sums[8];
+      for (int i = 0; i < 8; ++i)
+        sums[i] = _mm512_reduce_add_epi32(
+            _mm512_zextsi256_si512(_mm256_dpbusd_epi32(_mm256_setzero_si256(), conv(rows0 + i * stride + b * Conv::kBlock), av)));
+      const __m256i sum = _mm256_add_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(sums)),
+                                           _mm256_set1_epi32(A.egroup(r + m)[b]));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(A.sgroup(r + m)[b])), acc[m]);
+    }
+  }
+  for (int m = 0; m < NA; ++m) _mm256_storeu_ps(y + m * ldy, acc[m]);
+}
+
 // 16 int32 lanes of I and 4 of M to (float(I), float(M)) in lanes 0 and 1.
 TD_FN __m128 hsum_pair(__m512i isum, __m128i msum) {
   const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
@@ -308,6 +384,23 @@ struct K6Tile {
   }
 };
 
+// q32 matrices: 8 weight rows at a time while they last (one FMA per block
+// for all 8 chains), then the 2-row tiles.
+template <typename Conv>
+TD_ATTR void rows_q32(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
+                      float* y, int64_t ldy) {
+  const int64_t pf = prefetch_distance(W.row_stride, 8);
+  int64_t o = o0;
+  // Gather offsets are int32: row strides past 256 MB take the 2-row tiles.
+  if (W.row_stride < (size_t{1} << 28))
+    for (; o + 8 <= o1; o += 8)
+      for (int64_t r = r0; r < r1; r += 2) {
+        if (r + 1 < r1) q32_tile8<Conv, 2>(W.row(o), W.row_stride, A, r, y + r * ldy + o, ldy, pf);
+        else q32_tile8<Conv, 1>(W.row(o), W.row_stride, A, r, y + r * ldy + o, ldy, pf);
+      }
+  if (o < o1) quant_rows<Q32Tile<Conv>>(W, o, o1, A, r0, r1, y, ldy);
+}
+
 template <typename Tile>
 TD_ATTR void rows_quant(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
                         float* y, int64_t ldy) {
@@ -418,9 +511,9 @@ TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const Gem
 
 GemmKernel avx512_rows_kernel(GgmlType w, GemmKernel k) {
   switch (w) {
-    case GgmlType::Q4_0: k.rows = rows_quant<Q32Tile<Q4_0Conv>>; break;
-    case GgmlType::Q5_0: k.rows = rows_quant<Q32Tile<Q5_0Conv>>; break;
-    case GgmlType::Q8_0: k.rows = rows_quant<Q32Tile<Q8_0Conv>>; break;
+    case GgmlType::Q4_0: k.rows = rows_q32<Q4_0Conv>; break;
+    case GgmlType::Q5_0: k.rows = rows_q32<Q5_0Conv>; break;
+    case GgmlType::Q8_0: k.rows = rows_q32<Q8_0Conv>; break;
     case GgmlType::Q4_K: k.rows = rows_quant<K4Tile<BlockQ4K>>; break;
     case GgmlType::Q5_K: k.rows = rows_quant<K4Tile<BlockQ5K>>; break;
     case GgmlType::Q6_K: k.rows = rows_quant<K6Tile>; break;
