@@ -1,6 +1,7 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -112,9 +113,13 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
         }
       }
       const int64_t width = std::min<int64_t>(kGemmTile, W.rows - o0);
-      float* y = ys[m];
-      for (int64_t r = 0; r < n_rows; ++r)
-        std::copy_n(acc + r * kGemmTile, width, y + r * ldys[m] + o0);
+      float* y = ys[m] + o0;
+      if (width == kGemmTile) {
+        // A constant size, so the copy is inlined (a library call per row costs more).
+        for (int64_t r = 0; r < n_rows; ++r) std::memcpy(y + r * ldys[m], acc + r * kGemmTile, sizeof(float) * kGemmTile);
+      } else {
+        for (int64_t r = 0; r < n_rows; ++r) std::copy_n(acc + r * kGemmTile, width, y + r * ldys[m]);
+      }
     }
   });
 }
