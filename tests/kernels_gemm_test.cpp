@@ -284,15 +284,28 @@ TEST(KernelsGemm, ThreadsAndRunManyChangeNothing) {
   }
 }
 
-TEST(KernelsGemm, RunManyRejectsMixedMatrices) {
+// Mixed types are grouped per type; mismatched widths or spans are errors.
+TEST(KernelsGemm, RunManyGroupsTypesAndRejectsBadShapes) {
   std::mt19937 rng(3);
-  const Problem a = make_problem(GgmlType::Q8_0, 16, 2, rng), b = make_problem(GgmlType::Q4_0, 16, 2, rng);
-  const Problem c = make_problem(GgmlType::Q8_0, 16, 3, rng);
-  std::vector<float> x(c.cols, 1.0f), y(64);
-  ThreadPool pool(1);
+  const Problem a = make_problem(GgmlType::Q8_0, 16, 2, rng), b = make_problem(GgmlType::Q4_0, 20, 2, rng);
+  const Problem c = make_problem(GgmlType::Q8_0, 16, 3, rng), d = make_problem(GgmlType::Q8_0, 9, 2, rng);
+  const int64_t n = 3;
+  const std::vector<float> x = random_acts(n, a.cols, rng);
+  ThreadPool pool(2);
   Matmul mm;
-  for (const Problem* other : {&b, &c}) {
-    const WeightMatrix* Ws[] = {&a.W, &other->W};
+  {
+    const WeightMatrix* Ws[] = {&a.W, &b.W, &d.W};
+    std::vector<float> ya(n * 16), yb(n * 20), yd(n * 9);
+    float* ys[] = {ya.data(), yb.data(), yd.data()};
+    const int64_t lds[] = {16, 20, 9};
+    mm.run_many(Ws, x.data(), a.cols, n, ys, lds, pool);
+    EXPECT_EQ(ya, matmul(a, x, n, active_kernel_level(), pool));
+    EXPECT_EQ(yb, matmul(b, x, n, active_kernel_level(), pool));
+    EXPECT_EQ(yd, matmul(d, x, n, active_kernel_level(), pool));
+  }
+  std::vector<float> y(64);
+  {
+    const WeightMatrix* Ws[] = {&a.W, &c.W};
     float* ys[] = {y.data(), y.data()};
     const int64_t lds[] = {16, 16};
     EXPECT_THROW(mm.run_many(Ws, x.data(), a.cols, 1, ys, lds, pool), Error);

@@ -468,9 +468,24 @@ TD_FN void float_tile(const uint8_t* const w[NW], const float* const a[NA], int6
     for (int i = 0; i < NW; ++i) y[m * ldy + i] = reduce_tree(acc[m][i]);
 }
 
+// NA (runtime, 1..6) activation rows x NW weight rows.
+template <typename Load, int NW>
+TD_FN void float_tile_n(int64_t na, const uint8_t* const w[NW], const float* const a[6], int64_t K, float* y,
+                        int64_t ldy, int64_t pf) {
+  switch (na) {
+    case 1: return float_tile<Load, 1, NW>(w, a, K, y, ldy, pf);
+    case 2: return float_tile<Load, 2, NW>(w, a, K, y, ldy, pf);
+    case 3: return float_tile<Load, 3, NW>(w, a, K, y, ldy, pf);
+    case 4: return float_tile<Load, 4, NW>(w, a, K, y, ldy, pf);
+    case 5: return float_tile<Load, 5, NW>(w, a, K, y, ldy, pf);
+    default: return float_tile<Load, 6, NW>(w, a, K, y, ldy, pf);
+  }
+}
+
 // Weight rows in blocks of 64 (kept in L2 while every activation row passes),
-// activation rows 4 at a time (in L1), tiles of 4 x 4; a single activation
-// row takes 8 weight rows at once instead, for 8 independent chains.
+// activation rows 6 at a time (in L1), register tiles of 6 x 4; a single
+// activation row takes 8 weight rows at once instead, for 8 independent
+// chains.
 template <typename Load>
 TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
                         float* y, int64_t ldy) {
@@ -478,10 +493,10 @@ TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const Gem
   const int64_t pf8 = prefetch_distance(W.row_stride, 8), pf4 = prefetch_distance(W.row_stride, 4);
   for (int64_t ob = o0; ob < o1; ob += 64) {
     const int64_t oe = std::min(o1, ob + 64);
-    for (int64_t r = r0; r < r1; r += 4) {
-      const int64_t na = std::min<int64_t>(4, r1 - r);
-      const float* a[4];
-      for (int m = 0; m < 4; ++m) a[m] = A.fgroup(std::min(r + m, r1 - 1));
+    for (int64_t r = r0; r < r1; r += 6) {
+      const int64_t na = std::min<int64_t>(6, r1 - r);
+      const float* a[6];
+      for (int m = 0; m < 6; ++m) a[m] = A.fgroup(std::min(r + m, r1 - 1));
       int64_t o = ob;
       if (na == 1) {
         for (; o + 8 <= oe; o += 8) {
@@ -490,18 +505,13 @@ TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const Gem
           float_tile<Load, 1, 8>(w, a, K, y + r * ldy + o, ldy, pf8);
         }
       }
-      for (; o < oe; o += 4) {
-        const int64_t nw = std::min<int64_t>(4, oe - o);
-        const uint8_t* w[4];
-        for (int i = 0; i < 4; ++i) w[i] = W.row(std::min(o + i, oe - 1));
-        float* yo = y + r * ldy + o;
-        if (nw == 4 && na == 4) {
-          float_tile<Load, 4, 4>(w, a, K, yo, ldy, pf4);
-          continue;
-        }
-        // Edge tiles one output at a time: rare, and the chain is the same.
-        for (int64_t m = 0; m < na; ++m)
-          for (int64_t i = 0; i < nw; ++i) float_tile<Load, 1, 1>(w + i, a + m, K, yo + m * ldy + i, ldy, pf4);
+      for (; o + 4 <= oe; o += 4) {
+        const uint8_t* w[4] = {W.row(o), W.row(o + 1), W.row(o + 2), W.row(o + 3)};
+        float_tile_n<Load, 4>(na, w, a, K, y + r * ldy + o, ldy, pf4);
+      }
+      for (; o < oe; ++o) {
+        const uint8_t* w[1] = {W.row(o)};
+        float_tile_n<Load, 1>(na, w, a, K, y + r * ldy + o, ldy, pf4);
       }
     }
   }

@@ -40,10 +40,32 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
     fail(ErrorKind::kInvalidArgument, "matmul: {} matrices but {} outputs and {} strides", Ws.size(), ys.size(),
          ldys.size());
   const WeightMatrix& W0 = *Ws[0];
-  for (const WeightMatrix* W : Ws)
-    if (W->type != W0.type || W->cols != W0.cols)
-      fail(ErrorKind::kInvalidArgument, "matmul: matrices of one call must share type and width ({} x {} vs {} x {})",
-           type_traits(W->type).name, W->cols, type_traits(W0.type).name, W0.cols);
+  bool mixed = false;
+  for (const WeightMatrix* W : Ws) {
+    if (W->cols != W0.cols)
+      fail(ErrorKind::kInvalidArgument, "matmul: matrices of one call must share their width ({} vs {} columns)",
+           W->cols, W0.cols);
+    mixed |= W->type != W0.type;
+  }
+  if (mixed) {
+    // One call per weight type, each quantizing the input once for its type.
+    for (size_t i = 0; i < Ws.size(); ++i) {
+      bool seen = false;
+      for (size_t j = 0; j < i; ++j) seen |= Ws[j]->type == Ws[i]->type;
+      if (seen) continue;
+      std::vector<const WeightMatrix*> w;
+      std::vector<float*> y;
+      std::vector<int64_t> ld;
+      for (size_t j = i; j < Ws.size(); ++j)
+        if (Ws[j]->type == Ws[i]->type) {
+          w.push_back(Ws[j]);
+          y.push_back(ys[j]);
+          ld.push_back(ldys[j]);
+        }
+      run_many(w, x, ldx, n_rows, y, ld, pool);
+    }
+    return;
+  }
 
   const GemmKernel kern = gemm_kernel(W0.type, level_);
   if (!kern) {
@@ -59,7 +81,8 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
   pool.parallel_for(A.groups, 1, [&](int64_t g0, int64_t g1) { gemm_prepare_acts(x, ldx, g0, g1, A, level_); });
 
   // Tiles of all matrices in one list, so the threads share one region.
-  std::vector<int64_t> first_tile(Ws.size() + 1, 0);
+  std::vector<int64_t>& first_tile = first_tile_;
+  first_tile.assign(Ws.size() + 1, 0);
   for (size_t i = 0; i < Ws.size(); ++i)
     first_tile[i + 1] = first_tile[i] + (Ws[i]->rows + kGemmTile - 1) / kGemmTile;
   const int64_t n_tiles = first_tile.back();

@@ -33,9 +33,10 @@ class Matmul {
   void run(const WeightMatrix& W, const float* x, int64_t ldx, int64_t n_rows, float* y, int64_t ldy,
            ThreadPool& pool);
 
-  // Several matrices of the same type and width applied to the same input
-  // (e.g. the Q, K and V projections): the input is quantized once and all
-  // products run in one parallel region. ys[i] has row stride ldys[i].
+  // Several matrices of the same width applied to the same input (e.g. the
+  // Q, K and V projections): the input is quantized once per weight type and
+  // the products of each type run in one parallel region. ys[i] has row
+  // stride ldys[i]. Results equal separate run() calls bit for bit.
   void run_many(std::span<const WeightMatrix* const> Ws, const float* x, int64_t ldx, int64_t n_rows,
                 std::span<float* const> ys, std::span<const int64_t> ldys, ThreadPool& pool);
 
@@ -53,6 +54,7 @@ class Matmul {
   KernelLevel level_;
   GemmActs acts_;
   std::vector<ThreadScratch> scratch_;
+  std::vector<int64_t> first_tile_;  // per matrix of run_many: its first tile in the shared list
   std::vector<uint8_t> act_;  // fallback path: activations in the vec_dot type
 };
 
