@@ -187,9 +187,16 @@ TEST(KernelsGemm, RowwiseAndPackedPathsAgree) {
       for (int64_t o0 = 0; o0 < p.rows; o0 += kGemmTile) {
         k.pack(p.W, o0, 0, plain.nb, panel);
         std::vector<float> acc(grouped.groups * grouped.slots * kGemmTile, 0.0f);
-        for (int64_t g = 0; g < grouped.groups; ++g)
-          k.run(panel, plain.nb, grouped, g, static_cast<int>(std::min<int64_t>(grouped.slots, n - g * grouped.slots)), 0,
-                acc.data() + g * grouped.slots * kGemmTile);
+        for (int64_t g = 0; g < grouped.groups; ++g) {
+          // Two K chunks: the second continues the first's chains in place.
+          GemmAcc io;
+          io.out = acc.data() + g * grouped.slots * kGemmTile;
+          const int R = static_cast<int>(std::min<int64_t>(grouped.slots, n - g * grouped.slots));
+          const int64_t half = plain.nb / 2;
+          k.run(panel, half, grouped, g, R, 0, io);
+          io.in = io.out;
+          k.run(panel + half * k.panel_block_bytes, plain.nb - half, grouped, g, R, half, io);
+        }
         for (int64_t r = 0; r < n; ++r)
           for (int64_t o = o0; o < std::min<int64_t>(p.rows, o0 + kGemmTile); ++o)
             ASSERT_TRUE(same_bits(rows[r * p.rows + o], acc[r * kGemmTile + o - o0]))

@@ -106,6 +106,16 @@ void gemm_acts_shape(GgmlType w, int64_t rows, int64_t cols, int64_t max_slots, 
 //   q6_K: e = 0..15: -32 * (sum of group e's 16 quants), for the +32 offset.
 void gemm_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmActs& acts, KernelLevel level);
 
+// Accumulators of a packed-kernel call, for slot 0 of the group (slot s is
+// s rows further): in[s * kGemmTile + n] holds the chain so far (nullptr:
+// start from +0), out[s * ld_out + n] receives it. in and out may alias when
+// ld_out == kGemmTile, so a tile's K chunks run in place.
+struct GemmAcc {
+  const float* in = nullptr;
+  float* out = nullptr;
+  int64_t ld_out = kGemmTile;
+};
+
 // One instruction-set level's implementation of one weight type.
 struct GemmKernel {
   GemmClass cls = GemmClass::kNone;
@@ -117,9 +127,9 @@ struct GemmKernel {
   void (*pack)(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) = nullptr;
   // For the first R slots of activation group G (R <= acts.slots), continues
   // each output's chain over the nblk blocks of panel (activation blocks b0
-  // ..): acc[s * kGemmTile + n] is the accumulator of slot s, lane n.
+  // ..), from acc.in (or from +0) to acc.out; see GemmAcc.
   void (*run)(const uint8_t* panel, int64_t nblk, const GemmActs& acts, int64_t G, int R, int64_t b0,
-              float* acc) = nullptr;
+              const GemmAcc& acc) = nullptr;
   // Row-wise path (acts.slots == 1): y[r * ldy + o] for weight rows o in
   // [o0, o1) and activation rows r in [r0, r1), weights read in place.
   void (*rows)(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& acts, int64_t r0, int64_t r1,

@@ -25,29 +25,30 @@ TD_FN __m256i bcast32(const void* p) {
 TD_FN __m256i load_i(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
 TD_FN __m256 load_f(const uint8_t* p) { return _mm256_load_ps(reinterpret_cast<const float*>(p)); }
 
-// acc[r * 16 + h * 8 + lane]: row r, half h.
+// Slots s0.. of acc; half h of a 16-lane accumulator is lanes 8h..8h+7.
 template <int R>
-TD_FN void load_acc(const float* acc, __m256 f[R][2]) {
+TD_FN void load_acc(const GemmAcc& acc, int s0, __m256 f[R][2]) {
   for (int r = 0; r < R; ++r)
-    for (int h = 0; h < 2; ++h) f[r][h] = _mm256_loadu_ps(acc + r * kGemmTile + 8 * h);
+    for (int h = 0; h < 2; ++h)
+      f[r][h] = acc.in ? _mm256_loadu_ps(acc.in + (s0 + r) * kGemmTile + 8 * h) : _mm256_setzero_ps();
 }
 template <int R>
-TD_FN void store_acc(float* acc, const __m256 f[R][2]) {
+TD_FN void store_acc(const GemmAcc& acc, int s0, const __m256 f[R][2]) {
   for (int r = 0; r < R; ++r)
-    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(acc + r * kGemmTile + 8 * h, f[r][h]);
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(acc.out + (s0 + r) * acc.ld_out + 8 * h, f[r][h]);
 }
 
 // kSigned: q8_0 without VNNI, see gemm_avx2.cpp.
 template <int R, bool kSigned>
 TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int s0, int64_t b0,
-                    float* acc) {
+                    const GemmAcc& acc) {
   const int64_t S = A.slots;
   const int8_t* aq = A.qgroup(G) + b0 * kQK * S + 4 * s0;
   const float* as = A.sgroup(G) + b0 * S + s0;
   const int32_t* ae = A.egroup(G) + b0 * S + s0;
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   __m256 f[R][2];
-  load_acc<R>(acc, f);
+  load_acc<R>(acc, s0, f);
   for (int64_t i = 0; i < nblk; ++i) {
     __m256i s[R][2];
     for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = kSigned ? _mm256_setzero_si256() : _mm256_set1_epi32(ae[r]);
@@ -75,17 +76,17 @@ TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64
     as += S;
     ae += S;
   }
-  store_acc<R>(acc, f);
+  store_acc<R>(acc, s0, f);
 }
 
 template <int R>
-TD_FN void k4_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int s0, int64_t b0, float* acc) {
+TD_FN void k4_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int s0, int64_t b0, const GemmAcc& acc) {
   const int64_t S = A.slots;
   const int8_t* aq = A.qgroup(G) + b0 * kQKK * S + 4 * s0;
   const float* as = A.sgroup(G) + b0 * S + s0;
   const int32_t* ae = A.egroup(G) + b0 * 4 * S + s0;
   __m256 f[R][2];
-  load_acc<R>(acc, f);
+  load_acc<R>(acc, s0, f);
   for (int64_t i = 0; i < nblk; ++i) {
     for (int h = 0; h < 2; ++h) {
       __m256i isum[R];
@@ -118,17 +119,17 @@ TD_FN void k4_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_
     as += S;
     ae += 4 * S;
   }
-  store_acc<R>(acc, f);
+  store_acc<R>(acc, s0, f);
 }
 
 template <int R>
-TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int s0, int64_t b0, float* acc) {
+TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int s0, int64_t b0, const GemmAcc& acc) {
   const int64_t S = A.slots;
   const int8_t* aq = A.qgroup(G) + b0 * kQKK * S + 4 * s0;
   const float* as = A.sgroup(G) + b0 * S + s0;
   const int32_t* ae = A.egroup(G) + b0 * 16 * S + s0;
   __m256 f[R][2];
-  load_acc<R>(acc, f);
+  load_acc<R>(acc, s0, f);
   for (int64_t i = 0; i < nblk; ++i) {
     for (int h = 0; h < 2; ++h) {
       __m256i isum[R];
@@ -154,15 +155,14 @@ TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_
     as += S;
     ae += 16 * S;
   }
-  store_acc<R>(acc, f);
+  store_acc<R>(acc, s0, f);
 }
 
 // Slots [0, R) in steps of kStep (R <= 8).
 #define TD_DISPATCH_STEPS(name, kStep, call)                                                                  \
   TD_ATTR void name(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0,      \
-                    float* acc) {                                                                             \
+                    const GemmAcc& acc) {                                                                     \
     for (int s0 = 0; s0 < R; s0 += kStep) {                                                                   \
-      float* a = acc + s0 * kGemmTile;                                                                        \
       switch (R - s0 >= kStep ? kStep : R - s0) {                                                             \
         case 1: call(1); break;                                                                               \
         case 2: call(2); break;                                                                               \
@@ -172,10 +172,10 @@ TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_
     }                                                                                                         \
   }
 
-#define TD_Q32(n) q32_rows<n, false>(panel, nblk, A, G, s0, b0, a)
-#define TD_Q32S(n) q32_rows<n, true>(panel, nblk, A, G, s0, b0, a)
-#define TD_K4(n) k4_rows<n>(panel, nblk, A, G, s0, b0, a)
-#define TD_K6(n) k6_rows<n>(panel, nblk, A, G, s0, b0, a)
+#define TD_Q32(n) q32_rows<n, false>(panel, nblk, A, G, s0, b0, acc)
+#define TD_Q32S(n) q32_rows<n, true>(panel, nblk, A, G, s0, b0, acc)
+#define TD_K4(n) k4_rows<n>(panel, nblk, A, G, s0, b0, acc)
+#define TD_K6(n) k6_rows<n>(panel, nblk, A, G, s0, b0, acc)
 TD_DISPATCH_STEPS(run_q32, 2, TD_Q32)
 TD_DISPATCH_STEPS(run_q32_signed, 2, TD_Q32S)
 TD_DISPATCH_STEPS(run_k4, 2, TD_K4)

@@ -36,16 +36,16 @@ TD_FN __m512i bcast32(const void* p) {
 }
 
 template <int R>
-TD_FN void load_acc(const float* acc, __m512 f[R]) {
-  for (int r = 0; r < R; ++r) f[r] = _mm512_loadu_ps(acc + r * kGemmTile);
+TD_FN void load_acc(const GemmAcc& acc, __m512 f[R]) {
+  for (int r = 0; r < R; ++r) f[r] = acc.in ? _mm512_loadu_ps(acc.in + r * kGemmTile) : _mm512_setzero_ps();
 }
 template <int R>
-TD_FN void store_acc(float* acc, const __m512 f[R]) {
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * kGemmTile, f[r]);
+TD_FN void store_acc(const GemmAcc& acc, const __m512 f[R]) {
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc.out + r * acc.ld_out, f[r]);
 }
 
 template <int R>
-TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, float* acc) {
+TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, const GemmAcc& acc) {
   const int64_t S = A.slots;
   const int8_t* aq = A.qgroup(G) + b0 * kQK * S;
   const float* as = A.sgroup(G) + b0 * S;
@@ -76,7 +76,7 @@ TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64
 }
 
 template <int R>
-TD_FN void k4_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, float* acc) {
+TD_FN void k4_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, const GemmAcc& acc) {
   const int64_t S = A.slots;
   const int8_t* aq = A.qgroup(G) + b0 * kQKK * S;
   const float* as = A.sgroup(G) + b0 * S;
@@ -122,7 +122,7 @@ TD_FN void k4_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_
 }
 
 template <int R>
-TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, float* acc) {
+TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, const GemmAcc& acc) {
   const int64_t S = A.slots;
   const int8_t* aq = A.qgroup(G) + b0 * kQKK * S;
   const float* as = A.sgroup(G) + b0 * S;
@@ -162,7 +162,7 @@ TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_
 
 #define TD_DISPATCH_ROWS(name, rows_fn)                                                                         \
   TD_ATTR void name(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0,        \
-                    float* acc) {                                                                               \
+                    const GemmAcc& acc) {                                                                       \
     switch (R) {                                                                                                \
       case 1: return rows_fn<1>(panel, nblk, A, G, b0, acc);                                                    \
       case 2: return rows_fn<2>(panel, nblk, A, G, b0, acc);                                                    \

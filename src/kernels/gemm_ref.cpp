@@ -56,7 +56,7 @@ float q32_block(GgmlType t, const uint8_t* blk, int8_t q[kQK]) {
 // Activation quant of element k (of the current block) of slot s.
 inline int8_t act_q(const int8_t* blk, int64_t S, int k, int s) { return blk[((k / 4) * S + s) * 4 + k % 4]; }
 
-void run_q32(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0, float* acc) {
+void run_q32_body(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0, float* acc) {
   const int32_t off = q32_offset(A.wtype);
   const int64_t S = A.slots;
   for (int64_t i = 0; i < nblk; ++i, panel += Q32Panel::kBytes) {
@@ -76,7 +76,7 @@ void run_q32(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, i
   }
 }
 
-void run_k4(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0, float* acc) {
+void run_k4_body(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0, float* acc) {
   const int64_t S = A.slots;
   for (int64_t i = 0; i < nblk; ++i, panel += K4Panel::kBytes) {
     const int64_t b = b0 + i;
@@ -106,7 +106,7 @@ void run_k4(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, in
   }
 }
 
-void run_k6(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0, float* acc) {
+void run_k6_body(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0, float* acc) {
   const int64_t S = A.slots;
   for (int64_t i = 0; i < nblk; ++i, panel += K6Panel::kBytes) {
     const int64_t b = b0 + i;
@@ -128,6 +128,17 @@ void run_k6(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, in
       }
     }
   }
+}
+
+// The packed kernels' GemmAcc contract around the bodies above, which keep
+// the chains in a dense [slot][lane] array.
+template <void (*Body)(const uint8_t*, int64_t, const GemmActs&, int64_t, int, int64_t, float*)>
+void run_packed(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0,
+                const GemmAcc& acc) {
+  float chain[kGemmMaxRows * kGemmTile] = {};
+  if (acc.in != nullptr) std::memcpy(chain, acc.in, sizeof(float) * R * kGemmTile);
+  Body(panel, nblk, A, G, R, b0, chain);
+  for (int s = 0; s < R; ++s) std::memcpy(acc.out + s * acc.ld_out, chain + s * kGemmTile, sizeof(float) * kGemmTile);
 }
 
 // Row-wise reference: the same chains, straight from the stored blocks.
@@ -315,21 +326,21 @@ GemmKernel ref_kernel(GgmlType w) {
       k.block_elems = kQK;
       k.panel_block_bytes = Q32Panel::kBytes;
       k.pack = pack_q32_ref;
-      k.run = run_q32;
+      k.run = run_packed<run_q32_body>;
       k.rows = rows_q32;
       break;
     case GemmClass::kK4:
       k.block_elems = kQKK;
       k.panel_block_bytes = K4Panel::kBytes;
       k.pack = pack_k4_ref;
-      k.run = run_k4;
+      k.run = run_packed<run_k4_body>;
       k.rows = rows_k4;
       break;
     case GemmClass::kK6:
       k.block_elems = kQKK;
       k.panel_block_bytes = K6Panel::kBytes;
       k.pack = pack_k6_ref;
-      k.run = run_k6;
+      k.run = run_packed<run_k6_body>;
       k.rows = rows_k6;
       break;
     case GemmClass::kFloat:

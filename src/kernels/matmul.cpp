@@ -126,23 +126,30 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
       while (tile >= first_tile[m + 1]) ++m;
       const WeightMatrix& W = *Ws[m];
       const int64_t o0 = (tile - first_tile[m]) * kGemmTile;
-      std::fill(acc, acc + n_rows * kGemmTile, 0.0f);
+      const int64_t width = std::min<int64_t>(kGemmTile, W.rows - o0);
+      float* y = ys[m] + o0;
       for (int64_t c0 = 0; c0 < nb; c0 += chunk) {
         const int64_t c1 = std::min(nb, c0 + chunk);
         kern.pack(W, o0, c0, c1, panel);
+        // Chains start from +0 in the first chunk, pass through the scratch
+        // rows between chunks, and a full tile's last chunk writes y itself.
+        const bool first = c0 == 0, last = c1 == nb;
         for (int64_t g = 0; g < A.groups; ++g) {
           const int R = static_cast<int>(std::min<int64_t>(A.slots, n_rows - g * A.slots));
-          kern.run(panel, c1 - c0, A, g, R, c0, acc + g * A.slots * kGemmTile);
+          float* scratch_rows = acc + g * A.slots * kGemmTile;
+          GemmAcc io;
+          io.in = first ? nullptr : scratch_rows;
+          if (last && width == kGemmTile) {
+            io.out = y + g * A.slots * ldys[m];
+            io.ld_out = ldys[m];
+          } else {
+            io.out = scratch_rows;
+          }
+          kern.run(panel, c1 - c0, A, g, R, c0, io);
         }
       }
-      const int64_t width = std::min<int64_t>(kGemmTile, W.rows - o0);
-      float* y = ys[m] + o0;
-      if (width == kGemmTile) {
-        // A constant size, so the copy is inlined (a library call per row costs more).
-        for (int64_t r = 0; r < n_rows; ++r) std::memcpy(y + r * ldys[m], acc + r * kGemmTile, sizeof(float) * kGemmTile);
-      } else {
+      if (width < kGemmTile)
         for (int64_t r = 0; r < n_rows; ++r) std::copy_n(acc + r * kGemmTile, width, y + r * ldys[m]);
-      }
     }
   });
 }
