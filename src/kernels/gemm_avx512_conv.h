@@ -31,14 +31,14 @@ TD_CONV_FN __m256i nibbles32(const uint8_t* qs) {
 // Blocks blk and blk + kBlock as one register: [first 32 | second 32].
 TD_CONV_FN __m512i join(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); }
 
-// The nibbles of two consecutive 16-byte quant fields: [lo0 hi0 lo1 hi1].
+// The nibbles of two 16-byte quant fields: [lo0 hi0 lo1 hi1]. Each field is
+// broadcast to two 128-bit lanes (loads, no shuffle unit) and the upper copy
+// shifted down by a nibble.
 TD_CONV_FN __m512i nibbles64(const uint8_t* qs0, const uint8_t* qs1) {
-  const __m256i y = _mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0))),
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1)), 1);
-  const __m256i m = _mm256_set1_epi8(0x0F);
-  const __m512i z = join(_mm256_and_si256(y, m), _mm256_and_si256(_mm256_srli_epi16(y, 4), m));  // lo0 lo1 hi0 hi1
-  return _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+  __m512i z = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0)));
+  z = _mm512_mask_broadcast_i32x4(z, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1)));
+  z = _mm512_mask_srli_epi16(z, 0xFF00FF00u, z, 4);
+  return _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
 }
 
 struct Q4_0Conv {
@@ -70,8 +70,10 @@ struct Q8_0Conv {
     return _mm256_xor_si256(load256(blk + offsetof(BlockQ8_0, qs)), _mm256_set1_epi8(static_cast<char>(0x80)));
   }
   TD_CONV_FN __m512i pair(const uint8_t* blk) const {
-    return _mm512_xor_si512(join(load256(blk + offsetof(BlockQ8_0, qs)), load256(blk + kBlock + offsetof(BlockQ8_0, qs))),
-                            _mm512_set1_epi8(static_cast<char>(0x80)));
+    // Two broadcasts from memory rather than an insert: no shuffle unit.
+    __m512i z = _mm512_broadcast_i64x4(load256(blk + offsetof(BlockQ8_0, qs)));
+    z = _mm512_mask_broadcast_i64x4(z, 0xF0, load256(blk + kBlock + offsetof(BlockQ8_0, qs)));
+    return _mm512_xor_si512(z, _mm512_set1_epi8(static_cast<char>(0x80)));
   }
 };
 

@@ -157,52 +157,62 @@ TD_FN void transpose8x8(__m256i r[8]) {
 // q8_0 matrix. The block sums come out one row per vector; transposed, each
 // block's sums for the 8 rows share a vector, and the 8 chains advance in
 // the lanes of one FMA per block.
+// One chunk of n <= 8 blocks (kFull: n == 8) of q32_tile8. In a short last
+// chunk, missing blocks are zero vectors (their sums are never used) and the
+// activation loads are masked.
+template <typename Conv, int NA, bool kFull>
+TD_FN void q32_chunk8(const uint8_t* rows0, size_t stride, __m256i row_off, const GemmActs& A, int64_t r, int64_t b,
+                      int64_t n, int64_t pf, __m256 acc[NA]) {
+  const Conv conv;
+  __m256i S[NA][8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    const uint8_t* blk = rows0 + i * stride + b * Conv::kBlock;
+    prefetch_ahead(blk, 8 * Conv::kBlock, pf);
+    __m512i u[4];
+    for (int p = 0; p < 4; ++p) {
+      if (kFull || 2 * p + 1 < n) u[p] = conv.pair(blk + 2 * p * Conv::kBlock);
+      else if (2 * p < n) u[p] = _mm512_zextsi256_si512(conv(blk + 2 * p * Conv::kBlock));
+      else u[p] = _mm512_setzero_si512();
+    }
+    for (int m = 0; m < NA; ++m) {
+      const int8_t* a = A.qgroup(r + m) + b * kQK;
+      __m512i P[4];
+      for (int p = 0; p < 4; ++p) {
+        __m512i av;
+        if (kFull) {
+          av = _mm512_loadu_si512(a + 64 * p);
+        } else {
+          const int64_t bytes = std::clamp<int64_t>(n * kQK - 64 * p, 0, 64);
+          av = _mm512_maskz_loadu_epi8(bytes == 0 ? 0 : ~0ull >> (64 - bytes), a + 64 * p);
+        }
+        P[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[p], av);
+      }
+      S[m][i] = block_sums8(P);
+    }
+  }
+  for (int m = 0; m < NA; ++m) transpose8x8(S[m]);  // S[m][k]: block b + k, lane = row
+  for (int k = 0; k < (kFull ? 8 : n); ++k) {
+    const __m256i h = _mm256_i32gather_epi32(reinterpret_cast<const int*>(rows0 + (b + k) * Conv::kBlock), row_off, 1);
+    const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(h));
+    for (int m = 0; m < NA; ++m) {
+      const __m256i sum = _mm256_add_epi32(S[m][k], _mm256_set1_epi32(A.egroup(r + m)[b + k]));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(A.sgroup(r + m)[b + k])), acc[m]);
+    }
+  }
+}
+
 template <typename Conv, int NA>
 TD_FN void q32_tile8(const uint8_t* rows0, size_t stride, const GemmActs& A, int64_t r, float* y, int64_t ldy,
                      int64_t pf) {
-  const Conv conv;
   const int64_t nb = A.nb;
   const __m256i row_off = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                              _mm256_set1_epi32(static_cast<int32_t>(stride)));
   __m256 acc[NA];
   for (int m = 0; m < NA; ++m) acc[m] = _mm256_setzero_ps();
-  // Chunks of up to 8 blocks; in the last, short one, missing blocks are
-  // zero vectors (their sums are never used) and activation loads are masked.
-  for (int64_t b = 0; b < nb; b += 8) {
-    const int64_t n = std::min<int64_t>(8, nb - b);
-    __m256i S[NA][8];
-    for (int i = 0; i < 8; ++i) {
-      const uint8_t* blk = rows0 + i * stride + b * Conv::kBlock;
-      prefetch_ahead(blk, 8 * Conv::kBlock, pf);
-      __m512i u[4];
-      for (int p = 0; p < 4; ++p) {
-        if (2 * p + 1 < n) u[p] = conv.pair(blk + 2 * p * Conv::kBlock);
-        else if (2 * p < n) u[p] = _mm512_zextsi256_si512(conv(blk + 2 * p * Conv::kBlock));
-        else u[p] = _mm512_setzero_si512();
-      }
-      for (int m = 0; m < NA; ++m) {
-        const int8_t* a = A.qgroup(r + m) + b * kQK;
-        __m512i P[4];
-        for (int p = 0; p < 4; ++p) {
-          const int64_t bytes = std::clamp<int64_t>(n * kQK - 64 * p, 0, 64);
-          const __m512i av = bytes == 64 ? _mm512_loadu_si512(a + 64 * p)
-                                         : _mm512_maskz_loadu_epi8(bytes == 0 ? 0 : ~0ull >> (64 - bytes), a + 64 * p);
-          P[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[p], av);
-        }
-        S[m][i] = block_sums8(P);
-      }
-    }
-    for (int m = 0; m < NA; ++m) transpose8x8(S[m]);  // S[m][k]: block b + k, lane = row
-    for (int k = 0; k < n; ++k) {
-      const __m256i h = _mm256_i32gather_epi32(reinterpret_cast<const int*>(rows0 + (b + k) * Conv::kBlock), row_off, 1);
-      const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(h));
-      for (int m = 0; m < NA; ++m) {
-        const __m256i sum = _mm256_add_epi32(S[m][k], _mm256_set1_epi32(A.egroup(r + m)[b + k]));
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(A.sgroup(r + m)[b + k])),
-                                 acc[m]);
-      }
-    }
-  }
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) q32_chunk8<Conv, NA, true>(rows0, stride, row_off, A, r, b, 8, pf, acc);
+  if (b < nb) q32_chunk8<Conv, NA, false>(rows0, stride, row_off, A, r, b, nb - b, pf, acc);
   for (int m = 0; m < NA; ++m) _mm256_storeu_ps(y + m * ldy, acc[m]);
 }
 
