@@ -224,11 +224,12 @@ TD_FN __m128 hsum_pair(__m512i isum, __m128i msum) {
   return _mm_cvtepi32_ps(_mm_hadd_epi32(h, h));
 }
 
-// Which sub-blocks the lanes of quant vector x hold: (0, 2), (1, 3), (4, 6), (5, 7).
-alignas(64) constexpr int32_t kK4Spread[4][16] = {{0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2},
-                                                  {1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3},
-                                                  {4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6},
-                                                  {5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7}};
+// Quant vector c holds sub-blocks 2c (lanes 0-7) and 2c+1 (lanes 8-15):
+// elements 64c..64c+63 in order, so activations load as they are.
+alignas(64) constexpr int32_t kK4Spread[4][16] = {{0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1},
+                                                  {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+                                                  {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5},
+                                                  {6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7}};
 
 // q4_K / q5_K: NW weight rows x NA activation rows.
 template <typename Block, int NW, int NA>
@@ -245,20 +246,22 @@ TD_FN void k4_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, flo
     for (int i = 0; i < NW; ++i) {
       const uint8_t* blk = w[i] + b * sizeof(Block);
       prefetch_ahead(blk, sizeof(Block), pf);
-      const __m512i q0 = _mm512_loadu_si512(blk + offsetof(Block, qs));
-      const __m512i q1 = _mm512_loadu_si512(blk + offsetof(Block, qs) + 64);
-      q[i][0] = _mm512_and_si512(q0, m4);
-      q[i][1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
-      q[i][2] = _mm512_and_si512(q1, m4);
-      q[i][3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
+      // qs[32c + l] holds element 64c + l (low nibble) and 64c + 32 + l
+      // (high): broadcast the 32 bytes to both halves (a load, no shuffle)
+      // and shift the upper copy down a nibble.
+      for (int c = 0; c < 4; ++c) {
+        const __m512i z = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * c)));
+        q[i][c] = _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xFFFF0000u, z, 4), m4);
+      }
       if constexpr (kQ5) {
         // Bit j of qh[l] is the fifth bit of element 32j + l.
         const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ5K, qh))));
-        for (int x = 0; x < 4; ++x) {
-          const int j0 = kK4Spread[x][0], j1 = kK4Spread[x][8];
+        for (int c = 0; c < 4; ++c) {
           const __mmask64 hit = _mm512_test_epi8_mask(
-              qh, _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << j0)), _mm256_set1_epi8(static_cast<char>(1 << j1)), 1));
-          q[i][x] = _mm512_mask_add_epi8(q[i][x], hit, q[i][x], _mm512_set1_epi8(0x10));
+              qh, _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * c))),
+                                     _mm256_set1_epi8(static_cast<char>(1 << (2 * c + 1))), 1));
+          q[i][c] = _mm512_mask_add_epi8(q[i][c], hit, q[i][c], _mm512_set1_epi8(0x10));
         }
       }
       uint32_t words[4];
@@ -272,11 +275,8 @@ TD_FN void k4_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, flo
     }
     for (int m = 0; m < NA; ++m) {
       const int8_t* a = A.qgroup(r + m) + b * kQKK;
-      const __m512i a0 = _mm512_loadu_si512(a), a1 = _mm512_loadu_si512(a + 64);
-      const __m512i a2 = _mm512_loadu_si512(a + 128), a3 = _mm512_loadu_si512(a + 192);
-      // Elements of sub-blocks (0, 2), (1, 3), (4, 6), (5, 7).
-      const __m512i av[4] = {_mm512_shuffle_i64x2(a0, a1, 0x44), _mm512_shuffle_i64x2(a0, a1, 0xEE),
-                             _mm512_shuffle_i64x2(a2, a3, 0x44), _mm512_shuffle_i64x2(a2, a3, 0xEE)};
+      const __m512i av[4] = {_mm512_loadu_si512(a), _mm512_loadu_si512(a + 64), _mm512_loadu_si512(a + 128),
+                             _mm512_loadu_si512(a + 192)};
       const __m128i bp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(A.egroup(r + m) + b * 4));
       const __m128 da = _mm_set_ss(A.sgroup(r + m)[b]);
       for (int i = 0; i < NW; ++i) {
@@ -452,8 +452,10 @@ TD_FN void float_tile(const uint8_t* const w[NW], const float* const a[NA], int6
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     __m512 wv[NW];
+    // One prefetch per 64-byte line: every step for f32, every other for 16-bit types.
+    const bool new_line = Load::kBytes == 4 || (k & 31) == 0;
     for (int i = 0; i < NW; ++i) {
-      _mm_prefetch(reinterpret_cast<const char*>(w[i] + k * Load::kBytes + pf), _MM_HINT_T0);
+      if (new_line) _mm_prefetch(reinterpret_cast<const char*>(w[i] + k * Load::kBytes + pf), _MM_HINT_T0);
       wv[i] = load(w[i], k);
     }
     for (int m = 0; m < NA; ++m) {
@@ -489,14 +491,14 @@ TD_FN void float_tile_n(int64_t na, const uint8_t* const w[NW], const float* con
 }
 
 // Weight rows in blocks of 64 (kept in L2 while every activation row passes),
-// activation rows 6 at a time (in L1), register tiles of 6 x 4; a single
-// activation row takes 8 weight rows at once instead, for 8 independent
-// chains.
+// activation rows 6 at a time (in L1), register tiles of 6 x 4. A single
+// activation row (decode) gets 4 chains, enough to hide the FMA latency;
+// 8 weight rows side by side measured slower (more streams to prefetch).
 template <typename Load>
 TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
                         float* y, int64_t ldy) {
   const int64_t K = A.cols;
-  const int64_t pf8 = prefetch_distance(W.row_stride, 8), pf4 = prefetch_distance(W.row_stride, 4);
+  const int64_t pf4 = prefetch_distance(W.row_stride, 4);
   for (int64_t ob = o0; ob < o1; ob += 64) {
     const int64_t oe = std::min(o1, ob + 64);
     for (int64_t r = r0; r < r1; r += 6) {
@@ -504,13 +506,6 @@ TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const Gem
       const float* a[6];
       for (int m = 0; m < 6; ++m) a[m] = A.fgroup(std::min(r + m, r1 - 1));
       int64_t o = ob;
-      if (na == 1) {
-        for (; o + 8 <= oe; o += 8) {
-          const uint8_t* w[8];
-          for (int i = 0; i < 8; ++i) w[i] = W.row(o + i);
-          float_tile<Load, 1, 8>(w, a, K, y + r * ldy + o, ldy, pf8);
-        }
-      }
       for (; o + 4 <= oe; o += 4) {
         const uint8_t* w[4] = {W.row(o), W.row(o + 1), W.row(o + 2), W.row(o + 3)};
         float_tile_n<Load, 4>(na, w, a, K, y + r * ldy + o, ldy, pf4);
