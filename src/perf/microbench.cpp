@@ -97,7 +97,12 @@ __attribute__((target("avx512f"))) uint64_t read_avx512(const uint8_t* p, size_t
     c = _mm512_add_epi64(c, _mm512_load_si512(p + i + 128));
     d = _mm512_add_epi64(d, _mm512_load_si512(p + i + 192));
   }
-  return static_cast<uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(c, d))));
+  // Wrapping sum: the intrinsic reduction adds as signed and overflows (UB).
+  alignas(64) uint64_t out[8];
+  _mm512_store_si512(out, _mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(c, d)));
+  uint64_t s = 0;
+  for (uint64_t v : out) s += v;
+  return s;
 }
 #endif
 
@@ -118,18 +123,31 @@ float fma_scalar(int64_t iters) {
 }
 
 int32_t int8_scalar(int64_t iters) {
-  int32_t acc[8];
+  uint32_t acc[8];  // wraps by design, as the SIMD lanes do
   for (int k = 0; k < 8; ++k) acc[k] = k;
   for (int64_t i = 0; i < iters; ++i)
-    for (int k = 0; k < 8; ++k) acc[k] += static_cast<int32_t>(static_cast<int8_t>(acc[k])) * 3;
-  int32_t s = 0;
-  for (int32_t v : acc) s += v;
-  return s;
+    for (int k = 0; k < 8; ++k)
+      acc[k] += static_cast<uint32_t>(static_cast<int32_t>(static_cast<int8_t>(acc[k] & 0xff)) * 3);
+  uint32_t s = 0;
+  for (uint32_t v : acc) s += v;
+  return static_cast<int32_t>(s);
 }
 
 #if defined(__x86_64__)
 constexpr int kChains256 = 12;  // 16 ymm registers: 12 chains + operands
 constexpr int kChains512 = 16;
+
+// The accumulators wrap by design (their value only keeps the loop alive);
+// summing lanes as unsigned keeps that well-defined, unlike the signed
+// reductions in the intrinsic headers.
+template <typename V>
+int32_t wrap_sum(V v) {
+  uint32_t lanes[sizeof(V) / 4];
+  std::memcpy(lanes, &v, sizeof(V));
+  uint32_t s = 0;
+  for (uint32_t x : lanes) s += x;
+  return static_cast<int32_t>(s);
+}
 
 __attribute__((target("avx2,fma"))) float fma_avx2(int64_t iters) {
   const __m256 a = _mm256_set1_ps(0.9999f), b = _mm256_set1_ps(1e-4f);
@@ -172,7 +190,7 @@ __attribute__((target("avx2"))) int32_t int8_avx2(int64_t iters) {
   }
   __m256i s = acc[0];
   for (int k = 1; k < kChains256; ++k) s = _mm256_add_epi32(s, acc[k]);
-  return _mm256_extract_epi32(s, 0) + _mm256_extract_epi32(s, 7);
+  return wrap_sum(s);
 }
 
 __attribute__((target("avx2,avxvnni"))) int32_t int8_avx2_vnni(int64_t iters) {
@@ -185,7 +203,7 @@ __attribute__((target("avx2,avxvnni"))) int32_t int8_avx2_vnni(int64_t iters) {
   }
   __m256i s = acc[0];
   for (int k = 1; k < kChains256; ++k) s = _mm256_add_epi32(s, acc[k]);
-  return _mm256_extract_epi32(s, 0) + _mm256_extract_epi32(s, 7);
+  return wrap_sum(s);
 }
 
 __attribute__((target("avx512f,avx512bw"))) int32_t int8_avx512(int64_t iters) {
@@ -199,7 +217,7 @@ __attribute__((target("avx512f,avx512bw"))) int32_t int8_avx512(int64_t iters) {
   }
   __m512i s = acc[0];
   for (int k = 1; k < kChains512; ++k) s = _mm512_add_epi32(s, acc[k]);
-  return _mm512_reduce_add_epi32(s);
+  return wrap_sum(s);
 }
 
 __attribute__((target("avx512f,avx512vnni"))) int32_t int8_avx512_vnni(int64_t iters) {
@@ -212,7 +230,7 @@ __attribute__((target("avx512f,avx512vnni"))) int32_t int8_avx512_vnni(int64_t i
   }
   __m512i s = acc[0];
   for (int k = 1; k < kChains512; ++k) s = _mm512_add_epi32(s, acc[k]);
-  return _mm512_reduce_add_epi32(s);
+  return wrap_sum(s);
 }
 
 __attribute__((target("avx512f,avx512bf16"))) float bf16_avx512(int64_t iters) {
