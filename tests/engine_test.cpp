@@ -201,24 +201,29 @@ TEST_F(EngineTest, BoundedWaitQueueAndBadRequests) {
 }
 
 // Chunked prefill: while a long prompt is prefilled in chunks, a running
-// decode still gets a token every step.
+// decode still gets a token every step. Both with prompt chunks sized by
+// tokens alone and with the pacer sizing them by measured step cost.
 TEST_F(EngineTest, LongPromptDoesNotStallDecodes) {
-  EngineConfig cfg{.threads = 2, .max_context = 512, .max_batch_tokens = 32};
-  Engine e(*model_, cfg);
-  Out chat, longp;
-  e.submit(tok("Once upon a time"), greedy(60), collect(chat));
-  for (int i = 0; i < 3; ++i) e.step();  // the chat is decoding now
-  std::string big;
-  for (int i = 0; i < 20; ++i) big += "The little dog ran to the park and played with a ball. ";
-  e.submit(tok(big), greedy(4), collect(longp));
-  size_t before = chat.tokens[0].size();
-  int steps = 0;
-  while (longp.tokens[0].empty() && e.step()) {
-    ++steps;
-    EXPECT_EQ(chat.tokens[0].size(), before + steps) << "the chat missed a token at step " << steps;
+  for (double factor : {0.0, 1.5}) {
+    EngineConfig cfg{.threads = 2, .max_context = 512, .max_batch_tokens = 32, .step_factor = factor};
+    Engine e(*model_, cfg);
+    Out chat, longp;
+    e.submit(tok("Once upon a time"), greedy(400), collect(chat));
+    for (int i = 0; i < 3; ++i) e.step();  // the chat is decoding now
+    std::string big;
+    for (int i = 0; i < 20; ++i) big += "The little dog ran to the park and played with a ball. ";
+    e.submit(tok(big), greedy(4), collect(longp));
+    size_t before = chat.tokens[0].size();
+    int steps = 0;
+    while (longp.tokens[0].empty() && chat.finished == 0 && e.step()) {
+      ++steps;
+      ASSERT_EQ(chat.tokens[0].size(), before + steps) << "the chat missed a token at step " << steps;
+    }
+    EXPECT_FALSE(longp.tokens[0].empty()) << "the long prompt was not done while the chat ran";
+    EXPECT_GT(steps, 5);  // the prompt really was chunked
+    run_until_idle(e);
+    EXPECT_EQ(longp.reason[0], "length");
   }
-  EXPECT_GT(steps, 5);  // the prompt really was chunked
-  run_until_idle(e);
 }
 
 }  // namespace

@@ -27,6 +27,7 @@ struct ServeOpts {
   int port = 8080;
   int32_t threads = 0, ctx = 0, max_batch_tokens = 0, max_seqs = 32, max_waiting = 256, http_threads = 0;
   int64_t kv_tokens = 0;
+  double step_factor = 1.5;
   bool no_prefix_cache = false;
 };
 
@@ -80,6 +81,7 @@ int serve(const ServeOpts& o) {
   ec.max_waiting = o.max_waiting;
   ec.policy = o.policy == "throughput" ? SchedulePolicy::kThroughput : SchedulePolicy::kLatency;
   ec.prefix_caching = !o.no_prefix_cache;
+  ec.step_factor = o.step_factor;
   Engine engine(*model, ec);
 
   server::ServerConfig sc;
@@ -135,6 +137,11 @@ void add_serve_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--policy", o->policy, "Scheduling: latency (chat) or throughput (batch jobs)")
       ->capture_default_str();
+  cmd->add_option("--step-factor", o->step_factor,
+                  "Latency policy: steps that prefill next to running decodes aim at this multiple of a "
+                  "decode-only step's time (<= 1: off, prompt chunks sized by tokens alone)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 100.0));
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not share KV blocks between requests");
   cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (0: max-seqs + max-waiting + 8)")
       ->capture_default_str();

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "engine/prefill_pacer.h"
 #include "engine/scheduler.h"
 #include "engine/step_log.h"
 #include "kv/block_manager.h"
@@ -31,6 +32,7 @@ struct Engine::Impl {
   std::unique_ptr<KvCache> kv;
   std::unique_ptr<BlockManager> blocks;
   std::unique_ptr<Scheduler> sched;
+  std::unique_ptr<PrefillPacer> pacer;  // latency policy only
   StepLog steps;
 
   // Inbox: filled by submit()/cancel() on any thread, drained by step().
@@ -101,9 +103,16 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c) : model(m), cfg(c), pool(c.t
   const bool latency = c.policy == SchedulePolicy::kLatency;
   sc.max_batch_tokens = c.max_batch_tokens > 0 ? c.max_batch_tokens : (latency ? 256 : 1024);
   sc.prefill_chunk = latency ? std::min(sc.max_batch_tokens, 128) : sc.max_batch_tokens;
+  sc.shortest_prompt_first = latency;
   sc.max_seqs = c.max_seqs;
   sc.max_context = max_context;
   sched = std::make_unique<Scheduler>(sc, *blocks);
+  if (latency && c.step_factor > 1.0) {
+    PacerConfig pc;
+    pc.step_factor = c.step_factor;
+    pc.max_tokens = sc.max_batch_tokens;
+    pacer = std::make_unique<PrefillPacer>(pc);
+  }
   metrics.kv_blocks_total = n_blocks;
 }
 
@@ -252,7 +261,8 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg) {
 
 bool Engine::Impl::step() {
   drain_inbox();
-  std::vector<ScheduledSeq> sched_batch = sched->schedule();
+  const int32_t prefill_budget = pacer ? pacer->budget(sched->n_decoding()) : INT32_MAX;
+  std::vector<ScheduledSeq> sched_batch = sched->schedule(prefill_budget);
   update_gauges();
   if (sched_batch.empty()) return false;
 
@@ -283,6 +293,7 @@ bool Engine::Impl::step() {
   const double t1 = steps.now();
   const Phase phase = n_prefill_rows == 0 ? Phase::kDecode : (n_decode == 0 ? Phase::kPrefill : Phase::kMixed);
   steps.add({phase, t0, t1, static_cast<int32_t>(batch.size()), static_cast<int32_t>(sched_batch.size())});
+  if (pacer) pacer->observe(t1 - t0, n_decode, n_prefill_rows);
   {
     std::lock_guard<std::mutex> lock(metrics_mu);
     ++metrics.steps;

@@ -39,6 +39,10 @@ struct EngineConfig {
   int32_t max_seqs = 32;             // sequences per step
   int32_t max_waiting = 256;         // bounded wait queue: submit() beyond it is refused
   SchedulePolicy policy = SchedulePolicy::kLatency;
+  // Latency policy: a step that prefills next to running decodes aims at this
+  // multiple of a decode-only step's time (see engine/prefill_pacer.h);
+  // <= 1 turns pacing off (prompt chunks are then sized by tokens alone).
+  double step_factor = 1.5;
   bool prefix_caching = true;
 };
 

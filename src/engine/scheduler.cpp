@@ -21,6 +21,11 @@ void Scheduler::insert_waiting(std::unique_ptr<Sequence> seq) {
   waiting_.insert(it, std::move(seq));
 }
 
+int32_t Scheduler::n_decoding() const {
+  return static_cast<int32_t>(
+      std::count_if(running_.begin(), running_.end(), [](const auto& s) { return s->n_uncomputed() == 1 && !s->fork_pending; }));
+}
+
 void Scheduler::add(std::unique_ptr<Sequence> seq) { insert_waiting(std::move(seq)); }
 
 void Scheduler::add_running(std::unique_ptr<Sequence> seq) {
@@ -71,7 +76,7 @@ bool Scheduler::make_room(Sequence* needy, int32_t end, std::vector<ScheduledSeq
   return true;
 }
 
-std::vector<ScheduledSeq> Scheduler::schedule() {
+std::vector<ScheduledSeq> Scheduler::schedule(int32_t prefill_budget) {
   std::vector<ScheduledSeq> batch;
   int32_t budget = cfg_.max_batch_tokens;
   std::sort(running_.begin(), running_.end(), [](const auto& a, const auto& b) { return before(*a, *b); });
@@ -88,34 +93,55 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
     batch.push_back({s, 1});
     --budget;
   }
+  int32_t left = std::min(budget, prefill_budget);
+  if (left <= 0) return batch;
 
-  // 2. Prompts in progress: the next chunk.
-  std::vector<Sequence*> prefilling;
-  for (auto& s : running_)
-    if (s->n_uncomputed() > 1) prefilling.push_back(s.get());
-  for (Sequence* s : prefilling) {
-    if (budget <= 0) break;
-    if (s->status != SeqStatus::kRunning) continue;
-    const int32_t n = std::min({s->n_uncomputed(), budget, cfg_.prefill_chunk});
-    if (!make_room(s, s->n_computed() + n, batch)) continue;
-    batch.push_back({s, n});
-    budget -= n;
-  }
-
-  // 3. Admissions.
-  while (budget > 0 && !waiting_.empty() && static_cast<int32_t>(running_.size()) < cfg_.max_seqs) {
+  // 2. Admissions, by (priority, arrival), head-of-line so that order holds
+  // and nobody starves. An admitted sequence holds its prompt's blocks and
+  // competes for prompt tokens below; it need not run this step.
+  while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < cfg_.max_seqs) {
     Sequence* s = waiting_.front().get();
-    if (!blocks_.can_allocate(s->tokens)) break;  // head-of-line: keeps priority order, no starvation
+    if (!blocks_.can_allocate(s->tokens)) break;
     blocks_.allocate(s->blocks, s->tokens);  // n_computed = prompt tokens found in the prefix cache
     if (s->n_generated() == 0) s->n_cached_prompt = s->n_computed();
     std::unique_ptr<Sequence> owned = std::move(waiting_.front());
     waiting_.pop_front();
     owned->status = SeqStatus::kRunning;
-    const int32_t n = std::min({owned->n_uncomputed(), budget, cfg_.prefill_chunk});
-    blocks_.append(owned->blocks, owned->n_computed() + n);  // allocate left room for this
-    batch.push_back({owned.get(), n});
-    budget -= n;
     running_.push_back(std::move(owned));
+  }
+
+  // 3. Prompt chunks. Shortest remaining prompt first (within a priority)
+  // when chunks are small, so a chat's short prompt is not queued behind a
+  // long document's chunks; but the earliest-arrived prompt always gets at
+  // least a quarter of the step's prompt tokens, so it cannot starve.
+  std::vector<Sequence*> prompts;
+  for (auto& s : running_) {
+    const bool scheduled = std::any_of(batch.begin(), batch.end(), [&](const ScheduledSeq& b) { return b.seq == s.get(); });
+    if (!scheduled && s->n_uncomputed() >= 1) prompts.push_back(s.get());
+  }
+  if (prompts.empty()) return batch;
+  Sequence* oldest = *std::min_element(prompts.begin(), prompts.end(), [](Sequence* a, Sequence* b) { return before(*a, *b); });
+  if (cfg_.shortest_prompt_first)
+    std::stable_sort(prompts.begin(), prompts.end(), [](Sequence* a, Sequence* b) {
+      if (a->priority() != b->priority()) return a->priority() > b->priority();
+      return a->n_uncomputed() < b->n_uncomputed();
+    });
+  std::vector<int32_t> give(prompts.size(), 0);
+  auto grant = [&](size_t i, int32_t most) {
+    const int32_t n = std::min({prompts[i]->n_uncomputed() - give[i], cfg_.prefill_chunk - give[i], left, most});
+    if (n > 0) {
+      give[i] += n;
+      left -= n;
+    }
+  };
+  const size_t oi = std::find(prompts.begin(), prompts.end(), oldest) - prompts.begin();
+  grant(oi, std::max(1, (left + 3) / 4));
+  for (size_t i = 0; i < prompts.size() && left > 0; ++i) grant(i, left);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Sequence* s = prompts[i];
+    if (give[i] == 0 || s->status != SeqStatus::kRunning) continue;
+    if (!make_room(s, s->n_computed() + give[i], batch)) continue;
+    batch.push_back({s, give[i]});
   }
   return batch;
 }

@@ -3,9 +3,11 @@
 //
 //   1. Running sequences that are decoding take one token each (decode is
 //      never stalled by prefill: that is what chunked prefill buys).
-//   2. Running sequences part-way through their prompt take the next chunk.
-//   3. Waiting sequences are admitted by (priority, arrival) while the budget,
-//      the sequence limit and the KV blocks allow.
+//   2. Waiting sequences are admitted by (priority, arrival) while the
+//      sequence limit and the KV blocks allow.
+//   3. Sequences with prompt tokens left share the step's prompt-token budget
+//      (the smaller of what decodes left of the step budget and the pacer's
+//      share), in chunks.
 // When a running sequence needs a block and none is free, the lowest-priority,
 // latest-arrived running sequence is preempted: its blocks are freed and it
 // goes back to the front of its priority in the wait queue to be recomputed
@@ -27,6 +29,7 @@ struct SchedulerConfig {
   int32_t max_batch_tokens = 256;
   int32_t max_seqs = 32;
   int32_t prefill_chunk = 256;   // most prompt tokens of one sequence per step
+  bool shortest_prompt_first = false;  // order prompt chunks by remaining length (latency policy)
   int32_t max_context = 4096;
 };
 
@@ -40,7 +43,9 @@ class Scheduler {
   Scheduler(const SchedulerConfig& cfg, BlockManager& blocks) : cfg_(cfg), blocks_(blocks) {}
 
   void add(std::unique_ptr<Sequence> seq);   // to the wait queue
-  std::vector<ScheduledSeq> schedule();
+  // `prefill_budget` caps the prompt tokens of this step (the pacer's share);
+  // decodes are never capped by it.
+  std::vector<ScheduledSeq> schedule(int32_t prefill_budget = INT32_MAX);
   // Removes a finished sequence (its blocks must already be freed).
   std::unique_ptr<Sequence> remove(Sequence* seq);
   void preempt(Sequence* seq);               // frees blocks, back to waiting
@@ -54,6 +59,8 @@ class Scheduler {
   void add_running(std::unique_ptr<Sequence> seq);
 
   size_t n_running() const { return running_.size(); }
+  // Running sequences that would decode one token next step.
+  int32_t n_decoding() const;
   size_t n_waiting() const { return waiting_.size(); }
   uint64_t preemptions() const { return preemptions_; }
   bool idle() const { return running_.empty() && waiting_.empty(); }

@@ -1,0 +1,50 @@
+// Sizes the prefill work of a step in time rather than in tokens.
+//
+// On a CPU prefill is compute-bound: one prompt token costs a large fraction
+// of what a whole decode step costs (a decode step reads every weight once
+// for all its rows). A step that carries a fixed chunk of 128 prompt tokens
+// next to running chats therefore takes several decode steps' time, and the
+// chats' time per output token grows with it. The pacer measures what a
+// decode-only step costs and what one prompt token adds to a step, and gives
+// each step only as many prompt tokens as keep it within `step_factor` times
+// the decode-only step: the chats slow down by a bounded factor whatever the
+// model and machine, and long prompts still advance every step.
+#pragma once
+
+#include <cstdint>
+
+namespace tandem {
+
+struct PacerConfig {
+  double step_factor = 1.5;  // a mixed step aims at this multiple of a decode-only step; <= 1: no pacing
+  int32_t min_tokens = 4;    // prompt tokens per step at least, so prefill always advances
+  int32_t max_tokens = 256;  // and at most (the scheduler's budget)
+  int32_t recalibrate_every = 64;  // mixed steps between two decode-only measurements
+};
+
+class PrefillPacer {
+ public:
+  explicit PrefillPacer(const PacerConfig& cfg) : cfg_(cfg) {}
+
+  // Prompt tokens the next step may carry when `decode_rows` sequences are
+  // decoding. 0 asks for a decode-only step to measure its cost (at most once
+  // every `recalibrate_every` mixed steps, or when the number of decoding
+  // sequences has changed by more than half).
+  int32_t budget(int32_t decode_rows) const;
+
+  // Records a finished step: its wall time and how many decode and prompt rows it ran.
+  void observe(double seconds, int32_t decode_rows, int32_t prefill_rows);
+
+  bool enabled() const { return cfg_.step_factor > 1.0; }
+  double decode_step_s() const { return t_decode_; }       // < 0: not measured yet
+  double prefill_token_s() const { return t_token_; }      // < 0: not measured yet
+
+ private:
+  PacerConfig cfg_;
+  double t_decode_ = -1;     // seconds of a decode-only step (moving average)
+  int32_t decode_rows_at_ = 0;  // decoding sequences when t_decode_ was measured
+  double t_token_ = -1;      // seconds one prompt token adds to a step (moving average)
+  int32_t mixed_since_ = 0;  // mixed steps since t_decode_ was last measured
+};
+
+}  // namespace tandem

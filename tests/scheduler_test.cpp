@@ -1,0 +1,138 @@
+// The scheduler and the prefill pacer on their own: which sequences a step
+// runs and how many of their tokens.
+#include <algorithm>
+#include <memory>
+
+#include <gtest/gtest.h>
+
+#include "engine/prefill_pacer.h"
+#include "engine/scheduler.h"
+#include "kv/block_manager.h"
+
+namespace tandem {
+namespace {
+
+std::unique_ptr<Sequence> make_seq(uint64_t arrival, int32_t n_prompt, int32_t priority = 0) {
+  auto s = std::make_unique<Sequence>();
+  s->req = std::make_shared<RequestState>();
+  s->req->params.priority = priority;
+  s->arrival_order = arrival;
+  s->id = arrival;
+  for (int32_t i = 0; i < n_prompt; ++i) s->tokens.push_back(static_cast<int32_t>(arrival * 1000 + i));
+  s->n_prompt = n_prompt;
+  return s;
+}
+
+int32_t tokens_of(const std::vector<ScheduledSeq>& batch, const Sequence* s) {
+  for (const ScheduledSeq& b : batch)
+    if (b.seq == s) return b.n_tokens;
+  return 0;
+}
+
+// Runs a batch as the engine would: K/V written, then committed.
+void commit(BlockManager& bm, const std::vector<ScheduledSeq>& batch) {
+  for (const ScheduledSeq& b : batch) bm.commit(b.seq->blocks, b.seq->tokens, b.seq->n_computed() + b.n_tokens);
+}
+
+TEST(Scheduler, ShortPromptOvertakesALongOneButTheLongOneKeepsMoving) {
+  BlockManager bm(256, 16, false);
+  SchedulerConfig cfg{.max_batch_tokens = 64, .max_seqs = 8, .prefill_chunk = 64, .shortest_prompt_first = true};
+  Scheduler sched(cfg, bm);
+  auto long_seq = make_seq(1, 1000);
+  Sequence* lp = long_seq.get();
+  sched.add(std::move(long_seq));
+  auto b = sched.schedule();
+  EXPECT_EQ(tokens_of(b, lp), 64);
+  commit(bm, b);
+
+  auto short_seq = make_seq(2, 20);
+  Sequence* sp = short_seq.get();
+  sched.add(std::move(short_seq));
+  b = sched.schedule(/*prefill_budget=*/24);
+  // The oldest prompt's reserved quarter first, then the short one, shortest first.
+  EXPECT_EQ(tokens_of(b, lp), 6);
+  EXPECT_EQ(tokens_of(b, sp), 18);
+  commit(bm, b);
+  b = sched.schedule(24);
+  EXPECT_EQ(tokens_of(b, sp), 2);   // its last prompt tokens
+  EXPECT_EQ(tokens_of(b, lp), 22);  // the rest of the budget
+  commit(bm, b);
+  EXPECT_EQ(sp->n_uncomputed(), 0);
+}
+
+TEST(Scheduler, ArrivalOrderWithoutShortestFirst) {
+  BlockManager bm(256, 16, false);
+  SchedulerConfig cfg{.max_batch_tokens = 64, .max_seqs = 8, .prefill_chunk = 64};
+  Scheduler sched(cfg, bm);
+  auto a = make_seq(1, 200), b = make_seq(2, 10);
+  Sequence *pa = a.get(), *pb = b.get();
+  sched.add(std::move(a));
+  sched.add(std::move(b));
+  auto batch = sched.schedule();
+  EXPECT_EQ(tokens_of(batch, pa), 64);
+  EXPECT_EQ(tokens_of(batch, pb), 0);
+}
+
+TEST(Scheduler, DecodesAreNeverCappedByThePrefillBudget) {
+  BlockManager bm(256, 16, false);
+  SchedulerConfig cfg{.max_batch_tokens = 64, .max_seqs = 8, .prefill_chunk = 64, .shortest_prompt_first = true};
+  Scheduler sched(cfg, bm);
+  std::vector<Sequence*> seqs;
+  for (int i = 0; i < 3; ++i) {
+    auto s = make_seq(i + 1, 5);
+    seqs.push_back(s.get());
+    sched.add(std::move(s));
+  }
+  auto b = sched.schedule();
+  commit(bm, b);
+  for (Sequence* s : seqs) s->tokens.push_back(7);  // each sampled a token: decoding now
+  EXPECT_EQ(sched.n_decoding(), 3);
+  auto late = make_seq(9, 40);
+  Sequence* lp = late.get();
+  sched.add(std::move(late));
+  b = sched.schedule(0);  // a decode-only (calibration) step
+  EXPECT_EQ(b.size(), 3u);
+  EXPECT_EQ(tokens_of(b, lp), 0);
+  EXPECT_EQ(sched.n_waiting(), 1u);  // not admitted on a step without prompt tokens
+  commit(bm, b);
+  for (Sequence* s : seqs) s->tokens.push_back(7);
+  b = sched.schedule(5);
+  EXPECT_EQ(b.size(), 4u);
+  EXPECT_EQ(tokens_of(b, lp), 5);
+}
+
+TEST(PrefillPacer, SizesPromptWorkByMeasuredCost) {
+  PacerConfig pc{.step_factor = 1.5, .min_tokens = 4, .max_tokens = 256, .recalibrate_every = 8};
+  PrefillPacer p(pc);
+  EXPECT_EQ(p.budget(0), 256);  // nothing decoding: no reason to hold prefill back
+  EXPECT_EQ(p.budget(4), 0);    // decoding but never measured: a decode-only step first
+  p.observe(0.25, 4, 0);        // decode-only step of 4 rows
+  EXPECT_EQ(p.budget(4), 4);    // token cost unknown: the minimum
+  p.observe(0.375, 4, 8);       // 8 prompt rows added 0.125 s
+  // (1.5 - 1) * 0.25 s / (0.125 s / 8)
+  EXPECT_EQ(p.budget(4), 8);
+  EXPECT_EQ(p.budget(5), 8);    // a slightly different batch keeps the estimate
+  EXPECT_EQ(p.budget(9), 0);    // more than twice the rows: measure again
+  EXPECT_EQ(p.budget(1), 0);    // less than half
+  for (int i = 0; i < 7; ++i) p.observe(0.375, 4, 8);
+  EXPECT_EQ(p.budget(4), 0);    // 8 mixed steps since the last decode-only one
+  p.observe(0.25, 4, 0);
+  EXPECT_EQ(p.budget(4), 8);
+}
+
+TEST(PrefillPacer, ClampsAndCanBeOff) {
+  PrefillPacer p({.step_factor = 3.0, .min_tokens = 4, .max_tokens = 64, .recalibrate_every = 64});
+  p.observe(0.5, 2, 0);
+  p.observe(0.5 + 0.001, 2, 100);  // very cheap tokens
+  EXPECT_EQ(p.budget(2), 64);
+  PrefillPacer q({.step_factor = 1.01, .min_tokens = 4, .max_tokens = 64, .recalibrate_every = 64});
+  q.observe(0.01, 2, 0);
+  q.observe(0.5, 2, 10);  // very expensive tokens
+  EXPECT_EQ(q.budget(2), 4);
+  PrefillPacer off({.step_factor = 1.0});
+  EXPECT_FALSE(off.enabled());
+  EXPECT_EQ(off.budget(3), 256);
+}
+
+}  // namespace
+}  // namespace tandem
