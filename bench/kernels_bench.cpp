@@ -173,6 +173,7 @@ void gemv_args(benchmark::internal::Benchmark* b) {
   for (int ti = 0; ti < 7; ++ti)
     for (int threads : {1, 2})
       for (int old : {0, 1}) b->Args({ti, 5632, 2048, 1, threads, old});
+  for (int m : {2, 3, 4, 6, 8, 12, 16, 32}) b->Args({0, 5632, 2048, m, 2, 0});
 }
 void BM_Gemv(benchmark::State& state) { BM_Gemm(state); }
 BENCHMARK(BM_Gemv)->Apply(gemv_args)->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(0.5);
