@@ -15,6 +15,9 @@ struct WeightMatrix {
   int64_t cols = 0;
   int64_t rows = 0;
   size_t row_stride = 0;  // bytes
+  // The same weights already in the tiled kernels' panel layout (see
+  // kernels/prepack.h), or null. When set, products read only these.
+  const uint8_t* packed = nullptr;
   const uint8_t* row(int64_t r) const { return data + r * row_stride; }
   explicit operator bool() const { return data != nullptr; }
 };

@@ -205,6 +205,14 @@ GgufFile::~GgufFile() {
   if (mapping_) ::munmap(mapping_, static_cast<size_t>(size_));
 }
 
+void GgufFile::release_pages(const uint8_t* p, size_t n) const {
+  if (!mapping_ || p < base_ || p + n > base_ + size_) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+  if (b > a) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
+}
+
 void GgufFile::parse() {
   const std::string& name = path_;
   if (size_ > 0 && base_ == nullptr)

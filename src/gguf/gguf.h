@@ -82,6 +82,12 @@ class GgufFile {
   std::optional<std::vector<float>> get_float_array(std::string_view key) const;
   std::optional<std::vector<int64_t>> get_int_array(std::string_view key) const;
 
+  // Tells the kernel the mapped bytes [p, p + n) will not be read for a
+  // while (their weights were copied elsewhere): whole pages inside the range
+  // leave this process's resident memory and come back from the page cache
+  // if touched again. A no-op for files opened from memory.
+  void release_pages(const uint8_t* p, size_t n) const;
+
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* find_tensor(std::string_view name) const;
 

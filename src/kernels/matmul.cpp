@@ -75,7 +75,9 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
 
   // Few rows: stream the weights row by row. Many: pack tiles and reuse
   // each across all rows. Float weights always go row-wise (register tiles).
-  const bool packed = kern.run != nullptr && n_rows > kRowwiseMaxRows;
+  bool prepacked = kern.run != nullptr;
+  for (const WeightMatrix* W : Ws) prepacked &= W->packed != nullptr;
+  const bool packed = prepacked || (kern.run != nullptr && n_rows > kRowwiseMaxRows);
   GemmActs& A = acts_;
   gemm_acts_shape(W0.type, n_rows, W0.cols, packed ? kGemmMaxRows : 1, A);
   pool.parallel_for(A.groups, 1, [&](int64_t g0, int64_t g1) { gemm_prepare_acts(x, ldx, g0, g1, A, level_); });
@@ -107,7 +109,9 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
   const int64_t nb = A.nb;
   // K in equal chunks whose panel fits kPanelBytes.
   const int64_t max_chunk = std::max<int64_t>(1, static_cast<int64_t>(kPanelBytes / kern.panel_block_bytes));
-  const int64_t n_chunks = (nb + max_chunk - 1) / max_chunk;
+  // Prepacked panels read by one group of rows need no chunking: each
+  // panel byte is used once, straight from memory.
+  const int64_t n_chunks = prepacked && A.groups == 1 ? 1 : (nb + max_chunk - 1) / max_chunk;
   const int64_t chunk = (nb + n_chunks - 1) / n_chunks;
   const int64_t panel_lines = (chunk * static_cast<int64_t>(kern.panel_block_bytes) + 63) / 64;
   if (scratch_.size() < static_cast<size_t>(pool.size())) scratch_.resize(pool.size());
@@ -130,7 +134,11 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
       float* y = ys[m] + o0;
       for (int64_t c0 = 0; c0 < nb; c0 += chunk) {
         const int64_t c1 = std::min(nb, c0 + chunk);
-        kern.pack(W, o0, c0, c1, panel);
+        const uint8_t* p = panel;
+        if (W.packed)
+          p = W.packed + ((tile - first_tile[m]) * nb + c0) * static_cast<int64_t>(kern.panel_block_bytes);
+        else
+          kern.pack(W, o0, c0, c1, panel);
         // Chains start from +0 in the first chunk, pass through the scratch
         // rows between chunks, and a full tile's last chunk writes y itself.
         const bool first = c0 == 0, last = c1 == nb;
@@ -145,7 +153,7 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
           } else {
             io.out = scratch_rows;
           }
-          kern.run(panel, c1 - c0, A, g, R, c0, io);
+          kern.run(p, c1 - c0, A, g, R, c0, io);
         }
       }
       if (width < kGemmTile)

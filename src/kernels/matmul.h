@@ -6,7 +6,8 @@
 // row) and multiplied by up to kGemmMaxRows activation rows at a time. With
 // one row (decode) that streams every weight byte once at memory speed; with
 // many (prefill) each packed panel is reused across all rows while it is in
-// cache. Each output is one fixed chain of float operations over its row, so
+// cache. Matrices repacked at load (WeightMatrix::packed, kernels/prepack.h)
+// take the packed path for any number of rows and skip the packing. Each output is one fixed chain of float operations over its row, so
 // a row's result never depends on how many rows came with it, where it sat in
 // the batch, or the thread count: prefill and decode agree bit for bit.
 // Other types fall back to one vec_dot per output, also batch invariant.
@@ -28,6 +29,7 @@ class Matmul {
   Matmul();
   // Pins the instruction-set level (tests); the default is the active one.
   explicit Matmul(KernelLevel level);
+  KernelLevel level() const { return level_; }
 
   // y[r * ldy + o] = sum_i W[o][i] * x[r * ldx + i], r < n_rows, o < W.rows.
   void run(const WeightMatrix& W, const float* x, int64_t ldx, int64_t n_rows, float* y, int64_t ldy,

@@ -1,6 +1,8 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "core/quant.h"
@@ -8,6 +10,7 @@
 #include "gguf/gguf.h"
 #include "kernels/attention.h"
 #include "kernels/ops.h"
+#include "kernels/prepack.h"
 #include "kv/kv_cache.h"
 #include "tokenizer/tokenizer.h"
 
@@ -36,7 +39,37 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     fail(ErrorKind::kInvalidFile, "{}: the vocabulary has {} tokens but token_embd.weight has {} rows", path,
          m->tok_->n_vocab(), m->cfg_.n_vocab);
   m->s_ = std::make_unique<Scratch>();
+  m->prepack_weights();
   return m;
+}
+
+void Model::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
+
+// Repacks the matrices whose panels are no larger than the file's bytes (see
+// kernels/prepack.h) and drops the file's pages of them. TANDEM_PREPACK=0
+// keeps every weight in the file (for comparisons).
+void Model::prepack_weights() {
+  const char* env = std::getenv("TANDEM_PREPACK");
+  if (env && std::strcmp(env, "0") == 0) return;
+  const KernelLevel level = s_->mm.level();
+  std::vector<WeightMatrix*> all = {&w_.output};
+  for (LayerWeights& L : w_.layers)
+    for (WeightMatrix* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) all.push_back(W);
+  std::unique_ptr<ThreadPool> pool;
+  for (WeightMatrix* W : all) {
+    const size_t bytes = prepacked_bytes(*W, level);
+    if (bytes == 0) continue;
+    if (!pool) pool = std::make_unique<ThreadPool>(0);
+    uint8_t* buf = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    if (!buf) fail(ErrorKind::kResource, "out of memory repacking {} bytes of weights", bytes);
+    packed_.emplace_back(buf);
+    prepack(*W, level, buf, *pool);
+    W->packed = buf;
+    packed_bytes_ += bytes;
+    // The tied embedding keeps reading single rows of the file for lookups.
+    if (w_.tok_embd.data == W->data) w_.tok_embd.packed = buf;
+    file_->release_pages(W->data, static_cast<size_t>(W->rows) * W->row_stride);
+  }
 }
 
 void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,

@@ -70,6 +70,17 @@ class Model {
   ModelWeights w_;
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<Scratch> s_;
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const;
+  };
+  std::vector<std::unique_ptr<uint8_t, FreeDeleter>> packed_;  // see kernels/prepack.h
+  size_t packed_bytes_ = 0;
+
+  void prepack_weights();
+
+ public:
+  // Bytes of weights held repacked in memory (instead of the file's pages).
+  size_t packed_bytes() const { return packed_bytes_; }
 };
 
 }  // namespace tandem

@@ -3,12 +3,18 @@
 #include <algorithm>
 
 #include "gguf/gguf.h"
+#include "kernels/prepack.h"
 #include "model/model.h"
 
 namespace tandem {
 namespace {
 
-uint64_t matrix_bytes(const WeightMatrix& w) { return w ? static_cast<uint64_t>(w.rows) * w.row_stride : 0; }
+// What a decode step reads: the repacked panels where the model holds them.
+uint64_t matrix_bytes(const WeightMatrix& w) {
+  if (!w) return 0;
+  if (w.packed) return prepacked_bytes(w, active_kernel_level());
+  return static_cast<uint64_t>(w.rows) * w.row_stride;
+}
 uint64_t matrix_macs(const WeightMatrix& w) { return w ? static_cast<uint64_t>(w.rows) * w.cols : 0; }
 
 // Sum over positions p in [start, start+n) of min(p + 1, window) (window 0: no limit).

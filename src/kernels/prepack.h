@@ -1,0 +1,32 @@
+// Weights repacked once at load into the tiled kernels' panel layout.
+//
+// The packed path of Matmul converts each 16-row tile of a quantized matrix
+// into a panel (one SIMD lane per weight row) on every call. With many
+// activation rows (prefill) that is a few percent of the work; with a handful
+// (a serving step of 3-30 decoding sequences) it is most of it: the panel is
+// built, used for a few rows, and thrown away. For q8_0 a panel is 576 bytes
+// per 16 x 32 weights against 544 in the file (+5.9%), so the panels can
+// simply replace the file's bytes: every product, decode included, then reads
+// the panels, and the file's pages are dropped from memory. For the 4- and
+// 5-bit types a panel is twice their file size (quants unpacked to bytes),
+// which would double what decode reads; they stay in the file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "kernels/dot_impl.h"
+
+namespace tandem {
+
+class ThreadPool;
+
+// Bytes of W's panels when W is worth prepacking at `level`; 0 otherwise.
+size_t prepacked_bytes(const WeightMatrix& W, KernelLevel level);
+
+// Writes every panel of W to out (prepacked_bytes(W, level) bytes, 64-byte
+// aligned): tile t's block b at out + (t * blocks_per_row + b) * panel bytes.
+void prepack(const WeightMatrix& W, KernelLevel level, uint8_t* out, ThreadPool& pool);
+
+}  // namespace tandem

@@ -1,0 +1,72 @@
+// Weights repacked at load: products through the prepacked panels equal the
+// products that pack on the fly (and the scalar level's), bit for bit, for
+// odd shapes, any row count and every kernel level this CPU runs.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/quant.h"
+#include "core/thread_pool.h"
+#include "kernels/matmul.h"
+#include "kernels/prepack.h"
+
+namespace tandem {
+namespace {
+
+struct Packed {
+  explicit Packed(size_t n) : p(static_cast<uint8_t*>(std::aligned_alloc(64, (n + 63) / 64 * 64))) {}
+  ~Packed() { std::free(p); }
+  uint8_t* p;
+};
+
+TEST(KernelsPrepack, PrepackedProductsEqualPackingOnTheFly) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  ThreadPool pool(2);
+  for (KernelLevel level : kAllKernelLevels) {
+    if (!cpu_supports_level(level)) continue;
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 96}, {16, 32}, {301, 256}, {5, 2080}}) {
+      std::vector<float> src(rows * cols);
+      for (auto& v : src) v = normal(rng);
+      const size_t rb = row_bytes(GgmlType::Q8_0, cols);
+      std::vector<uint8_t> w(rb * rows);
+      for (int64_t r = 0; r < rows; ++r) quantize_row(GgmlType::Q8_0, src.data() + r * cols, w.data() + r * rb, cols);
+      const WeightMatrix W{GgmlType::Q8_0, w.data(), cols, rows, rb};
+      const size_t bytes = prepacked_bytes(W, level);
+      if (level == KernelLevel::kScalar && bytes == 0) continue;  // no packed path to compare
+      ASSERT_GT(bytes, 0u);
+      Packed buf(bytes);
+      prepack(W, level, buf.p, pool);
+      WeightMatrix P = W;
+      P.packed = buf.p;
+      P.data = nullptr;  // the raw bytes must not be needed any more
+      Matmul on_the_fly(level), prepacked(level);
+      for (int64_t n : {1, 2, 3, 8, 9, 17}) {
+        std::vector<float> x(n * cols);
+        for (auto& v : x) v = normal(rng);
+        std::vector<float> ya(n * rows), yb(n * rows);
+        on_the_fly.run(W, x.data(), cols, n, ya.data(), rows, pool);
+        prepacked.run(P, x.data(), cols, n, yb.data(), rows, pool);
+        EXPECT_EQ(ya, yb) << "level " << static_cast<int>(level) << " " << rows << "x" << cols << " n=" << n;
+      }
+    }
+  }
+}
+
+TEST(KernelsPrepack, OnlyTypesWhosePanelsAreNotLarger) {
+  const std::vector<uint8_t> w(row_bytes(GgmlType::Q4_0, 64) * 16);
+  const WeightMatrix q4{GgmlType::Q4_0, w.data(), 64, 16, row_bytes(GgmlType::Q4_0, 64)};
+  for (KernelLevel level : kAllKernelLevels) EXPECT_EQ(prepacked_bytes(q4, level), 0u);
+  const std::vector<uint8_t> w8(row_bytes(GgmlType::Q8_0, 64) * 17);
+  const WeightMatrix q8{GgmlType::Q8_0, w8.data(), 64, 17, row_bytes(GgmlType::Q8_0, 64)};
+  for (KernelLevel level : kAllKernelLevels) {
+    const size_t b = prepacked_bytes(q8, level);
+    if (b) EXPECT_EQ(b, 2u * 2u * 576u);  // 2 tiles (17 rows) x 2 blocks
+  }
+}
+
+}  // namespace
+}  // namespace tandem
