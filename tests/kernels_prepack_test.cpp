@@ -43,6 +43,12 @@ TEST(KernelsPrepack, PrepackedProductsEqualPackingOnTheFly) {
       WeightMatrix P = W;
       P.packed = buf.p;
       P.data = nullptr;  // the raw bytes must not be needed any more
+      std::vector<float> raw_row(cols), packed_row(cols);
+      for (int64_t r : {int64_t{0}, rows / 2, rows - 1}) {
+        dequantize_row(GgmlType::Q8_0, W.row(r), raw_row.data(), cols);
+        dequantize_prepacked_row(P, level, r, packed_row.data());
+        EXPECT_EQ(raw_row, packed_row) << "row " << r;
+      }
       Matmul on_the_fly(level), prepacked(level);
       for (int64_t n : {1, 2, 3, 8, 9, 17}) {
         std::vector<float> x(n * cols);

@@ -1,7 +1,10 @@
 #include "kernels/prepack.h"
 
 #include "core/thread_pool.h"
+#include <cstring>
+
 #include "kernels/gemm.h"
+#include "kernels/gemm_pack.h"
 
 namespace tandem {
 
@@ -13,14 +16,34 @@ size_t prepacked_bytes(const WeightMatrix& W, KernelLevel level) {
   return static_cast<size_t>(tiles * (W.cols / k.block_elems)) * k.panel_block_bytes;
 }
 
-void prepack(const WeightMatrix& W, KernelLevel level, uint8_t* out, ThreadPool& pool) {
+void prepack_tiles(const WeightMatrix& W, KernelLevel level, uint8_t* out, int64_t t0, int64_t t1, ThreadPool& pool) {
   const GemmKernel k = gemm_kernel(W.type, level);
   const int64_t nb = W.cols / k.block_elems;
-  const int64_t tiles = (W.rows + kGemmTile - 1) / kGemmTile;
   const size_t tile_bytes = static_cast<size_t>(nb) * k.panel_block_bytes;
-  pool.parallel_for(tiles, 16, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) k.pack(W, t * kGemmTile, 0, nb, out + t * tile_bytes);
+  pool.parallel_for(t1 - t0, 16, [&](int64_t a, int64_t b) {
+    for (int64_t t = t0 + a; t < t0 + b; ++t) k.pack(W, t * kGemmTile, 0, nb, out + t * tile_bytes);
   });
+}
+
+void dequantize_prepacked_row(const WeightMatrix& W, KernelLevel level, int64_t r, float* out) {
+  using gemm_detail::Q32Panel;
+  const GemmKernel k = gemm_kernel(W.type, level);
+  const int64_t nb = W.cols / k.block_elems;
+  const int64_t lane = r % kGemmTile;
+  const int32_t offset = gemm_detail::q32_offset(W.type);
+  const uint8_t* tile = W.packed + (r / kGemmTile) * nb * static_cast<int64_t>(k.panel_block_bytes);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = tile + b * static_cast<int64_t>(k.panel_block_bytes);
+    float d;
+    std::memcpy(&d, p + Q32Panel::kD + 4 * lane, 4);
+    for (int g = 0; g < 8; ++g)
+      for (int i = 0; i < 4; ++i)
+        out[b * 32 + 4 * g + i] = static_cast<float>(p[Q32Panel::kQ + g * 64 + lane * 4 + i] - offset) * d;
+  }
+}
+
+void prepack(const WeightMatrix& W, KernelLevel level, uint8_t* out, ThreadPool& pool) {
+  prepack_tiles(W, level, out, 0, (W.rows + kGemmTile - 1) / kGemmTile, pool);
 }
 
 }  // namespace tandem

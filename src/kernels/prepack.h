@@ -28,5 +28,11 @@ size_t prepacked_bytes(const WeightMatrix& W, KernelLevel level);
 // Writes every panel of W to out (prepacked_bytes(W, level) bytes, 64-byte
 // aligned): tile t's block b at out + (t * blocks_per_row + b) * panel bytes.
 void prepack(const WeightMatrix& W, KernelLevel level, uint8_t* out, ThreadPool& pool);
+// Row r of a prepacked W as floats, equal to dequantize_row of the file's
+// row (so an embedding lookup need not touch the released file pages).
+void dequantize_prepacked_row(const WeightMatrix& W, KernelLevel level, int64_t r, float* out);
+// The same for tiles [t0, t1) only (tile t = weight rows 16t .. 16t + 15), so
+// a caller can release the file's pages of a large matrix as it goes.
+void prepack_tiles(const WeightMatrix& W, KernelLevel level, uint8_t* out, int64_t t0, int64_t t1, ThreadPool& pool);
 
 }  // namespace tandem

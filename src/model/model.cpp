@@ -63,12 +63,20 @@ void Model::prepack_weights() {
     uint8_t* buf = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
     if (!buf) fail(ErrorKind::kResource, "out of memory repacking {} bytes of weights", bytes);
     packed_.emplace_back(buf);
-    prepack(*W, level, buf, *pool);
+    // In slices, releasing each slice's file pages once packed, so that a
+    // large matrix (Gemma's 178 MB embedding) is not held twice at the peak.
+    const int64_t tiles = (W->rows + kGemmTile - 1) / kGemmTile;
+    constexpr int64_t kSliceTiles = 256;
+    for (int64_t t0 = 0; t0 < tiles; t0 += kSliceTiles) {
+      const int64_t t1 = std::min(tiles, t0 + kSliceTiles);
+      prepack_tiles(*W, level, buf, t0, t1, *pool);
+      const int64_t r0 = t0 * kGemmTile, r1 = std::min(W->rows, t1 * kGemmTile);
+      file_->release_pages(W->row(r0), static_cast<size_t>(r1 - r0) * W->row_stride);
+    }
     W->packed = buf;
     packed_bytes_ += bytes;
-    // The tied embedding keeps reading single rows of the file for lookups.
+    // The tied embedding looks its rows up in the panels too.
     if (w_.tok_embd.data == W->data) w_.tok_embd.packed = buf;
-    file_->release_pages(W->data, static_cast<size_t>(W->rows) * W->row_stride);
   }
 }
 
@@ -97,7 +105,10 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
   pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* xr = s.x.data() + r * E;
-      dequantize_row(w_.tok_embd.type, w_.tok_embd.row(batch[r].token), xr, E);
+      if (w_.tok_embd.packed)
+        dequantize_prepacked_row(w_.tok_embd, s.mm.level(), batch[r].token, xr);
+      else
+        dequantize_row(w_.tok_embd.type, w_.tok_embd.row(batch[r].token), xr, E);
       if (c.embed_scale != 1.0f)
         for (int64_t i = 0; i < E; ++i) xr[i] *= c.embed_scale;
     }
