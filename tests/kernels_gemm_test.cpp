@@ -207,6 +207,31 @@ TEST(KernelsGemm, RowwiseAndPackedPathsAgree) {
   }
 }
 
+// The row-wise (decode) kernels over K with every remainder of their block
+// steps and weight rows past their widest tiles (16 for q4_0): the same bits
+// as the scalar level, for 1 to 3 activation rows.
+TEST(KernelsGemm, RowwiseStepsAndTailsMatchScalar) {
+  ThreadPool pool(1);
+  std::mt19937 rng(23);
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K}) {
+    for (int64_t blocks : {1, 2, 3, 4, 5, 7, 8, 12, 13, 19}) {
+      if (t == GgmlType::Q4_K && blocks > 5) continue;  // 256-element blocks: a few suffice
+      const Problem p = make_problem(t, 53, blocks, rng);
+      const std::vector<float> x = random_acts(3, p.cols, rng);
+      const std::vector<float> ref = matmul(p, x, 3, KernelLevel::kScalar, pool);
+      for (KernelLevel level : levels())
+        for (int64_t n : {1, 2, 3}) {
+          const std::vector<float> y = matmul(p, x, n, level, pool);
+          for (int64_t r = 0; r < n; ++r)
+            for (int64_t o = 0; o < p.rows; ++o)
+              ASSERT_TRUE(same_bits(y[r * p.rows + o], ref[r * p.rows + o]))
+                  << name(t) << " " << kernel_level_name(level) << " blocks=" << blocks << " n=" << n << " r=" << r
+                  << " o=" << o << ": " << y[r * p.rows + o] << " vs scalar " << ref[r * p.rows + o];
+        }
+    }
+  }
+}
+
 // Weight values with the quant bits zeroed: the K-quants' min offsets. The
 // kernels round the scaled and the offset parts separately, so the error
 // scales with |scaled| + |offset|.

@@ -5,7 +5,8 @@
 // the lane sums of each block are folded into exact block sums, and the
 // per-block float chain of gemm.h runs in scalar FMAs, so the results equal
 // the packed path's bit for bit. Two weight rows are interleaved so that two
-// chains are in flight.
+// chains are in flight; q32 types take 8 rows at a time with the 8 chains in
+// the lanes of one FMA, and q4_0 16 rows with a cheaper reduction (see there).
 //
 // Float types: tiles of up to 4 activation rows x 4 weight rows (1 x 8 for a
 // single row) of 16-lane FMA accumulators, reduced by gemm.h's fixed tree.
@@ -20,6 +21,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "core/blocks.h"
 #include "kernels/gemm_avx512_conv.h"
@@ -390,13 +392,170 @@ struct K6Tile {
   }
 };
 
-// q32 matrices: 8 weight rows at a time while they last (one FMA per block
-// for all 8 chains), then the 2-row tiles.
+// ---- q4_0, 16 weight rows side by side ----
+//
+// q4_0 packs a block in 18 bytes, so its decode has twice the blocks per
+// byte of q8_0, and the generic kernels above were compute-bound on it
+// (~20 GB/s on one Zen 5 core against ~39 of read bandwidth): per 2 blocks
+// they spent ~8 shuffles folding 8-lane dpbusd results into block sums and
+// transposing them, and the 8-row gathers of the block scales cost more
+// still. Here:
+// - a register holds four blocks' 16-byte quant fields, one per 128-bit
+//   lane; the low and high nibbles go through two dpbusd into the same lanes
+//   (the activations are rearranged to match once per step, for all rows),
+//   which leaves 4 lanes per block instead of 8;
+// - 4 rows x 4 blocks then reduce to one vector (lane 4k + j: block k, row
+//   j), 3 merges of unpacks and adds;
+// - the scales come from a 64-byte load of each row's step, moved into the
+//   same layout by one dword permute per pair of rows (no gathers);
+// - float(S + extra) and dw * da are formed in that layout and a 4x4
+//   transpose of 128-bit lanes over the four row groups leaves, per block,
+//   one vector with the 16 rows in its lanes: one 16-lane FMA per block.
+// The integer block sums are the same exact numbers and the float steps per
+// block (S + extra, float(), dw * da, fma in block order) those of the other
+// kernels, so the results are bit-identical.
+
+// Four vectors as a 4x4 matrix of 128-bit lanes, transposed in place.
+TD_FN void transpose_lanes4(__m512 v[4]) {
+  const __m512 t0 = _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(1, 0, 1, 0));
+  const __m512 t1 = _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 2, 3, 2));
+  const __m512 t2 = _mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(1, 0, 1, 0));
+  const __m512 t3 = _mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(3, 2, 3, 2));
+  v[0] = _mm512_shuffle_f32x4(t0, t2, _MM_SHUFFLE(2, 0, 2, 0));
+  v[1] = _mm512_shuffle_f32x4(t0, t2, _MM_SHUFFLE(3, 1, 3, 1));
+  v[2] = _mm512_shuffle_f32x4(t1, t3, _MM_SHUFFLE(2, 0, 2, 0));
+  v[3] = _mm512_shuffle_f32x4(t1, t3, _MM_SHUFFLE(3, 1, 3, 1));
+}
+
+// One step of 4 blocks (or of the first n < 4 blocks; the rest of the
+// 72-byte row pieces are zeros) for 16 rows w + i * stride. aq[m]: the 128
+// activation quants of the step for activation row m (zeros past block n).
+template <int NA, bool kPf>
+TD_FN void q40_step16(const uint8_t* w, size_t stride, const int8_t* const aq[NA], const float* const da[NA],
+                      const int32_t* const ex[NA], int n, int64_t pf, __m512 acc[NA]) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  // 128-bit lane k of the low (high) operand: elements 0..15 (16..31) of block
+  // k, i.e. qwords 4k, 4k+1 (4k+2, 4k+3) of the step's 128 bytes.
+  const __m512i ilo = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), ihi = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
+  // Block k's scale is in dword dpos[k] = 0, 4, 9, 13 of a row's first 64
+  // bytes, in its low word for even k and its high word for odd k. Moved to
+  // the reduced sums' layout (lane 4k + j: block k, row j of a group of 4):
+  // one permute per pair of rows, even rows from the first table.
+  const __m512i idw = _mm512_setr_epi32(0, 16, 0, 16, 4, 20, 4, 20, 9, 25, 9, 25, 13, 29, 13, 29);
+  const __m512i hshift = _mm512_setr_epi32(0, 0, 0, 0, 16, 16, 16, 16, 0, 0, 0, 0, 16, 16, 16, 16);
+  // da and extra of block k, in lanes 4k..4k+3.
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  __m512i alo[NA], ahi[NA];
+  for (int m = 0; m < NA; ++m) {
+    const __m512i a0 = _mm512_loadu_si512(aq[m]), a1 = _mm512_loadu_si512(aq[m] + 64);
+    alo[m] = _mm512_permutex2var_epi64(a0, ilo, a1);
+    ahi[m] = _mm512_permutex2var_epi64(a0, ihi, a1);
+  }
+  __m512i V[NA][4];
+  __m512 DW[4];
+  for (int g = 0; g < 4; ++g) {
+    __m512i P[NA][4];
+    __m512i head[4];
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t* row = w + (4 * g + j) * stride;
+      if (kPf) {
+        // The 72 bytes of the step touch at most two lines.
+        _mm_prefetch(reinterpret_cast<const char*>(row + pf), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(row + pf + 71), _MM_HINT_T0);
+      }
+      head[j] = _mm512_loadu_si512(row);
+      const uint8_t* q = row + offsetof(BlockQ4_0, qs);
+      // Broadcasts from memory place each field in its lane (loads, no shuffle unit).
+      __m512i z = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+      z = _mm512_mask_broadcast_i32x4(z, 0x00F0, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + sizeof(BlockQ4_0))));
+      z = _mm512_mask_broadcast_i32x4(z, 0x0F00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 2 * sizeof(BlockQ4_0))));
+      z = _mm512_mask_broadcast_i32x4(z, 0xF000, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 3 * sizeof(BlockQ4_0))));
+      const __m512i lo = _mm512_and_si512(z, m4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+      for (int m = 0; m < NA; ++m)
+        P[m][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo[m]), hi, ahi[m]);
+    }
+    {
+      const __m512i d = _mm512_mask_blend_epi32(0xCCCC, _mm512_permutex2var_epi32(head[0], idw, head[1]),
+                                                _mm512_permutex2var_epi32(head[2], idw, head[3]));
+      DW[g] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srlv_epi32(d, hshift)));
+    }
+    for (int m = 0; m < NA; ++m) {
+      // Per 128-bit lane k (block k): rows 0..3's four partials -> [S0 S1 S2 S3].
+      const __m512i x01 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[m][0], P[m][1]), _mm512_unpackhi_epi32(P[m][0], P[m][1]));
+      const __m512i x23 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[m][2], P[m][3]), _mm512_unpackhi_epi32(P[m][2], P[m][3]));
+      V[m][g] = _mm512_add_epi32(_mm512_unpacklo_epi64(x01, x23), _mm512_unpackhi_epi64(x01, x23));
+    }
+  }
+  for (int m = 0; m < NA; ++m) {
+    const __m512i e4 = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ex[m])));
+    const __m512i E = _mm512_permutexvar_epi32(spread, e4);
+    const __m512 DA = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(da[m])));
+    // Per lane, in V's layout: float(S + extra) and dw * da; then the 128-bit
+    // lane transpose gives block k's 16 rows in lanes 4g + j of one vector.
+    __m512 s[4], c[4];
+    for (int g = 0; g < 4; ++g) {
+      s[g] = _mm512_cvtepi32_ps(_mm512_add_epi32(V[m][g], E));
+      c[g] = _mm512_mul_ps(DW[g], DA);
+    }
+    transpose_lanes4(s);
+    transpose_lanes4(c);
+    for (int k = 0; k < 4; ++k)
+      if (k < n) acc[m] = _mm512_fmadd_ps(s[k], c[k], acc[m]);
+  }
+}
+
+// 16 weight rows rows0 + i * stride x NA activation rows r.. of a q4_0 matrix.
+template <int NA>
+TD_FN void q40_tile16(const uint8_t* rows0, size_t stride, const GemmActs& A, int64_t r, float* y, int64_t ldy,
+                      int64_t pf) {
+  constexpr size_t kB = sizeof(BlockQ4_0);
+  const int64_t nb = A.nb;
+  __m512 acc[NA];
+  for (int m = 0; m < NA; ++m) acc[m] = _mm512_setzero_ps();
+  const int8_t* aq[NA];
+  const float* da[NA];
+  const int32_t* ex[NA];
+  int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    for (int m = 0; m < NA; ++m) {
+      aq[m] = A.qgroup(r + m) + b * kQK;
+      da[m] = A.sgroup(r + m) + b;
+      ex[m] = A.egroup(r + m) + b;
+    }
+    q40_step16<NA, true>(rows0 + b * kB, stride, aq, da, ex, 4, pf, acc);
+  }
+  if (b < nb) {
+    // The last n < 4 blocks through zero-padded copies (no reads past the rows).
+    const int n = static_cast<int>(nb - b);
+    alignas(64) uint8_t wt[16][4 * kB] = {};
+    alignas(64) int8_t at[NA][4 * kQK] = {};
+    for (int i = 0; i < 16; ++i) std::memcpy(wt[i], rows0 + i * stride + b * kB, n * kB);
+    for (int m = 0; m < NA; ++m) {
+      std::memcpy(at[m], A.qgroup(r + m) + b * kQK, n * kQK);
+      aq[m] = at[m];
+      da[m] = A.sgroup(r + m) + b;
+      ex[m] = A.egroup(r + m) + b;
+    }
+    q40_step16<NA, false>(wt[0], 4 * kB, aq, da, ex, n, 0, acc);
+  }
+  for (int m = 0; m < NA; ++m) _mm512_storeu_ps(y + m * ldy, acc[m]);
+}
+
+// q32 matrices: q4_0 16 weight rows at a time while they last (above); then
+// 8 rows at a time (one FMA per block for all 8 chains), then the 2-row tiles.
 template <typename Conv>
 TD_ATTR void rows_q32(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
                       float* y, int64_t ldy) {
-  const int64_t pf = prefetch_distance(W.row_stride, 8);
   int64_t o = o0;
+  if constexpr (std::is_same_v<Conv, Q4_0Conv>) {
+    const int64_t pf16 = prefetch_distance(W.row_stride, 16);
+    for (; o + 16 <= o1; o += 16)
+      for (int64_t r = r0; r < r1; r += 2) {
+        if (r + 1 < r1) q40_tile16<2>(W.row(o), W.row_stride, A, r, y + r * ldy + o, ldy, pf16);
+        else q40_tile16<1>(W.row(o), W.row_stride, A, r, y + r * ldy + o, ldy, pf16);
+      }
+  }
+  const int64_t pf = prefetch_distance(W.row_stride, 8);
   // Gather offsets are int32: row strides past 256 MB take the 2-row tiles.
   if (W.row_stride < (size_t{1} << 28))
     for (; o + 8 <= o1; o += 8)
