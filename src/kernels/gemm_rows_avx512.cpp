@@ -65,10 +65,15 @@ TD_FN __m256i block_sums8(const __m512i P[4]) {
 // at the same point; a plain "4 KB ahead" would land on the next row of the
 // current group, already being read.
 constexpr int64_t kPrefetchBytes = 4096;
+// Kernels reading only 1 or 2 rows side by side (the K-quants) need more: 4 KB
+// ahead is about one memory latency of their single stream. 16 KB took q6_K
+// decode from ~36 to ~39 GB/s on one Zen 5 core (~58 -> ~63 on two), and
+// q4_K's stream from memory from below to above its compute speed.
+constexpr int64_t kPrefetchBytesFewRows = 16384;
 
-inline int64_t prefetch_distance(size_t row_stride, int rows_side_by_side) {
+inline int64_t prefetch_distance(size_t row_stride, int rows_side_by_side, int64_t at_least = kPrefetchBytes) {
   const int64_t group = static_cast<int64_t>(row_stride) * rows_side_by_side;
-  return (kPrefetchBytes + group - 1) / group * group;
+  return (at_least + group - 1) / group * group;
 }
 
 TD_FN void prefetch_ahead(const uint8_t* p, int64_t bytes, int64_t dist) {
@@ -226,23 +231,39 @@ TD_FN __m128 hsum_pair(__m512i isum, __m128i msum) {
   return _mm_cvtepi32_ps(_mm_hadd_epi32(h, h));
 }
 
-// Quant vector c holds sub-blocks 2c (lanes 0-7) and 2c+1 (lanes 8-15):
-// elements 64c..64c+63 in order, so activations load as they are.
-alignas(64) constexpr int32_t kK4Spread[4][16] = {{0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1},
-                                                  {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
-                                                  {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5},
-                                                  {6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7}};
+// k4_unpack_words in a register: the 8 scales (bytes 0..7) and 8 mins (8..15)
+// of a q4_K / q5_K super-block from its 12 packed bytes (p; the 4 bytes after
+// them are read and ignored). Computed in a register rather than through
+// memory, where four word stores read back as one vector cannot be
+// store-forwarded.
+TD_FN __m128i k4_scales_mins(const uint8_t* p) {
+  const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));  // words w0 w1 w2 (.)
+  const __m128i lo6 = _mm_set1_epi32(0x3f3f3f3f), lo4 = _mm_set1_epi32(0x0f0f0f0f), lo2 = _mm_set1_epi32(0x03030303);
+  const __m128i r02 = _mm_and_si128(w, lo6);  // [r0, r2]
+  // [r1, r3] = [w2 & lo4, (w2 >> 4) & lo4] | [(w0 >> 6) & lo2, (w1 >> 6) & lo2] << 4
+  const __m128i w22 = _mm_srlv_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(2, 2, 2, 2)), _mm_setr_epi32(0, 4, 0, 0));
+  const __m128i top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(w, 6), lo2), 4);
+  const __m128i r13 = _mm_ternarylogic_epi32(w22, lo4, top, 0xEA);  // (w22 & lo4) | top
+  return _mm_unpacklo_epi32(r02, r13);
+}
 
 // q4_K / q5_K: NW weight rows x NA activation rows.
 template <typename Block, int NW, int NA>
 TD_FN void k4_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
   constexpr bool kQ5 = sizeof(Block) == sizeof(BlockQ5K);
   const __m512i m4 = _mm512_set1_epi8(0x0F);
+  // Word w of 128-bit lane L of packs(dp[2c], dp[2c+1]) holds lane 4L + w%4
+  // of dp[2c + w/4], i.e. sub-block 4c + 2(w/4) + L/2: its scale byte,
+  // zero-extended (kSc01: c = 0, kSc23: c = 1).
+  const __m512i kSc01 = _mm512_set_epi8(
+      -1, 3, -1, 3, -1, 3, -1, 3, -1, 1, -1, 1, -1, 1, -1, 1, -1, 3, -1, 3, -1, 3, -1, 3, -1, 1, -1, 1, -1, 1, -1, 1,
+      -1, 2, -1, 2, -1, 2, -1, 2, -1, 0, -1, 0, -1, 0, -1, 0, -1, 2, -1, 2, -1, 2, -1, 2, -1, 0, -1, 0, -1, 0, -1, 0);
+  const __m512i kSc23 = _mm512_add_epi8(kSc01, _mm512_maskz_set1_epi8(0x5555555555555555ull, 4));
   __m128 acc[NW][NA];
   for (int i = 0; i < NW; ++i)
     for (int m = 0; m < NA; ++m) acc[i][m] = _mm_setzero_ps();
   for (int64_t b = 0; b < A.nb; ++b) {
-    __m512i q[NW][4], sc[NW][4];
+    __m512i q[NW][4], sc[NW][2];
     __m128i mins[NW];
     float d[NW], dmin[NW];
     for (int i = 0; i < NW; ++i) {
@@ -266,11 +287,10 @@ TD_FN void k4_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, flo
           q[i][c] = _mm512_mask_add_epi8(q[i][c], hit, q[i][c], _mm512_set1_epi8(0x10));
         }
       }
-      uint32_t words[4];
-      k4_unpack_words(blk + offsetof(Block, scales), words);
-      const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(words));  // scales 0..7, mins 8..15
-      const __m512i sm32 = _mm512_cvtepu8_epi32(sm);
-      for (int x = 0; x < 4; ++x) sc[i][x] = _mm512_permutexvar_epi32(_mm512_load_si512(kK4Spread[x]), sm32);
+      const __m128i sm = k4_scales_mins(blk + offsetof(Block, scales));  // scales 0..7, mins 8..15
+      const __m512i smb = _mm512_broadcast_i32x4(sm);
+      sc[i][0] = _mm512_shuffle_epi8(smb, kSc01);
+      sc[i][1] = _mm512_shuffle_epi8(smb, kSc23);
       mins[i] = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
       d[i] = f16(blk + offsetof(Block, d));
       dmin[i] = f16(blk + offsetof(Block, dmin));
@@ -282,9 +302,14 @@ TD_FN void k4_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, flo
       const __m128i bp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(A.egroup(r + m) + b * 4));
       const __m128 da = _mm_set_ss(A.sgroup(r + m)[b]);
       for (int i = 0; i < NW; ++i) {
-        __m512i s = _mm512_mullo_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q[i][0], av[0]), sc[i][0]);
-        for (int x = 1; x < 4; ++x)
-          s = _mm512_add_epi32(s, _mm512_mullo_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q[i][x], av[x]), sc[i][x]));
+        // A dpbusd lane (4 products of a 4- or 5-bit and an 8-bit quant,
+        // |sum| <= 4 * 31 * 128) fits in int16: packs put two vectors in one
+        // (exactly), and dpwssd multiplies each lane by its sub-block's scale
+        // and adds them up: no 32-bit multiplies, no spread of the scales.
+        __m512i dp[4];
+        for (int x = 0; x < 4; ++x) dp[x] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[i][x], av[x]);
+        __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(dp[0], dp[1]), sc[i][0]);
+        s = _mm512_dpwssd_epi32(s, _mm512_packs_epi32(dp[2], dp[3]), sc[i][1]);
         const __m128 im = hsum_pair(s, _mm_madd_epi16(mins[i], bp));  // float(I), float(M)
         __m128 x = _mm_fmadd_ss(im, _mm_mul_ss(_mm_set_ss(d[i]), da), acc[i][m]);
         acc[i][m] = _mm_fnmadd_ss(_mm_movehdup_ps(im), _mm_mul_ss(_mm_set_ss(dmin[i]), da), x);
@@ -344,11 +369,12 @@ TD_FN void k6_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, flo
 // Walks weight rows [o0, o1) Tile::kRows (1 or 2) at a time and activation
 // rows in pairs, calling Tile::run<NW, NA>(w, A, r, y + r * ldy + o, ldy).
 // Two weight rows give the q32 kernels two float chains in flight; the
-// K-quant kernels have few float steps and run out of registers with two.
+// K-quant kernels have few float steps and gain nothing from two (q4_K with
+// two rows measured faster from L2 but not end to end).
 template <typename Tile>
 TD_FN void quant_rows(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
                       float* y, int64_t ldy) {
-  const int64_t pf = prefetch_distance(W.row_stride, Tile::kRows);
+  const int64_t pf = prefetch_distance(W.row_stride, Tile::kRows, kPrefetchBytesFewRows);
   for (int64_t o = o0; o < o1; o += Tile::kRows) {
     const uint8_t* w[2] = {W.row(o), W.row(std::min(o + 1, o1 - 1))};
     const bool two = Tile::kRows == 2 && o + 1 < o1;
