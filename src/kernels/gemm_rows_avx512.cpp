@@ -555,12 +555,17 @@ TD_FN void q40_tile16(const uint8_t* rows0, size_t stride, const GemmActs& A, in
     const int n = static_cast<int>(nb - b);
     alignas(64) uint8_t wt[16][4 * kB] = {};
     alignas(64) int8_t at[NA][4 * kQK] = {};
+    // Scales and extras too: the step loads four of each.
+    alignas(16) float dt[NA][4] = {};
+    alignas(16) int32_t et[NA][4] = {};
     for (int i = 0; i < 16; ++i) std::memcpy(wt[i], rows0 + i * stride + b * kB, n * kB);
     for (int m = 0; m < NA; ++m) {
       std::memcpy(at[m], A.qgroup(r + m) + b * kQK, n * kQK);
+      std::memcpy(dt[m], A.sgroup(r + m) + b, n * sizeof(float));
+      std::memcpy(et[m], A.egroup(r + m) + b, n * sizeof(int32_t));
       aq[m] = at[m];
-      da[m] = A.sgroup(r + m) + b;
-      ex[m] = A.egroup(r + m) + b;
+      da[m] = dt[m];
+      ex[m] = et[m];
     }
     q40_step16<NA, false>(wt[0], 4 * kB, aq, da, ex, n, 0, acc);
   }
