@@ -141,7 +141,12 @@ class BlockManager {
   void check_invariants(std::span<const LiveSeq> live) const;
 
   // Test hook: keeps only these bits of every key hash, to force collisions.
-  void set_hash_mask_for_testing(uint64_t mask) { hash_mask_ = mask; }
+  // Tests fix the seed (normally random, against crafted collisions) so that
+  // a run is reproducible, and narrow the mask to force collisions.
+  void set_hash_for_testing(uint64_t mask, uint64_t seed) {
+    hash_mask_ = mask;
+    seed_ = seed;
+  }
 
  private:
   enum class State : uint8_t { kPlainFree, kCachedFree, kUsed };
