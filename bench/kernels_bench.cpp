@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -31,6 +32,7 @@
 #include "kernels/dot_impl.h"
 #include "kernels/gemm.h"
 #include "kernels/matmul.h"
+#include "kernels/prepack.h"
 
 namespace tandem {
 namespace {
@@ -55,9 +57,29 @@ struct Matrix {
     return {w0.type, data.data() + (i % copies) * bytes, cols, w0.rows, w0.row_stride};
   }
   WeightMatrix w0;
+  // The same copies repacked into panels (kernels/prepack.h), made on demand.
+  std::unique_ptr<uint8_t, decltype(&std::free)> packed{nullptr, &std::free};
+  size_t packed_bytes = 0;
+  WeightMatrix P(int i) const {
+    WeightMatrix w = W(i);
+    w.packed = packed.get() + (i % copies) * packed_bytes;
+    return w;
+  }
 };
 
-const Matrix& matrix(GgmlType t, int64_t rows, int64_t cols) {
+// Packs every copy of m once (false when its type is not prepacked).
+bool ensure_packed(Matrix& m, ThreadPool& pool) {
+  if (m.packed) return true;
+  const size_t pb = prepacked_bytes(m.w0, active_kernel_level());
+  if (pb == 0) return false;
+  const size_t stride = (pb + 63) / 64 * 64;
+  m.packed.reset(static_cast<uint8_t*>(std::aligned_alloc(64, stride * m.copies)));
+  m.packed_bytes = stride;
+  for (int c = 0; c < m.copies; ++c) prepack(m.W(c), active_kernel_level(), m.packed.get() + c * stride, pool);
+  return true;
+}
+
+Matrix& matrix(GgmlType t, int64_t rows, int64_t cols) {
   static std::map<std::tuple<int, int64_t, int64_t>, std::unique_ptr<Matrix>> cache;
   auto& m = cache[{static_cast<int>(t), rows, cols}];
   if (m) return *m;
@@ -109,21 +131,26 @@ void old_matmul(const WeightMatrix& W, const float* x, int64_t n_rows, float* y,
   });
 }
 
-// args: type index, N, K, M, threads, old (0/1)
+// args: type index, N, K, M, threads, mode (0: file layout, 1: old, 2: prepacked)
 void BM_Gemm(benchmark::State& state) {
   const GgmlType t = kTypes[state.range(0)];
   const int64_t N = state.range(1), K = state.range(2), M = state.range(3);
   const int threads = static_cast<int>(state.range(4));
-  const bool old = state.range(5) != 0;
-  const Matrix& m = matrix(t, N, K);
+  const bool old = state.range(5) == 1;
+  const bool pre = state.range(5) == 2;
+  Matrix& m = matrix(t, N, K);
   const std::vector<float> x = activations(M, K);
   std::vector<float> y(M * N);
   ThreadPool& pool = pool_of(threads);
   Matmul mm;
   std::vector<uint8_t> act;
+  if (pre && !ensure_packed(m, pool)) {
+    state.SkipWithError("type not prepacked");
+    return;
+  }
   int copy = 0;
   for (auto _ : state) {
-    const WeightMatrix W = m.W(copy++);
+    const WeightMatrix W = pre ? m.P(copy++) : m.W(copy++);
     if (old) {
       old_matmul(W, x.data(), M, y.data(), pool, act);
     } else {
@@ -131,7 +158,7 @@ void BM_Gemm(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetLabel(std::string(type_traits(t).name) + (old ? " old" : ""));
+  state.SetLabel(std::string(type_traits(t).name) + (old ? " old" : pre ? " prepacked" : ""));
   state.counters["GOP/s"] = benchmark::Counter(2.0 * M * N * K, benchmark::Counter::kIsIterationInvariantRate,
                                                benchmark::Counter::kIs1000);
   state.counters["weightGB/s"] = benchmark::Counter(static_cast<double>(m.bytes),
@@ -145,6 +172,7 @@ void gemm_args(benchmark::internal::Benchmark* b) {
     for (auto& s : shapes)
       for (int old : {0, 1}) b->Args({ti, s[0], s[1], 512, 2, old});
   for (int ti = 4; ti < 7; ++ti) b->Args({ti, 2048, 2048, 512, 2, 0});
+  for (auto& s : shapes) b->Args({0, s[0], s[1], 512, 2, 2});  // q8_0 as loaded (prepacked)
   // One thread: per-core rates.
   for (int ti = 0; ti < 7; ++ti) b->Args({ti, 2048, 2048, 512, 1, 0});
 }
@@ -174,6 +202,8 @@ void gemv_args(benchmark::internal::Benchmark* b) {
     for (int threads : {1, 2})
       for (int old : {0, 1}) b->Args({ti, 5632, 2048, 1, threads, old});
   for (int m : {2, 3, 4, 6, 8, 12, 16, 32}) b->Args({0, 5632, 2048, m, 2, 0});
+  // Serving steps: a few to a few dozen rows against weights repacked at load.
+  for (int m : {1, 2, 4, 8, 12, 16, 24, 32, 64}) b->Args({0, 5632, 2048, m, 2, 2});
 }
 void BM_Gemv(benchmark::State& state) { BM_Gemm(state); }
 BENCHMARK(BM_Gemv)->Apply(gemv_args)->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(0.5);
