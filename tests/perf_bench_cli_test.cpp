@@ -111,6 +111,9 @@ TEST(PerfBenchCli, BadInputExitsWithAMessage) {
   r = run_bench_cli("-m " + kStories + " --reps 0");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("--reps"), std::string::npos) << r.err;
+  r = run_bench_cli("-m " + kStories + " --batch 0");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("--batch"), std::string::npos) << r.err;
 }
 
 }  // namespace

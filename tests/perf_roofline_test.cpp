@@ -266,6 +266,30 @@ TEST(PerfBench, RunsStoriesInProcess) {
   o.reps = 1;
   o.n_prompt = 1 << 30;
   EXPECT_THROW(run_bench(o), Error);  // beyond the training context
+  o.n_prompt = 4;
+  o.batch = 0;
+  EXPECT_THROW(run_bench(o), Error);
+}
+
+TEST(PerfBench, BatchDecodesSequencesTogether) {
+  BenchOptions o;
+  o.model_path = test::shared_path("models/gguf/stories260K.gguf");
+  o.n_prompt = 7;
+  o.n_gen = 5;
+  o.reps = 1;
+  o.threads = 2;
+  o.batch = 5;
+  const BenchResult r = run_bench(o);
+  ASSERT_EQ(r.decode_s.size(), 1u);
+  // Rates count the tokens of all five sequences.
+  EXPECT_DOUBLE_EQ(r.decode_tok_s.median, 5.0 * 5 / r.decode_s[0]);
+  EXPECT_DOUBLE_EQ(r.prefill_tok_s.median, 5.0 * 7 / r.prefill_s[0]);
+  // The weights are read once per step, whatever the batch.
+  const RooflineUse u = roofline_use(r, sample_roofline(2));
+  EXPECT_DOUBLE_EQ(u.decode_gb_s, r.cost.decode_weight_bytes * r.decode_tok_s.median / 5 / 1e9);
+  // The KV cache holds all five sequences.
+  o.batch = 1;
+  EXPECT_GT(r.kv_cache_bytes, 4 * run_bench(o).kv_cache_bytes);
 }
 
 }  // namespace

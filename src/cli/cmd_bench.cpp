@@ -38,6 +38,9 @@ void print_table(const BenchResult& r, const Roofline& roof) {
       mc.file_type.empty() ? std::string(type_traits(mc.main_type).name) : mc.file_type,
       r.threads, r.kernel_level, r.load_s, r.warmup_s, mib(r.peak_rss_bytes), mib(r.file_bytes),
       mib(r.kv_cache_bytes));
+  if (r.opts.batch > 1)
+    out += fmt::format("batch    {} sequences: {} prefill passes of {} tokens, then {} decode steps of {} rows\n\n",
+                       r.opts.batch, r.opts.batch, r.opts.n_prompt, r.opts.n_gen, r.opts.batch);
   out += fmt::format("{:<8} {:>7} {:>5} {:>12} {:>10} {:>10}\n", "phase", "tokens", "reps", "median tok/s", "min",
                      "max");
   out += fmt::format("{:<8} {:>7} {:>5} {:>12.2f} {:>10.2f} {:>10.2f}\n", "prefill", r.opts.n_prompt, r.opts.reps,
@@ -75,6 +78,10 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--reps", o->bench.reps, "Timed repetitions (median, min, max are reported)")
       ->capture_default_str();
   cmd->add_option("--warmup", o->bench.warmup, "Untimed repetitions before them")->capture_default_str();
+  cmd->add_option("--batch", o->bench.batch,
+                  "Sequences decoding together: B prompts are prefilled, then every decode step runs B rows "
+                  "(tok/s count all sequences)")
+      ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
   cmd->add_flag("--roofline", o->roofline,
                 "Measure the machine's ceilings now (1 GiB read, compute peaks) and cache them");

@@ -37,6 +37,8 @@ void check_options(const BenchOptions& o) {
   if (o.reps < 1) fail(ErrorKind::kInvalidArgument, "bench: --reps must be at least 1, got {}", o.reps);
   if (o.warmup < 0) fail(ErrorKind::kInvalidArgument, "bench: --warmup must not be negative, got {}", o.warmup);
   if (o.threads < 0) fail(ErrorKind::kInvalidArgument, "bench: --threads must not be negative, got {}", o.threads);
+  if (o.batch < 1 || o.batch > 1024)
+    fail(ErrorKind::kInvalidArgument, "bench: --batch must be between 1 and 1024, got {}", o.batch);
 }
 
 // Process CPU time (all threads). With one thread it is the time the work
@@ -51,29 +53,39 @@ struct RepTimes {
   double prefill_s, decode_s, prefill_cpu_s, decode_cpu_s;
 };
 
-// One repetition on a fresh sequence.
+// One repetition on B fresh sequences: each prefilled in its own pass, then
+// all decoding together.
 RepTimes one_rep(Model& m, KvCache& kv, ThreadPool& pool, const std::vector<int32_t>& tokens, int32_t P,
-                 int32_t N) {
-  SeqKv seq;
+                 int32_t N, int32_t B) {
+  std::vector<SeqKv> seq(static_cast<size_t>(B));
   struct Release {
-    SeqKv& s;
+    std::vector<SeqKv>& s;
     KvCache& kv;
-    ~Release() { s.release(kv); }
+    ~Release() {
+      for (SeqKv& x : s) x.release(kv);
+    }
   } release{seq, kv};
-  if (!seq.reserve(kv, P + N)) fail(ErrorKind::kResource, "bench: the KV cache has no room for {} tokens", P + N);
+  for (SeqKv& s : seq)
+    if (!s.reserve(kv, P + N)) fail(ErrorKind::kResource, "bench: the KV cache has no room for {} tokens", P + N);
   std::vector<float> logits;
   RepTimes t{};
   double c0 = cpu_seconds();
   auto t0 = Clock::now();
-  m.prefill(seq, std::span<const int32_t>(tokens.data(), P), kv, pool, logits);
+  for (SeqKv& s : seq) {
+    logits.clear();
+    m.prefill(s, std::span<const int32_t>(tokens.data(), P), kv, pool, logits);
+  }
   t.prefill_s = since(t0);
   t.prefill_cpu_s = cpu_seconds() - c0;
-  SeqKv* seqs[] = {&seq};
+  std::vector<SeqKv*> seqs;
+  for (SeqKv& s : seq) seqs.push_back(&s);
+  std::vector<int32_t> step(static_cast<size_t>(B));
   c0 = cpu_seconds();
   t0 = Clock::now();
   for (int32_t i = 0; i < N; ++i) {
     logits.clear();
-    m.decode(seqs, std::span<const int32_t>(tokens.data() + P + i, 1), kv, pool, logits);
+    std::fill(step.begin(), step.end(), tokens[P + i]);
+    m.decode(seqs, step, kv, pool, logits);
   }
   t.decode_s = since(t0);
   t.decode_cpu_s = cpu_seconds() - c0;
@@ -127,7 +139,7 @@ BenchResult run_bench(const BenchOptions& opts) {
   check_options(opts);
   BenchResult r;
   r.opts = opts;
-  const int32_t P = opts.n_prompt, N = opts.n_gen;
+  const int32_t P = opts.n_prompt, N = opts.n_gen, B = opts.batch;
 
   const auto t0 = Clock::now();
   std::unique_ptr<Model> model = Model::load(opts.model_path);
@@ -137,7 +149,7 @@ BenchResult run_bench(const BenchOptions& opts) {
          N, c.n_ctx_train);
   ThreadPool pool(opts.threads);
   KvShape shape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v};
-  KvCache kv(shape, static_cast<int32_t>((int64_t{P} + N + kBlockSize - 1) / kBlockSize), kBlockSize);
+  KvCache kv(shape, B * static_cast<int32_t>((int64_t{P} + N + kBlockSize - 1) / kBlockSize), kBlockSize);
   r.load_s = since(t0);
 
   r.model_name = c.name;
@@ -152,18 +164,18 @@ BenchResult run_bench(const BenchOptions& opts) {
   r.tokens = bench_tokens(*model, static_cast<int64_t>(P) + N);
 
   const auto tw = Clock::now();
-  for (int32_t i = 0; i < opts.warmup; ++i) one_rep(*model, kv, pool, r.tokens, P, N);
+  for (int32_t i = 0; i < opts.warmup; ++i) one_rep(*model, kv, pool, r.tokens, P, N, B);
   r.warmup_s = since(tw);
 
   std::vector<double> prefill_tps, decode_tps;
   for (int32_t i = 0; i < opts.reps; ++i) {
-    const RepTimes t = one_rep(*model, kv, pool, r.tokens, P, N);
+    const RepTimes t = one_rep(*model, kv, pool, r.tokens, P, N, B);
     r.prefill_s.push_back(t.prefill_s);
     r.decode_s.push_back(t.decode_s);
     r.prefill_cpu_s.push_back(t.prefill_cpu_s);
     r.decode_cpu_s.push_back(t.decode_cpu_s);
-    prefill_tps.push_back(P / t.prefill_s);
-    if (N > 0) decode_tps.push_back(N / t.decode_s);
+    prefill_tps.push_back(double(B) * P / t.prefill_s);
+    if (N > 0) decode_tps.push_back(double(B) * N / t.decode_s);
   }
   r.prefill_tok_s = Stats::of(prefill_tps);
   r.decode_tok_s = Stats::of(decode_tps);
@@ -173,7 +185,8 @@ BenchResult run_bench(const BenchOptions& opts) {
 
 RooflineUse roofline_use(const BenchResult& r, const Roofline& roof) {
   RooflineUse u;
-  u.decode_gb_s = static_cast<double>(r.cost.decode_weight_bytes) * r.decode_tok_s.median / 1e9;
+  // A decode step reads the weights once for all B rows.
+  u.decode_gb_s = static_cast<double>(r.cost.decode_weight_bytes) * r.decode_tok_s.median / r.opts.batch / 1e9;
   u.decode_frac = roof.read_gb_s.value > 0 ? u.decode_gb_s / roof.read_gb_s.value : 0;
   const int64_t P = r.opts.n_prompt;
   // Median time per prefill = P / median tok/s.
@@ -205,6 +218,7 @@ nlohmann::json bench_to_json(const BenchResult& r, const Roofline& roof) {
       {"kernels", r.kernel_level},
       {"n_prompt", P},
       {"n_gen", N},
+      {"batch", r.opts.batch},
       {"reps", r.opts.reps},
       {"warmup", r.opts.warmup},
       {"load_s", r.load_s},

@@ -3,7 +3,9 @@
 // Each repetition starts a fresh sequence, prefills P fixed tokens in one
 // forward pass, then feeds N fixed tokens one decode step at a time (no
 // sampling: the tokens are chosen in advance, so every run does identical
-// work and another engine can be given the very same ids).
+// work and another engine can be given the very same ids). With --batch B,
+// B sequences are prefilled (one pass each) and then decode together, B rows
+// per step: what a serving step of B running requests costs.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,7 @@ struct BenchOptions {
   int32_t threads = 0;  // 0: physical cores
   int32_t reps = 5;
   int32_t warmup = 1;   // untimed repetitions first (page-in, caches, thread spin-up)
+  int32_t batch = 1;    // sequences decoding together (rows per decode step)
 };
 
 struct Stats {
@@ -45,7 +48,7 @@ struct BenchResult {
   // Process CPU seconds per repetition (every thread, spinning included): with
   // one thread a measure that other processes on the machine barely disturb.
   std::vector<double> prefill_cpu_s, decode_cpu_s;
-  Stats prefill_tok_s, decode_tok_s;
+  Stats prefill_tok_s, decode_tok_s;  // tokens of all sequences per second
   uint64_t peak_rss_bytes = 0;  // getrusage high-water mark, whole process
   uint64_t kv_cache_bytes = 0;
   int kv_elem_bytes = 0;  // 2: f16, 4: f32
