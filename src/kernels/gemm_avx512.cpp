@@ -37,10 +37,12 @@ TD_FN __m512i bcast32(const void* p) {
 
 template <int R>
 TD_FN void load_acc(const GemmAcc& acc, __m512 f[R]) {
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) f[r] = acc.in ? _mm512_loadu_ps(acc.in + r * kGemmTile) : _mm512_setzero_ps();
 }
 template <int R>
 TD_FN void store_acc(const GemmAcc& acc, const __m512 f[R]) {
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc.out + r * acc.ld_out, f[r]);
 }
 
