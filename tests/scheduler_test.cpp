@@ -94,10 +94,12 @@ TEST(Scheduler, DecodesAreNeverCappedByThePrefillBudget) {
   EXPECT_EQ(b.size(), 3u);
   EXPECT_EQ(tokens_of(b, lp), 0);
   EXPECT_EQ(sched.n_waiting(), 1u);  // not admitted on a step without prompt tokens
+  EXPECT_EQ(sched.n_prefilling(), 1);
   commit(bm, b);
   for (Sequence* s : seqs) s->tokens.push_back(7);
   b = sched.schedule(5);
   EXPECT_EQ(b.size(), 4u);
+  EXPECT_EQ(sched.n_prefilling(), 1);  // admitted, 35 prompt tokens to go
   EXPECT_EQ(tokens_of(b, lp), 5);
 }
 
@@ -118,6 +120,11 @@ TEST(PrefillPacer, SizesPromptWorkByMeasuredCost) {
   EXPECT_EQ(p.budget(4), 0);    // 8 mixed steps since the last decode-only one
   p.observe(0.25, 4, 0);
   EXPECT_EQ(p.budget(4), 8);
+  // A burst: 12 prompts waiting beside 4 decoders triples the allowance; up
+  // to as many as decode it stays as it was.
+  EXPECT_EQ(p.budget(4, 12), 24);
+  EXPECT_EQ(p.budget(4, 4), 8);
+  EXPECT_EQ(p.budget(4, 1), 8);
 }
 
 TEST(PrefillPacer, ClampsAndCanBeOff) {

@@ -261,7 +261,7 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg) {
 
 bool Engine::Impl::step() {
   drain_inbox();
-  const int32_t prefill_budget = pacer ? pacer->budget(sched->n_decoding()) : INT32_MAX;
+  const int32_t prefill_budget = pacer ? pacer->budget(sched->n_decoding(), sched->n_prefilling()) : INT32_MAX;
   std::vector<ScheduledSeq> sched_batch = sched->schedule(prefill_budget);
   update_gauges();
   if (sched_batch.empty()) return false;

@@ -14,13 +14,14 @@ double blend(double avg, double x) { return avg < 0 ? x : avg + kAlpha * (x - av
 
 }  // namespace
 
-int32_t PrefillPacer::budget(int32_t decode_rows) const {
+int32_t PrefillPacer::budget(int32_t decode_rows, int32_t prefill_seqs) const {
   if (!enabled() || decode_rows == 0) return cfg_.max_tokens;
   const bool stale = t_decode_ < 0 || mixed_since_ >= cfg_.recalibrate_every ||
                      2 * decode_rows < decode_rows_at_ || decode_rows > 2 * decode_rows_at_;
   if (stale) return 0;
   if (t_token_ <= 0) return cfg_.min_tokens;
-  const double n = std::floor((cfg_.step_factor - 1.0) * t_decode_ / t_token_);
+  const double share = std::max(1.0, static_cast<double>(prefill_seqs) / decode_rows);
+  const double n = std::floor((cfg_.step_factor - 1.0) * share * t_decode_ / t_token_);
   return static_cast<int32_t>(std::clamp(n, static_cast<double>(cfg_.min_tokens), static_cast<double>(cfg_.max_tokens)));
 }
 

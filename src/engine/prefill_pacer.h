@@ -9,6 +9,12 @@
 // each step only as many prompt tokens as keep it within `step_factor` times
 // the decode-only step: the chats slow down by a bounded factor whatever the
 // model and machine, and long prompts still advance every step.
+//
+// When more sequences wait for their prompt than are decoding (a burst of
+// new requests), holding them all back to spare the few decoders trades many
+// long first-token waits for a small saving per token; the allowance then
+// grows with the ratio, (step_factor - 1) * waiting / decoding, so the pain is
+// shared per sequence and the batch fills up (what makes batching pay).
 #pragma once
 
 #include <cstdint>
@@ -27,10 +33,11 @@ class PrefillPacer {
   explicit PrefillPacer(const PacerConfig& cfg) : cfg_(cfg) {}
 
   // Prompt tokens the next step may carry when `decode_rows` sequences are
-  // decoding. 0 asks for a decode-only step to measure its cost (at most once
-  // every `recalibrate_every` mixed steps, or when the number of decoding
+  // decoding and `prefill_seqs` have prompt tokens left (running or waiting).
+  // 0 asks for a decode-only step to measure its cost (at most once every
+  // `recalibrate_every` mixed steps, or when the number of decoding
   // sequences has changed by more than half).
-  int32_t budget(int32_t decode_rows) const;
+  int32_t budget(int32_t decode_rows, int32_t prefill_seqs = 0) const;
 
   // Records a finished step: its wall time and how many decode and prompt rows it ran.
   void observe(double seconds, int32_t decode_rows, int32_t prefill_rows);

@@ -26,6 +26,13 @@ int32_t Scheduler::n_decoding() const {
       std::count_if(running_.begin(), running_.end(), [](const auto& s) { return s->n_uncomputed() == 1 && !s->fork_pending; }));
 }
 
+int32_t Scheduler::n_prefilling() const {
+  return static_cast<int32_t>(waiting_.size()) +
+         static_cast<int32_t>(std::count_if(running_.begin(), running_.end(), [](const auto& s) {
+           return s->n_uncomputed() > 1 && !s->fork_pending;
+         }));
+}
+
 void Scheduler::add(std::unique_ptr<Sequence> seq) { insert_waiting(std::move(seq)); }
 
 void Scheduler::add_running(std::unique_ptr<Sequence> seq) {

@@ -62,6 +62,8 @@ class Scheduler {
   // Running sequences that would decode one token next step.
   int32_t n_decoding() const;
   size_t n_waiting() const { return waiting_.size(); }
+  // Sequences with prompt tokens still to compute: waiting, or running a prefill.
+  int32_t n_prefilling() const;
   uint64_t preemptions() const { return preemptions_; }
   bool idle() const { return running_.empty() && waiting_.empty(); }
 
