@@ -203,7 +203,7 @@ void gemv_args(benchmark::internal::Benchmark* b) {
       for (int old : {0, 1}) b->Args({ti, 5632, 2048, 1, threads, old});
   for (int m : {2, 3, 4, 6, 8, 12, 16, 32}) b->Args({0, 5632, 2048, m, 2, 0});
   // Serving steps: a few to a few dozen rows against weights repacked at load.
-  for (int m : {1, 2, 4, 8, 12, 16, 24, 32, 64}) b->Args({0, 5632, 2048, m, 2, 2});
+  for (int m : {1, 2, 4, 8, 12, 16, 24, 32, 64, 128, 256}) b->Args({0, 5632, 2048, m, 2, 2});
 }
 void BM_Gemv(benchmark::State& state) { BM_Gemm(state); }
 BENCHMARK(BM_Gemv)->Apply(gemv_args)->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(0.5);
