@@ -5,6 +5,10 @@
 
 #include "core/quant.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace tandem {
 
 void rms_norm(const float* x, const float* w, int64_t n, float eps, float* out) {
@@ -60,33 +64,87 @@ float gelu_exact_tanh(float x) {
 
 // llama.cpp evaluates GELU through a 64K-entry table indexed by the input
 // rounded to f16 (and stores the result as f16). Using the same table keeps
-// Gemma's activations bit-compatible with it.
+// Gemma's activations bit-compatible with it. One entry of padding: the SIMD
+// paths gather 4 bytes at entry i, which for the last entry reads past it.
 const std::vector<uint16_t>& gelu_table() {
   static const std::vector<uint16_t> table = [] {
-    std::vector<uint16_t> t(1 << 16);
-    for (uint32_t i = 0; i < t.size(); ++i)
+    std::vector<uint16_t> t((1 << 16) + 1, 0);
+    for (uint32_t i = 0; i < (1u << 16); ++i)
       t[i] = f32_to_f16(gelu_exact_tanh(f16_to_f32(static_cast<uint16_t>(i))));
     return t;
   }();
   return table;
 }
 
+constexpr float kGeluLo = -10.0f, kGeluHi = 10.0f;  // below: 0, above: x (as ggml)
+
+void gelu_gated_scalar(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) gate[i] = gelu_tanh(gate[i]) * up[i];
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void gelu_gated_avx512(float* gate, const float* up,
+                                                                                      int64_t n) {
+  const int* table = reinterpret_cast<const int*>(gelu_table().data());
+  const __m512 lo = _mm512_set1_ps(kGeluLo), hi = _mm512_set1_ps(kGeluHi);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(gate + i);
+    const __m512i h = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m512i e = _mm512_i32gather_epi32(h, table, 2);
+    __m512 g = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(e));
+    g = _mm512_mask_mov_ps(g, _mm512_cmp_ps_mask(x, lo, _CMP_LE_OQ), _mm512_setzero_ps());
+    g = _mm512_mask_mov_ps(g, _mm512_cmp_ps_mask(x, hi, _CMP_GE_OQ), x);
+    _mm512_storeu_ps(gate + i, _mm512_mul_ps(g, _mm512_loadu_ps(up + i)));
+  }
+  gelu_gated_scalar(gate + i, up + i, n - i);
+}
+
+__attribute__((target("avx2,f16c,fma"))) void gelu_gated_avx2(float* gate, const float* up, int64_t n) {
+  const int* table = reinterpret_cast<const int*>(gelu_table().data());
+  const __m256 lo = _mm256_set1_ps(kGeluLo), hi = _mm256_set1_ps(kGeluHi);
+  const __m256i low16 = _mm256_set1_epi32(0xffff);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(gate + i);
+    const __m256i h = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256i e = _mm256_and_si256(_mm256_i32gather_epi32(table, h, 2), low16);
+    // Back to 8 f16 values: pack the low halves of the 32-bit entries.
+    const __m128i e16 = _mm_packus_epi32(_mm256_castsi256_si128(e), _mm256_extracti128_si256(e, 1));
+    __m256 g = _mm256_cvtph_ps(e16);
+    g = _mm256_blendv_ps(g, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LE_OQ));
+    g = _mm256_blendv_ps(g, x, _mm256_cmp_ps(x, hi, _CMP_GE_OQ));
+    _mm256_storeu_ps(gate + i, _mm256_mul_ps(g, _mm256_loadu_ps(up + i)));
+  }
+  gelu_gated_scalar(gate + i, up + i, n - i);
+}
+#endif
+
 }  // namespace
 
 float gelu_tanh(float x) {
-  if (x <= -10.0f) return 0.0f;
-  if (x >= 10.0f) return x;
+  if (x <= kGeluLo) return 0.0f;
+  if (x >= kGeluHi) return x;
   return f16_to_f32(gelu_table()[f32_to_f16(x)]);
 }
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
-void gated_activation(Activation act, float* gate, const float* up, int64_t n) {
+void gated_activation_at(KernelLevel level, Activation act, float* gate, const float* up, int64_t n) {
   if (act == Activation::kGeluTanh) {
-    for (int64_t i = 0; i < n; ++i) gate[i] = gelu_tanh(gate[i]) * up[i];
-  } else {
-    for (int64_t i = 0; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
+#if defined(__x86_64__)
+    if (level >= KernelLevel::kAvx512) return gelu_gated_avx512(gate, up, n);
+    if (level >= KernelLevel::kAvx2) return gelu_gated_avx2(gate, up, n);
+#endif
+    return gelu_gated_scalar(gate, up, n);
   }
+  (void)level;
+  for (int64_t i = 0; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
+}
+
+void gated_activation(Activation act, float* gate, const float* up, int64_t n) {
+  static const KernelLevel level = active_kernel_level();
+  gated_activation_at(level, act, gate, up, n);
 }
 
 }  // namespace tandem

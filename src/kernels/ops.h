@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/dot_impl.h"
 
 namespace tandem {
 
@@ -29,8 +30,11 @@ struct RopeParams {
 void rope_angles(const RopeParams& p, int32_t pos, float* cos_out, float* sin_out);
 void rope_apply(const RopeParams& p, const float* cos_v, const float* sin_v, float* vec);
 
-// gate[i] = act(gate[i]) * up[i]
+// gate[i] = act(gate[i]) * up[i], at the active kernel level. The GELU's
+// table lookups run 16 (AVX-512) or 8 (AVX2) at a time with hardware f16
+// conversions, which round like f32_to_f16: every level gives the same bits.
 void gated_activation(Activation act, float* gate, const float* up, int64_t n);
+void gated_activation_at(KernelLevel level, Activation act, float* gate, const float* up, int64_t n);
 
 float gelu_tanh(float x);  // llama.cpp-equivalent (f16-table) GELU
 float silu(float x);
