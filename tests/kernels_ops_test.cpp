@@ -3,7 +3,9 @@
 // GELU table (the +-10 clamps, f16 overflow, infinities, signed zeros).
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -49,6 +51,46 @@ TEST(KernelsOps, GatedGeluEqualsScalarAtEveryLevel) {
       }
     }
   }
+}
+
+int32_t ulp_distance(float a, float b) {
+  int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  if ((ia < 0) != (ib < 0)) return a == b ? 0 : INT32_MAX;
+  return std::abs(ia - ib);
+}
+
+TEST(KernelsOps, RmsNormMatchesScalarAtEveryLevel) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  int64_t exact = 0, total = 0;
+  for (KernelLevel level : kAllKernelLevels) {
+    if (!cpu_supports_level(level) || level == KernelLevel::kScalar) continue;
+    for (int64_t n : {1, 3, 8, 15, 16, 17, 31, 64, 100, 256, 640, 2047, 2048}) {
+      for (int rep = 0; rep < 20; ++rep) {
+        std::vector<float> x(n), w(n), ref(n), got(n);
+        for (auto& v : x) v = normal(rng) * (rep % 3 == 0 ? 1e3f : rep % 3 == 1 ? 1e-3f : 1.0f);
+        for (auto& v : w) v = normal(rng);
+        const float* wp = rep % 4 == 3 ? nullptr : w.data();
+        rms_norm_at(KernelLevel::kScalar, x.data(), wp, n, 1e-6f, ref.data());
+        rms_norm_at(level, x.data(), wp, n, 1e-6f, got.data());
+        for (int64_t i = 0; i < n; ++i) {
+          // Only the double sum's order differs: at most one float rounding step.
+          ASSERT_LE(ulp_distance(ref[i], got[i]), 1) << kernel_level_name(level) << " n=" << n << " i=" << i;
+          exact += ref[i] == got[i];
+          ++total;
+        }
+      }
+    }
+    // In place too.
+    std::vector<float> x(33, 1.5f), y(33);
+    rms_norm_at(level, x.data(), nullptr, 33, 0.0f, y.data());
+    rms_norm_at(level, x.data(), nullptr, 33, 0.0f, x.data());
+    EXPECT_EQ(x, y);
+    EXPECT_NEAR(y[0], 1.0f, 1e-6f);
+  }
+  if (total > 0) EXPECT_GT(static_cast<double>(exact) / total, 0.999);
 }
 
 TEST(KernelsOps, GeluFollowsTheTableAndClamps) {

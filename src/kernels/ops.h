@@ -13,8 +13,11 @@ namespace tandem {
 enum class RopeStyle { kNormal, kNeox };  // adjacent pairs (llama) / two halves (neox)
 enum class Activation { kSilu, kGeluTanh };
 
-// out = x / rms(x) * w   (w may be null: no weight). out may alias x.
+// out = x / rms(x) * w   (w may be null: no weight). out may alias x. The
+// sum of squares is in double as in ggml; the SIMD levels add it in a fixed
+// lane order instead of one sequential chain.
 void rms_norm(const float* x, const float* w, int64_t n, float eps, float* out);
+void rms_norm_at(KernelLevel level, const float* x, const float* w, int64_t n, float eps, float* out);
 
 // Rotary position embedding for one head vector of `head_dim` floats, the
 // first `rope_dims` rotated. freq_factors (rope_dims/2 entries) may be null.
