@@ -175,6 +175,7 @@ void gemm_args(benchmark::internal::Benchmark* b) {
   for (auto& s : shapes) b->Args({0, s[0], s[1], 512, 2, 2});  // q8_0 as loaded (prepacked)
   // One thread: per-core rates.
   for (int ti = 0; ti < 7; ++ti) b->Args({ti, 2048, 2048, 512, 1, 0});
+  for (int m : {48, 96, 192, 384}) b->Args({0, 2048, 2048, m, 1, 0});  // q8_0, one thread: acts in L1/L2 or not
 }
 BENCHMARK(BM_Gemm)->Apply(gemm_args)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
 
