@@ -105,6 +105,43 @@ TEST(KernelsOps, GeluFollowsTheTableAndClamps) {
   EXPECT_TRUE(std::isnan(gelu_tanh(std::numeric_limits<float>::quiet_NaN())));
 }
 
+TEST(KernelsOps, GatedSiluWithinUlpsOfScalarAtEveryLevel) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float edges[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 87.0f, -87.0f, 88.7f, -88.7f, 89.5f, -89.5f, 103.0f,
+                         -103.0f, 200.0f, -200.0f, inf, -inf, 20.0f, -20.0f, 0.6931472f, -15.9f};
+  for (KernelLevel level : kAllKernelLevels) {
+    if (!cpu_supports_level(level) || level == KernelLevel::kScalar) continue;
+    for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 40, 5632 + 3}) {
+      std::vector<float> x(n), up(n);
+      for (int64_t i = 0; i < n; ++i) {
+        x[i] = i % 7 == 3 ? edges[(i / 7) % std::size(edges)] : normal(rng) * (i % 2 ? 1.0f : 8.0f);
+        up[i] = i % 5 == 0 ? 1.0f : normal(rng);
+      }
+      std::vector<float> ref = x, got = x;
+      gated_activation_at(KernelLevel::kScalar, Activation::kSilu, ref.data(), up.data(), n);
+      gated_activation_at(level, Activation::kSilu, got.data(), up.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        if (std::isnan(ref[i])) {
+          EXPECT_TRUE(std::isnan(got[i])) << kernel_level_name(level) << " x=" << x[i];
+          continue;
+        }
+        // A few ulp from the polynomial exp against libm's, through one division.
+        ASSERT_LE(ulp_distance(ref[i], got[i]), 4)
+            << kernel_level_name(level) << " x=" << x[i] << " ref=" << ref[i] << " got=" << got[i];
+      }
+    }
+  }
+  // NaN in, NaN out.
+  for (KernelLevel level : kAllKernelLevels) {
+    if (!cpu_supports_level(level)) continue;
+    std::vector<float> g(16, std::numeric_limits<float>::quiet_NaN()), u(16, 1.0f);
+    gated_activation_at(level, Activation::kSilu, g.data(), u.data(), 16);
+    for (float v : g) EXPECT_TRUE(std::isnan(v)) << kernel_level_name(level);
+  }
+}
+
 TEST(KernelsOps, GatedSiluMultipliesByUp) {
   std::vector<float> gate = {0.0f, 1.0f, -2.0f}, up = {3.0f, 2.0f, 0.5f};
   gated_activation(Activation::kSilu, gate.data(), up.data(), 3);
