@@ -70,7 +70,9 @@ TEST(KernelsPrepack, OnlyTypesWhosePanelsAreNotLarger) {
   const WeightMatrix q8{GgmlType::Q8_0, w8.data(), 64, 17, row_bytes(GgmlType::Q8_0, 64)};
   for (KernelLevel level : kAllKernelLevels) {
     const size_t b = prepacked_bytes(q8, level);
-    if (b) EXPECT_EQ(b, 2u * 2u * 576u);  // 2 tiles (17 rows) x 2 blocks
+    if (b) {
+      EXPECT_EQ(b, 2u * 2u * 576u);  // 2 tiles (17 rows) x 2 blocks
+    }
   }
 }
 

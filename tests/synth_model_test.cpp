@@ -228,7 +228,9 @@ TEST(SynthModel, ArchitecturesHaveTheirKeysAndTensors) {
     auto m = Model::load(p.string());
     EXPECT_EQ(m->config().head_dim, 32);
     EXPECT_EQ(m->config().n_head_kv, 2);
-    if (a == "gemma3") EXPECT_EQ(m->config().sliding_window, 8);
+    if (a == "gemma3") {
+      EXPECT_EQ(m->config().sliding_window, 8);
+    }
     fs::remove(p);
   }
 }

@@ -14,6 +14,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm_avx2_conv.h"
 #include "kernels/gemm_pack.h"
+#include "kernels/transpose_avx2.h"
 
 #define TD_ATTR __attribute__((target("avx2,fma,f16c")))
 #define TD_FN TD_ATTR inline
@@ -23,30 +24,10 @@ namespace {
 
 using namespace avx2;
 
-// 8 rows of 8 dwords in place: afterwards r[k] lane n = old r[n] lane k.
-TD_FN void transpose_8x8(__m256i r[8]) {
-  __m256i t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  // u[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c.
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    r[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
-    r[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
-  }
-}
-
 // 16 rows of 8 dwords to 8 panel vectors, 64 bytes apart from out.
 TD_FN void transpose_16x8(__m256i r[16], uint8_t* out) {
-  transpose_8x8(r);
-  transpose_8x8(r + 8);
+  simd::transpose_8x8_epi32(r);
+  simd::transpose_8x8_epi32(r + 8);
   for (int g = 0; g < 8; ++g) {
     _mm256_store_si256(reinterpret_cast<__m256i*>(out + 64 * g), r[g]);
     _mm256_store_si256(reinterpret_cast<__m256i*>(out + 64 * g + 32), r[8 + g]);

@@ -18,6 +18,7 @@
 #include "core/blocks.h"
 #include "core/quant.h"
 #include "kernels/gemm_avx512_pack.h"
+#include "kernels/transpose_avx2.h"
 
 #define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
 #define TD_FN TD_ATTR inline
@@ -144,21 +145,8 @@ TD_FN void interleave8(const uint8_t* src, int64_t stride, int64_t units, uint8_
   for (; u + 8 <= units; u += 8) {
     __m256i r[8];
     for (int s = 0; s < 8; ++s) r[s] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + s * stride + u * 4));
-    __m256i t[8], v[8];
-    for (int i = 0; i < 4; ++i) {
-      t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-      t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 2; ++i) {
-      v[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-      v[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-      v[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-      v[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int c = 0; c < 4; ++c) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (u + c) * 32), _mm256_permute2x128_si256(v[c], v[4 + c], 0x20));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (u + 4 + c) * 32), _mm256_permute2x128_si256(v[c], v[4 + c], 0x31));
-    }
+    simd::transpose_8x8_epi32(r);  // r[k]: unit u + k of the 8 rows
+    for (int k = 0; k < 8; ++k) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (u + k) * 32), r[k]);
   }
   for (; u < units; ++u)
     for (int s = 0; s < 8; ++s) std::memcpy(dst + (u * 8 + s) * 4, src + s * stride + u * 4, 4);

@@ -26,6 +26,7 @@
 #include "core/blocks.h"
 #include "kernels/gemm_avx512_conv.h"
 #include "kernels/gemm_avx512_pack.h"
+#include "kernels/transpose_avx2.h"
 
 #define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
 #define TD_FN TD_ATTR inline
@@ -141,25 +142,6 @@ TD_FN void q32_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, fl
     for (int m = 0; m < NA; ++m) y[m * ldy + i] = _mm_cvtss_f32(acc[i][m]);
 }
 
-// 8 vectors of 8 int32 in place: afterwards r[k] lane n = old r[n] lane k.
-TD_FN void transpose8x8(__m256i r[8]) {
-  __m256i t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    r[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
-    r[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
-  }
-}
-
 // 8 weight rows (rows0 + n * stride) x NA activation rows of a q4_0 / q5_0 /
 // q8_0 matrix. The block sums come out one row per vector; transposed, each
 // block's sums for the 8 rows share a vector, and the 8 chains advance in
@@ -198,7 +180,7 @@ TD_FN void q32_chunk8(const uint8_t* rows0, size_t stride, __m256i row_off, cons
       S[m][i] = block_sums8(P);
     }
   }
-  for (int m = 0; m < NA; ++m) transpose8x8(S[m]);  // S[m][k]: block b + k, lane = row
+  for (int m = 0; m < NA; ++m) simd::transpose_8x8_epi32(S[m]);  // S[m][k]: block b + k, lane = row
   for (int k = 0; k < (kFull ? 8 : n); ++k) {
     const __m256i h = _mm256_i32gather_epi32(reinterpret_cast<const int*>(rows0 + (b + k) * Conv::kBlock), row_off, 1);
     const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(h));
