@@ -229,13 +229,18 @@ TEST(PerfBench, StatsMedianMinMax) {
   EXPECT_EQ(s.median, 0);
 }
 
-TEST(PerfBench, RunsStoriesInProcess) {
+BenchOptions stories_bench(int32_t n_prompt, int32_t n_gen, int32_t reps) {
   BenchOptions o;
   o.model_path = test::shared_path("models/gguf/stories260K.gguf");
-  o.n_prompt = 9;
-  o.n_gen = 3;
-  o.reps = 3;
+  o.n_prompt = n_prompt;
+  o.n_gen = n_gen;
+  o.reps = reps;
   o.threads = 2;
+  return o;
+}
+
+TEST(PerfBench, RunsStoriesInProcess) {
+  BenchOptions o = stories_bench(9, 3, 3);
   const BenchResult r = run_bench(o);
   ASSERT_EQ(r.prefill_s.size(), 3u);
   ASSERT_EQ(r.decode_s.size(), 3u);
@@ -272,12 +277,7 @@ TEST(PerfBench, RunsStoriesInProcess) {
 }
 
 TEST(PerfBench, BatchDecodesSequencesTogether) {
-  BenchOptions o;
-  o.model_path = test::shared_path("models/gguf/stories260K.gguf");
-  o.n_prompt = 7;
-  o.n_gen = 5;
-  o.reps = 1;
-  o.threads = 2;
+  BenchOptions o = stories_bench(7, 5, 1);
   o.batch = 5;
   const BenchResult r = run_bench(o);
   ASSERT_EQ(r.decode_s.size(), 1u);
