@@ -23,6 +23,11 @@ is stopped. Scenarios:
 Every scenario uses streaming /v1/completions with greedy sampling and runs
 each request to its max_tokens.
 
+`--sides llama-server` adds llama.cpp's own server, built once from the llama.cpp
+sources inside the same llama-cpp-python sdist (bench/.llama-server; native CPU
+flags, no web UI), with one slot per concurrent client (-np, each with the
+per-sequence context) and its default continuous batching.
+
 llama.cpp's side is llama-cpp-python's server (`python -m llama_cpp.server`,
 the llama-cpp-python[server] extra), installed from source with
 CMAKE_ARGS=-DGGML_NATIVE=ON into bench/.venv (shared with compare_llamacpp.py)
@@ -117,6 +122,35 @@ def ensure_venv(venv: Path) -> Path:
     return py
 
 
+def ensure_llama_server(root: Path) -> Path:
+    """llama.cpp's own server, built from the llama.cpp sources that the
+    llama-cpp-python sdist on PyPI carries (same version as the venv's), for
+    this CPU; without its web UI, HTTPS or tests."""
+    binary = root / "build" / "bin" / "llama-server"
+    if binary.exists():
+        return binary
+    src = root / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    sdist = src / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+    if not sdist.exists():
+        log(f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist (llama.cpp's sources)")
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-d", str(src),
+                        f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"], check=True)
+    tree = src / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}" / "vendor" / "llama.cpp"
+    if not tree.exists():
+        subprocess.run(["tar", "xzf", str(sdist), "-C", str(src)], check=True)
+    log("building llama-server (takes a while)")
+    subprocess.run(["cmake", "-S", str(tree), "-B", str(root / "build"), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_UI=OFF",
+                    "-DLLAMA_USE_PREBUILT_UI=OFF"], check=True)
+    subprocess.run(["cmake", "--build", str(root / "build"), "--target", "llama-server", "-j",
+                    str(os.cpu_count() or 2)], check=True)
+    if not binary.exists():
+        raise SystemExit(f"the llama.cpp build did not produce {binary}")
+    return binary
+
+
 def ensure_model(name: str, tandem: Path) -> Path:
     path = MODELS.get(name, Path(name))
     if path.exists():
@@ -166,6 +200,13 @@ def server_cmd(side: str, model: Path, port: int, args, py: Path) -> list[str]:
         return prefix + [str(args.tandem), "serve", "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
                 "--threads", str(args.threads), "--ctx-size", str(args.ctx), "--max-seqs", str(args.max_seqs),
                 *args.tandem_arg]
+    if side == "llama-server":
+        # One slot per concurrent client, each with the per-sequence context (-c is their total);
+        # continuous batching is llama-server's default.
+        slots = max(args.concurrency, args.chats + 1)
+        return prefix + [str(args.llama_server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+                "--threads", str(args.threads), "--threads-batch", str(args.threads), "-c", str(args.ctx * slots),
+                "-np", str(slots), *args.llama_server_arg]
     return prefix + [str(py), "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
             "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads), "--n_ctx", str(args.ctx),
             "--interrupt_requests", "False", *args.llama_arg]
@@ -307,7 +348,8 @@ def fmt(v, unit: str) -> str:
 
 def markdown(report: dict) -> str:
     sides = report["sides"]
-    names = {"tandem": "Tandem", "llama": "llama.cpp (llama-cpp-python server)"}
+    names = {"tandem": "Tandem", "llama": "llama.cpp (llama-cpp-python server)",
+             "llama-server": "llama.cpp (llama-server)"}
     head = "| model | | " + " | ".join(names[s] for s in sides) + " |"
     lines = [head, "|---|---|" + "---|" * len(sides)]
     for m in report["results"]:
@@ -327,7 +369,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="gemma,tinyllama",
                     help="comma-separated: gemma, tinyllama (the synthetic 1.1B Q8_0, written if missing) or paths")
-    ap.add_argument("--sides", default="tandem,llama", help="tandem, llama or both")
+    ap.add_argument("--sides", default="tandem,llama",
+                    help="any of tandem, llama (llama-cpp-python's server), llama-server (llama.cpp's own, built "
+                         "from the sdist's sources into bench/.llama-server)")
     ap.add_argument("--scenarios", default="a,b,c", help="any of a, b, c")
     ap.add_argument("--tandem", default=str(REPO / "build/tandem"), help="the tandem binary")
     ap.add_argument("--venv", help="venv with llama-cpp-python (default bench/.venv; set up if needed)")
@@ -344,6 +388,7 @@ def main() -> int:
                     help="run both servers under nice -n N (negative needs root: less noise on a shared machine)")
     ap.add_argument("--tandem-arg", action="append", default=[], help="extra argument for tandem serve (repeatable)")
     ap.add_argument("--llama-arg", action="append", default=[], help="extra argument for llama_cpp.server")
+    ap.add_argument("--llama-server-arg", action="append", default=[], help="extra argument for llama-server")
     ap.add_argument("--ready-timeout", type=float, default=300)
     ap.add_argument("--scenario-timeout", type=float, default=1800)
     ap.add_argument("--out-dir", help="per-scenario JSON and server logs (default: a new folder under /tmp)")
@@ -353,8 +398,10 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
-    if any(s not in GROUPS for s in args.scenarios) or any(s not in ("tandem", "llama") for s in sides):
-        ap.error("--scenarios takes a, b, c; --sides takes tandem, llama")
+    if any(s not in GROUPS for s in args.scenarios) or any(s not in ("tandem", "llama", "llama-server") for s in sides):
+        ap.error("--scenarios takes a, b, c; --sides takes tandem, llama, llama-server")
+    if "llama-server" in sides:
+        args.llama_server = str(ensure_llama_server(HERE / ".llama-server"))
     args.tandem = Path(args.tandem).resolve()
     if "tandem" in sides and not args.tandem.exists():
         raise SystemExit(f"{args.tandem} does not exist: build Tandem first")
