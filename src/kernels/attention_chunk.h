@@ -8,7 +8,8 @@
 // (lanes >= n are zero), store(float*, V), store_part(float*, V, n),
 // add(V, V), sub(V, V), fma(a, b, c) = a*b+c, reduce(V) (fixed lane order),
 // exp(V); tile sizes QR x QK for scores (rows x keys) and PR x PD for the
-// value sum (rows x vectors).
+// value sum (rows x vectors); kReduce4x4 and, where true, reduce_4x4(acc, s,
+// kn): the 16 reductions of a 4 x 4 score tile at once, bit for bit reduce()'s.
 //
 // Why the results do not depend on the tiling: every score is one
 // accumulator chain over head_dim in fixed steps, reduced the same way; the
@@ -16,6 +17,19 @@
 // chunk start; each output element of the value sum is one chain over the
 // keys in position order, and a tile row outside its own range adds exact
 // zeros (0 * v + acc == acc for finite v).
+
+// s[r][j] = reduce(acc[r][j]) for keys j < kn. (O is a template parameter
+// so that only the Ops that have reduce_4x4 need to declare it.)
+template <typename O, int R, int K>
+TD_FN void reduce_scores(const typename O::V acc[R][K], float* const* s, int32_t kn) {
+  if constexpr (R == 4 && K == 4 && O::kReduce4x4) {
+    // All 16 sums at once, each through reduce()'s own tree of additions.
+    O::reduce_4x4(acc, s, kn);
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < K && j < kn; ++j) s[r][j] = O::reduce(acc[r][j]);
+  }
+}
 
 // Scores of R query rows against K keys (keys past `kn` are padding and are
 // not written): s[r][j] = q[r] . k[j].
@@ -43,8 +57,7 @@ TD_FN void qk_tile(const float* const* q, const T* const* k, int32_t hd, float* 
       for (int r = 0; r < R; ++r) acc[r][j] = Ops::fma(qv[r], kv, acc[r][j]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < K && j < kn; ++j) s[r][j] = Ops::reduce(acc[r][j]);
+  reduce_scores<Ops, R, K>(acc, s, kn);
 }
 
 // acc_out[r][d0 .. d0 + D*W) = sum over keys j in [a, b) of p[r][j] * v[j][..],
