@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/attention_impl.h"
+#include "kernels/exp_simd.h"
 
 #if defined(__x86_64__)
 
@@ -67,23 +68,7 @@ struct Ops {
     for (int r = 0; r < 4; ++r)
       for (int j = 0; j < 4 && j < kn; ++j) s[r][j] = out[4 * r + j];
   }
-  // As the AVX2 exp: Cephes' expf polynomial, 2^n applied with scalef;
-  // below -87 and for NaN, 0.
-  TD_FN static V exp(V x) {
-    const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    V p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    const V y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-    return _mm512_maskz_scalef_ps(ok, y, n);
-  }
+  TD_FN static V exp(V x) { return simd::exp_ps(x); }  // kernels/exp_simd.h
 };
 
 #include "kernels/attention_chunk.h"

@@ -1,12 +1,15 @@
 #include "kernels/ops.h"
 
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "core/quant.h"
+#include "kernels/exp_simd.h"
 
 #if defined(__x86_64__)
+// See dot_avx512.cpp: GCC 12's AVX-512 headers trip -Wmaybe-uninitialized when inlined.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #endif
 
@@ -146,6 +149,10 @@ void gelu_gated_scalar(float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) gate[i] = gelu_tanh(gate[i]) * up[i];
 }
 
+void silu_gated_scalar(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
+}
+
 #if defined(__x86_64__)
 __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void gelu_gated_avx512(float* gate, const float* up,
                                                                                       int64_t n) {
@@ -183,57 +190,16 @@ __attribute__((target("avx2,f16c,fma"))) void gelu_gated_avx2(float* gate, const
   gelu_gated_scalar(gate + i, up + i, n - i);
 }
 
-// e^x for the SiLU, 16 / 8 lanes: x = n ln2 + r with |r| <= ln2/2 (ln2 split
-// in two so n ln2 is exact), e^r by its Taylor polynomial to r^7 (truncation
-// below 5e-9 relative), times 2^n. Within 2 ulp of expf over the range the
-// activations use; e^x overflows to inf above 88.72 and flushes to 0 below
-// -87.3, where 1 + e^x no longer changes anyway.
-constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.42860682030941723e-6f;
-constexpr float kExpC[] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
-
-__attribute__((target("avx512f"))) inline __m512 exp_avx512(__m512 in) {
-  // Clamped where e^x is already 0 or inf, so that r stays finite (+-inf
-  // would give inf - inf); scalef then rounds the extremes to 0 and inf.
-  const __m512 x = _mm512_min_ps(_mm512_max_ps(in, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kExpC[0]);
-  for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpC[i]));
-  const __m512 v = _mm512_scalef_ps(p, n);  // p * 2^n, overflow and underflow included
-  return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(in, in, _CMP_UNORD_Q), in);  // NaN stays NaN
-}
-
+// SiLU with the softmax's e^x (kernels/exp_simd.h): a few ulp from libm's.
 __attribute__((target("avx512f"))) void silu_gated_avx512(float* gate, const float* up, int64_t n) {
   const __m512 one = _mm512_set1_ps(1.0f);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 x = _mm512_loadu_ps(gate + i);
-    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+    const __m512 e = simd::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x));
     _mm512_storeu_ps(gate + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i)));
   }
-  for (; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
-}
-
-__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
-  // Inputs are clamped so that 2^n stays a normal float; the lanes beyond
-  // are patched afterwards (inf above, 0 below, NaN kept).
-  const __m256 hi = _mm256_set1_ps(88.72f), lo = _mm256_set1_ps(-87.3f);
-  const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), xc);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kExpC[0]);
-  for (int i = 1; i < 8; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC[i]));
-  // 2^n for n in [-126, 128]: 128 (x near 88.72) as 2 * 2^127.
-  const __m256i ni = _mm256_cvtps_epi32(n);
-  const __m256i big = _mm256_cmpgt_epi32(ni, _mm256_set1_epi32(127));
-  const __m256i ne = _mm256_sub_epi32(ni, _mm256_and_si256(big, _mm256_set1_epi32(1)));
-  __m256 v = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ne, _mm256_set1_epi32(127)), 23)));
-  v = _mm256_blendv_ps(v, _mm256_add_ps(v, v), _mm256_castsi256_ps(big));
-  v = _mm256_blendv_ps(v, _mm256_set1_ps(std::numeric_limits<float>::infinity()), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
-  v = _mm256_blendv_ps(v, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
-  return _mm256_blendv_ps(v, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));  // NaN stays NaN
+  silu_gated_scalar(gate + i, up + i, n - i);
 }
 
 __attribute__((target("avx2,fma"))) void silu_gated_avx2(float* gate, const float* up, int64_t n) {
@@ -241,10 +207,10 @@ __attribute__((target("avx2,fma"))) void silu_gated_avx2(float* gate, const floa
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 x = _mm256_loadu_ps(gate + i);
-    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    const __m256 e = simd::exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), x));
     _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
   }
-  for (; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
+  silu_gated_scalar(gate + i, up + i, n - i);
 }
 #endif
 
@@ -270,7 +236,7 @@ void gated_activation_at(KernelLevel level, Activation act, float* gate, const f
   if (level >= KernelLevel::kAvx512) return silu_gated_avx512(gate, up, n);
   if (level >= KernelLevel::kAvx2) return silu_gated_avx2(gate, up, n);
 #endif
-  for (int64_t i = 0; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
+  silu_gated_scalar(gate, up, n);
 }
 
 void gated_activation(Activation act, float* gate, const float* up, int64_t n) {
