@@ -3,11 +3,13 @@
 // odd shapes, any row count and every kernel level this CPU runs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <random>
 #include <vector>
 
+#include "core/error.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
@@ -62,10 +64,73 @@ TEST(KernelsPrepack, PrepackedProductsEqualPackingOnTheFly) {
   }
 }
 
+// The q4_0 tiles layout: the same products and rows as the file's layout,
+// with the whole tiles' file bytes overwritten (so a read of them shows).
+TEST(KernelsPrepack, Q40TilesEqualTheFileLayout) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  ThreadPool pool(2);
+  int levels_with_tiles = 0;
+  for (KernelLevel level : kAllKernelLevels) {
+    if (!cpu_supports_level(level)) continue;
+    const std::pair<int64_t, int64_t> shapes[] = {{37, 96}, {16, 32}, {301, 256}, {5, 2080}, {48, 160}, {33, 2080}};
+    for (auto [rows, cols] : shapes) {
+      std::vector<float> src(rows * cols);
+      for (auto& v : src) v = normal(rng);
+      const size_t rb = row_bytes(GgmlType::Q4_0, cols);
+      std::vector<uint8_t> w(rb * rows);
+      for (int64_t r = 0; r < rows; ++r) quantize_row(GgmlType::Q4_0, src.data() + r * cols, w.data() + r * rb, cols);
+      const WeightMatrix W{GgmlType::Q4_0, w.data(), cols, rows, rb};
+      const size_t bytes = q40_tiles_bytes(W, level);
+      if (bytes == 0) {
+        EXPECT_TRUE(rows < 16 || level < KernelLevel::kAvx512Vnni) << rows << " rows";
+        continue;
+      }
+      ++levels_with_tiles;
+      ASSERT_EQ(bytes, static_cast<size_t>(rows / 16 * 16) * rb);
+      Packed buf(bytes);
+      write_q40_tiles(W, buf.p, 0, rows / 16, pool);
+      std::vector<uint8_t> spoiled = w;
+      std::fill(spoiled.begin(), spoiled.begin() + static_cast<int64_t>(rows / 16 * 16 * rb), 0xFF);  // NaN scales
+      WeightMatrix T = W;
+      T.data = spoiled.data();
+      T.tiles = buf.p;
+      std::vector<float> raw_row(cols), tiled_row(cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        dequantize_row(GgmlType::Q4_0, W.row(r), raw_row.data(), cols);
+        dequantize_prepacked_row(T, level, r, tiled_row.data());
+        ASSERT_EQ(raw_row, tiled_row) << "row " << r;
+      }
+      Matmul file_layout(level), tiles(level);
+      for (int64_t n : {1, 2, 3, 8, 9, 17}) {
+        std::vector<float> x(n * cols);
+        for (auto& v : x) v = normal(rng);
+        std::vector<float> ya(n * rows), yb(n * rows);
+        file_layout.run(W, x.data(), cols, n, ya.data(), rows, pool);
+        tiles.run(T, x.data(), cols, n, yb.data(), rows, pool);
+        EXPECT_EQ(ya, yb) << "level " << static_cast<int>(level) << " " << rows << "x" << cols << " n=" << n;
+      }
+      // Kernels that do not read the layout refuse it rather than read the spoiled rows.
+      Matmul scalar(KernelLevel::kScalar);
+      std::vector<float> x(cols, 1.0f), y(rows);
+      EXPECT_THROW(scalar.run(T, x.data(), cols, 1, y.data(), rows, pool), Error);
+    }
+  }
+  if (cpu_supports_level(KernelLevel::kAvx512Vnni)) {
+    EXPECT_GT(levels_with_tiles, 0);
+  }
+}
+
 TEST(KernelsPrepack, OnlyTypesWhosePanelsAreNotLarger) {
   const std::vector<uint8_t> w(row_bytes(GgmlType::Q4_0, 64) * 16);
   const WeightMatrix q4{GgmlType::Q4_0, w.data(), 64, 16, row_bytes(GgmlType::Q4_0, 64)};
-  for (KernelLevel level : kAllKernelLevels) EXPECT_EQ(prepacked_bytes(q4, level), 0u);
+  for (KernelLevel level : kAllKernelLevels) {
+    EXPECT_EQ(prepacked_bytes(q4, level), 0u);
+    // q4_0 is rearranged, not widened: 16 rows x 2 blocks x 18 bytes.
+    if (cpu_supports_level(level)) {
+      EXPECT_EQ(q40_tiles_bytes(q4, level), level >= KernelLevel::kAvx512Vnni ? 16u * 2u * 18u : 0u);
+    }
+  }
   const std::vector<uint8_t> w8(row_bytes(GgmlType::Q8_0, 64) * 17);
   const WeightMatrix q8{GgmlType::Q8_0, w8.data(), 64, 17, row_bytes(GgmlType::Q8_0, 64)};
   for (KernelLevel level : kAllKernelLevels) {

@@ -2,6 +2,7 @@
 // loads back with the shapes and types llama.cpp's rules give, bad specs fail
 // with errors that name the problem.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -11,6 +12,9 @@
 #include "convert/synth.h"
 #include "core/error.h"
 #include "core/quant.h"
+#include "core/thread_pool.h"
+#include "kernels/dot_impl.h"
+#include "kv/kv_cache.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "synth_sha256.h"
@@ -189,6 +193,50 @@ TEST(SynthModel, EveryTypeLoadsBackWithItsTensorTypes) {
     EXPECT_EQ(m->config().n_layer, s.n_layer);
     fs::remove(p);
   }
+}
+
+// Weights rearranged at load (q8_0 panels, q4_0 tiles; kernels/prepack.h)
+// give the logits of the file's layout bit for bit, in prefill and decode,
+// with a separate output matrix (llama) and a tied one (qwen2: the embedding
+// lookup reads the new layout too).
+TEST(SynthModel, RepackedWeightsGiveTheFileLayoutsLogits) {
+  for (const char* arch : {"llama", "qwen2"})
+    for (const char* type : {"q8_0", "q4_0"}) {
+      SCOPED_TRACE(std::string(arch) + " " + type);
+      SynthSpec s = small(arch);
+      s.type = type;
+      const fs::path p = tmp(std::string("repack_") + arch + type);
+      synth_model(s, p.string(), 1);
+      auto logits = [&](bool repack, size_t* packed) {
+        if (!repack) ::setenv("TANDEM_PREPACK", "0", 1);
+        auto m = Model::load(p.string());
+        ::unsetenv("TANDEM_PREPACK");
+        *packed = m->packed_bytes();
+        ThreadPool pool(2);
+        const ModelConfig& c = m->config();
+        KvCache kv(KvShape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v}, 8, 16);
+        SeqKv seq;
+        EXPECT_TRUE(seq.reserve(kv, 16));
+        const std::vector<int32_t> prompt = {1, 72, 300, 17, 45, 9, 400, 3};
+        std::vector<float> out;
+        m->prefill(seq, prompt, kv, pool, out);
+        for (int32_t t : {5, 77, 311}) {
+          SeqKv* seqs[] = {&seq};
+          const int32_t one[] = {t};
+          m->decode(seqs, one, kv, pool, out);
+        }
+        return out;
+      };
+      size_t packed = 0, unpacked = 0;
+      const std::vector<float> a = logits(true, &packed), b = logits(false, &unpacked);
+      EXPECT_EQ(unpacked, 0u);
+      if (cpu_supports_level(KernelLevel::kAvx512Vnni)) {
+        EXPECT_GT(packed, 0u);
+      }
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(a, b);
+      fs::remove(p);
+    }
 }
 
 TEST(SynthModel, ArchitecturesHaveTheirKeysAndTensors) {

@@ -216,7 +216,9 @@ GemmKernel avx512_kernel(GgmlType w, bool /*bf16*/) {
     case GemmClass::kFloat:
     case GemmClass::kNone: break;
   }
-  return avx512_rows_kernel(w, k);
+  k = avx512_rows_kernel(w, k);
+  k.reads_tiles = w == GgmlType::Q4_0;
+  return k;
 }
 
 }  // namespace tandem::gemm_detail

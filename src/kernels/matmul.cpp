@@ -68,6 +68,10 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
   }
 
   const GemmKernel kern = gemm_kernel(W0.type, level_);
+  for (const WeightMatrix* W : Ws)
+    if (W->tiles && !kern.reads_tiles)
+      fail(ErrorKind::kInvalidArgument, "matmul: q4_0 weights in the tiles layout need the AVX-512 kernels, not {}",
+           kernel_level_name(level_));
   if (!kern) {
     for (size_t i = 0; i < Ws.size(); ++i) run_fallback(*Ws[i], x, ldx, n_rows, ys[i], ldys[i], pool);
     return;

@@ -4,7 +4,9 @@
 #include <cstring>
 
 #include "kernels/gemm.h"
+#include "core/quant.h"
 #include "kernels/gemm_pack.h"
+#include "kernels/q40_tiles.h"
 
 namespace tandem {
 
@@ -25,8 +27,32 @@ void prepack_tiles(const WeightMatrix& W, KernelLevel level, uint8_t* out, int64
   });
 }
 
+size_t q40_tiles_bytes(const WeightMatrix& W, KernelLevel level) {
+  if (W.type != GgmlType::Q4_0 || W.rows < kGemmTile || !gemm_kernel(W.type, level).reads_tiles) return 0;
+  return static_cast<size_t>(q40_tiles::whole_tiles(W.rows)) * q40_tiles::tile_bytes(W.cols / kQK);
+}
+
+void write_q40_tiles(const WeightMatrix& W, uint8_t* out, int64_t t0, int64_t t1, ThreadPool& pool) {
+  using namespace q40_tiles;
+  const int64_t nb = W.cols / kQK, steps = (nb + kStepBlocks - 1) / kStepBlocks;
+  pool.parallel_for(t1 - t0, 16, [&](int64_t a, int64_t b) {
+    for (int64_t t = t0 + a; t < t0 + b; ++t)
+      for (int64_t s = 0; s < steps; ++s)
+        for (int j = 0; j < kRows; ++j)
+          std::memcpy(out + t * tile_bytes(nb) + step_offset(s) + j * step_row_bytes(nb, s),
+                      W.row(t * kRows + j) + s * kRowStepBytes, step_row_bytes(nb, s));
+  });
+}
+
 void dequantize_prepacked_row(const WeightMatrix& W, KernelLevel level, int64_t r, float* out) {
   using gemm_detail::Q32Panel;
+  if (!W.packed) {
+    const int64_t nb = W.cols / kQK;
+    if (!W.tiles || r >= q40_tiles::whole_tiles(W.rows) * q40_tiles::kRows)
+      return dequantize_row(W.type, W.row(r), out, W.cols);
+    for (int64_t b = 0; b < nb; ++b) dequantize_row(W.type, q40_tiles::block(W.tiles, nb, r, b), out + b * kQK, kQK);
+    return;
+  }
   const GemmKernel k = gemm_kernel(W.type, level);
   const int64_t nb = W.cols / k.block_elems;
   const int64_t lane = r % kGemmTile;

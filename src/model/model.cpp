@@ -45,8 +45,9 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
 
 void Model::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
-// Repacks the matrices whose panels are no larger than the file's bytes (see
-// kernels/prepack.h) and drops the file's pages of them. TANDEM_PREPACK=0
+// Repacks the matrices whose panels are no larger than the file's bytes, and
+// rearranges q4_0 ones into tiles where the kernels read them (see
+// kernels/prepack.h); drops the file's pages of what was copied. TANDEM_PREPACK=0
 // keeps every weight in the file (for comparisons).
 void Model::prepack_weights() {
   const char* env = std::getenv("TANDEM_PREPACK");
@@ -57,26 +58,32 @@ void Model::prepack_weights() {
     for (WeightMatrix* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) all.push_back(W);
   std::unique_ptr<ThreadPool> pool;
   for (WeightMatrix* W : all) {
-    const size_t bytes = prepacked_bytes(*W, level);
+    // q8_0 panels for every row, or q4_0 tiles for the whole 16-row tiles.
+    const size_t panels = prepacked_bytes(*W, level);
+    const size_t bytes = panels ? panels : q40_tiles_bytes(*W, level);
     if (bytes == 0) continue;
     if (!pool) pool = std::make_unique<ThreadPool>(0);
     uint8_t* buf = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
     if (!buf) fail(ErrorKind::kResource, "out of memory repacking {} bytes of weights", bytes);
     packed_.emplace_back(buf);
-    // In slices, releasing each slice's file pages once packed, so that a
+    // In slices, releasing each slice's file pages once written, so that a
     // large matrix (Gemma's 178 MB embedding) is not held twice at the peak.
-    const int64_t tiles = (W->rows + kGemmTile - 1) / kGemmTile;
+    const int64_t tiles = panels ? (W->rows + kGemmTile - 1) / kGemmTile : W->rows / kGemmTile;
     constexpr int64_t kSliceTiles = 256;
     for (int64_t t0 = 0; t0 < tiles; t0 += kSliceTiles) {
       const int64_t t1 = std::min(tiles, t0 + kSliceTiles);
-      prepack_tiles(*W, level, buf, t0, t1, *pool);
+      if (panels) prepack_tiles(*W, level, buf, t0, t1, *pool);
+      else write_q40_tiles(*W, buf, t0, t1, *pool);
       const int64_t r0 = t0 * kGemmTile, r1 = std::min(W->rows, t1 * kGemmTile);
       file_->release_pages(W->row(r0), static_cast<size_t>(r1 - r0) * W->row_stride);
     }
-    W->packed = buf;
+    (panels ? W->packed : W->tiles) = buf;
     packed_bytes_ += bytes;
-    // The tied embedding looks its rows up in the panels too.
-    if (w_.tok_embd.data == W->data) w_.tok_embd.packed = buf;
+    // The tied embedding looks its rows up in the new layout too.
+    if (w_.tok_embd.data == W->data) {
+      w_.tok_embd.packed = W->packed;
+      w_.tok_embd.tiles = W->tiles;
+    }
   }
 }
 
@@ -105,7 +112,7 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
   pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* xr = s.x.data() + r * E;
-      if (w_.tok_embd.packed)
+      if (w_.tok_embd.packed || w_.tok_embd.tiles)
         dequantize_prepacked_row(w_.tok_embd, s.mm.level(), batch[r].token, xr);
       else
         dequantize_row(w_.tok_embd.type, w_.tok_embd.row(batch[r].token), xr, E);
