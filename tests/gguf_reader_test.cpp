@@ -175,6 +175,38 @@ TEST(GgufReader, VocabOnlyFile) {
   EXPECT_EQ(f->get_float_array("tokenizer.ggml.scores")->size(), 32000u);
 }
 
+// Flat arrays are kept as the file's bytes (a 262k-entry vocabulary took
+// 38 MB as one GgufValue per element) and decode to the same elements.
+TEST(GgufReader, FlatArraysArePackedAndDecodeInOrder) {
+  auto f = GgufFile::open(kShared + "/vocab/ggml-vocab-llama-spm.gguf");
+  const GgufValue* tokens = f->find("tokenizer.ggml.tokens");
+  ASSERT_NE(tokens, nullptr);
+  const auto* packed = std::get_if<GgufPackedArray>(&tokens->v);
+  ASSERT_NE(packed, nullptr);
+  EXPECT_EQ(packed->n, 32000u);
+  EXPECT_LT(packed->bytes.size(), 32000u * 24);  // u64 length + a short text each
+  EXPECT_EQ(tokens->array_size(), 32000u);
+  const std::vector<GgufValue> head = tokens->array_elements(3);
+  ASSERT_EQ(head.size(), 3u);
+  EXPECT_EQ(std::get<std::string>(head[0].v), "<unk>");
+  EXPECT_EQ(std::get<std::string>(head[1].v), "<s>");
+  EXPECT_EQ(std::get<std::string>(head[2].v), "</s>");
+  const auto all = f->get_string_array("tokenizer.ggml.tokens");
+  ASSERT_TRUE(all);
+  size_t i = 0;
+  tokens->for_each_element([&](GgufValue&& e) {
+    EXPECT_EQ(e.type, GgufType::STRING);
+    EXPECT_EQ(std::get<std::string>(e.v), (*all)[i]);
+    return ++i < 100;  // stops when told
+  });
+  EXPECT_EQ(i, 100u);
+  const auto types = f->get_int_array("tokenizer.ggml.token_type");
+  ASSERT_TRUE(types);
+  EXPECT_EQ((*types)[0], 2);  // <unk>: UNKNOWN
+  EXPECT_EQ((*types)[1], 3);  // <s>: CONTROL
+  EXPECT_EQ(f->find("tokenizer.ggml.scores")->to_display(2), "[0, 0, ... (32000 elements)]");
+}
+
 TEST(GgufReader, MissingFileIsIoError) {
   try {
     GgufFile::open("/nonexistent/dir/model.gguf");

@@ -38,8 +38,7 @@ bool same_value(const GgufValue& a, const GgufValue& b) {
   if (a.type != b.type) return false;
   if (a.type == GgufType::ARRAY) {
     if (a.elem_type != b.elem_type) return false;
-    const auto& x = std::get<std::vector<GgufValue>>(a.v);
-    const auto& y = std::get<std::vector<GgufValue>>(b.v);
+    const std::vector<GgufValue> x = a.array_elements(), y = b.array_elements();
     if (x.size() != y.size()) return false;
     for (size_t i = 0; i < x.size(); ++i)
       if (!same_value(x[i], y[i])) return false;

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -70,8 +71,24 @@ class Reader {
     return v;
   }
 
+  void skip(uint64_t n, std::string_view what) {
+    need(n, what);
+    pos_ += n;
+  }
+  void skip_string(std::string_view what) { pos_ += string_length(what, UINT64_MAX); }
+  const uint8_t* at(uint64_t pos) const { return data_ + pos; }
+
   // A u64-length-prefixed string; `max_len` rejects absurd lengths early.
   std::string read_string(std::string_view what, uint64_t max_len = UINT64_MAX) {
+    const uint64_t len = string_length(what, max_len);
+    std::string s(reinterpret_cast<const char*>(data_ + pos_), static_cast<size_t>(len));
+    pos_ += len;
+    return s;
+  }
+
+ private:
+  // Reads a string's length and checks that its bytes follow.
+  uint64_t string_length(std::string_view what, uint64_t max_len) {
     const uint64_t len = read<uint64_t>(what);
     if (len > max_len)
       fail(ErrorKind::kInvalidFile, "{}: {} has string length {} (limit {})", name_, what, len,
@@ -80,12 +97,9 @@ class Reader {
       fail(ErrorKind::kInvalidFile,
            "{}: {} has string length {} but only {} bytes remain in the file", name_, what, len,
            remaining());
-    std::string s(reinterpret_cast<const char*>(data_ + pos_), static_cast<size_t>(len));
-    pos_ += len;
-    return s;
+    return len;
   }
 
- private:
   const uint8_t* data_;
   uint64_t size_;
   uint64_t pos_ = 0;
@@ -139,10 +153,27 @@ class Parser {
           fail(ErrorKind::kInvalidFile,
                "{}: key '{}' has array length {} of {} that cannot fit in the {} bytes left", name_,
                key, n, gguf_type_name(v.elem_type), r_.remaining());
-        std::vector<GgufValue> elems;
-        elems.reserve(static_cast<size_t>(n));
-        for (uint64_t i = 0; i < n; ++i) elems.push_back(read_value(v.elem_type, key, depth + 1));
-        v.v = std::move(elems);
+        if (v.elem_type == GgufType::ARRAY) {
+          std::vector<GgufValue> elems;
+          elems.reserve(static_cast<size_t>(n));
+          for (uint64_t i = 0; i < n; ++i) elems.push_back(read_value(v.elem_type, key, depth + 1));
+          v.v = std::move(elems);
+          break;
+        }
+        // Flat: validated in place, then kept as the file's bytes.
+        const uint64_t start = r_.pos();
+        if (v.elem_type == GgufType::STRING) {
+          for (uint64_t i = 0; i < n; ++i) r_.skip_string(what);
+        } else if (v.elem_type == GgufType::BOOL) {
+          for (uint64_t i = 0; i < n; ++i) {
+            const uint8_t b = r_.read<uint8_t>(what);
+            if (b > 1)
+              fail(ErrorKind::kInvalidFile, "{}: key '{}' has bool value {} (must be 0 or 1)", name_, key, b);
+          }
+        } else {
+          r_.skip(n * min, what);  // n * min fits: checked above
+        }
+        v.v = GgufPackedArray{n, std::vector<uint8_t>(r_.at(start), r_.at(r_.pos()))};
         break;
       }
     }
@@ -153,6 +184,30 @@ class Parser {
   Reader& r_;
   const std::string& name_;
 };
+
+// One element of a packed array at r (validated when the file was read; a
+// value built by hand is checked again by the Reader).
+GgufValue read_packed_elem(Reader& r, GgufType t) {
+  GgufValue e;
+  e.type = t;
+  constexpr std::string_view kWhat = "packed array element";
+  switch (t) {
+    case GgufType::UINT8: e.v = uint64_t{r.read<uint8_t>(kWhat)}; break;
+    case GgufType::INT8: e.v = int64_t{r.read<int8_t>(kWhat)}; break;
+    case GgufType::UINT16: e.v = uint64_t{r.read<uint16_t>(kWhat)}; break;
+    case GgufType::INT16: e.v = int64_t{r.read<int16_t>(kWhat)}; break;
+    case GgufType::UINT32: e.v = uint64_t{r.read<uint32_t>(kWhat)}; break;
+    case GgufType::INT32: e.v = int64_t{r.read<int32_t>(kWhat)}; break;
+    case GgufType::UINT64: e.v = r.read<uint64_t>(kWhat); break;
+    case GgufType::INT64: e.v = r.read<int64_t>(kWhat); break;
+    case GgufType::FLOAT32: e.v = double{r.read<float>(kWhat)}; break;
+    case GgufType::FLOAT64: e.v = r.read<double>(kWhat); break;
+    case GgufType::BOOL: e.v = r.read<uint8_t>(kWhat) != 0; break;
+    case GgufType::STRING: e.v = r.read_string(kWhat); break;
+    case GgufType::ARRAY: fail(ErrorKind::kInvalidArgument, "a packed GGUF array cannot hold arrays");
+  }
+  return e;
+}
 
 std::string dims_str(const std::vector<int64_t>& d) {
   return fmt::format("[{}]", fmt::join(d, ", "));
@@ -188,6 +243,9 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
   f->base_ = static_cast<const uint8_t*>(m);
   f->size_ = static_cast<uint64_t>(st.st_size);
   f->parse();
+  // Everything before the tensor data has been copied out (a large
+  // vocabulary is megabytes of it); only the tensors are read from here on.
+  f->release_pages(f->base_, static_cast<size_t>(f->data_offset_));
   return f;
 }
 
@@ -340,6 +398,37 @@ void GgufFile::parse() {
            name, t.name, t.offset, t.n_bytes, size_, data_offset_);
     t.data = base_ + data_offset_ + t.offset;
   }
+}
+
+size_t GgufValue::array_size() const {
+  if (const auto* a = std::get_if<std::vector<GgufValue>>(&v)) return a->size();
+  if (const auto* p = std::get_if<GgufPackedArray>(&v)) return static_cast<size_t>(p->n);
+  return 0;
+}
+
+void GgufValue::for_each_element(const std::function<bool(GgufValue&&)>& f) const {
+  if (const auto* a = std::get_if<std::vector<GgufValue>>(&v)) {
+    for (const GgufValue& e : *a)
+      if (!f(GgufValue(e))) return;
+    return;
+  }
+  const auto* p = std::get_if<GgufPackedArray>(&v);
+  if (!p) return;
+  static const std::string kName = "<packed GGUF array>";
+  Reader r(p->bytes.data(), p->bytes.size(), kName);
+  for (uint64_t i = 0; i < p->n; ++i)
+    if (!f(read_packed_elem(r, elem_type))) return;
+}
+
+std::vector<GgufValue> GgufValue::array_elements(size_t max) const {
+  std::vector<GgufValue> out;
+  out.reserve(std::min(max, array_size()));
+  if (max == 0) return out;
+  for_each_element([&](GgufValue&& e) {
+    out.push_back(std::move(e));
+    return out.size() < max;
+  });
+  return out;
 }
 
 }  // namespace tandem

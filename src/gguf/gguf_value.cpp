@@ -87,14 +87,14 @@ std::string GgufValue::to_display(size_t max_array_elems) const {
   }
   if (const auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
   if (const auto* s = std::get_if<std::string>(&v)) return quote(*s);
-  const auto& arr = std::get<std::vector<GgufValue>>(v);
+  const std::vector<GgufValue> arr = array_elements(max_array_elems);
+  const size_t n = array_size();
   std::string out = "[";
-  const size_t shown = std::min(arr.size(), max_array_elems);
-  for (size_t i = 0; i < shown; ++i) {
+  for (size_t i = 0; i < arr.size(); ++i) {
     if (i) out += ", ";
     out += arr[i].to_display(max_array_elems);
   }
-  if (shown < arr.size()) out += fmt::format("{}... ({} elements)", shown ? ", " : "", arr.size());
+  if (arr.size() < n) out += fmt::format("{}... ({} elements)", arr.empty() ? "" : ", ", n);
   return out + "]";
 }
 
@@ -160,9 +160,11 @@ std::optional<std::vector<std::string>> GgufFile::get_string_array(std::string_v
     fail(ErrorKind::kInvalidFile, "{}: key '{}' has type {}, expected arr[str]", path_, key,
          type_label(*v));
   std::vector<std::string> out;
-  const auto& arr = std::get<std::vector<GgufValue>>(v->v);
-  out.reserve(arr.size());
-  for (const auto& e : arr) out.push_back(std::get<std::string>(e.v));
+  out.reserve(v->array_size());
+  v->for_each_element([&](GgufValue&& e) {
+    out.push_back(std::move(std::get<std::string>(e.v)));
+    return true;
+  });
   return out;
 }
 
@@ -174,9 +176,11 @@ std::optional<std::vector<float>> GgufFile::get_float_array(std::string_view key
     fail(ErrorKind::kInvalidFile, "{}: key '{}' has type {}, expected arr[f32]", path_, key,
          type_label(*v));
   std::vector<float> out;
-  const auto& arr = std::get<std::vector<GgufValue>>(v->v);
-  out.reserve(arr.size());
-  for (const auto& e : arr) out.push_back(static_cast<float>(std::get<double>(e.v)));
+  out.reserve(v->array_size());
+  v->for_each_element([&](GgufValue&& e) {
+    out.push_back(static_cast<float>(std::get<double>(e.v)));
+    return true;
+  });
   return out;
 }
 
@@ -192,14 +196,14 @@ std::optional<std::vector<int64_t>> GgufFile::get_int_array(std::string_view key
     fail(ErrorKind::kInvalidFile, "{}: key '{}' has type {}, expected an integer array", path_,
          key, type_label(*v));
   std::vector<int64_t> out;
-  const auto& arr = std::get<std::vector<GgufValue>>(v->v);
-  out.reserve(arr.size());
-  for (size_t i = 0; i < arr.size(); ++i) {
-    auto r = as_int64(arr[i]);
+  out.reserve(v->array_size());
+  v->for_each_element([&](GgufValue&& e) {
+    auto r = as_int64(e);
     if (!r)
-      fail(ErrorKind::kInvalidFile, "{}: key '{}' element {} does not fit in int64", path_, key, i);
+      fail(ErrorKind::kInvalidFile, "{}: key '{}' element {} does not fit in int64", path_, key, out.size());
     out.push_back(*r);
-  }
+    return true;
+  });
   return out;
 }
 

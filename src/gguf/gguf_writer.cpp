@@ -74,6 +74,13 @@ void put_value(std::vector<uint8_t>& out, const GgufValue& v, std::string_view k
       return;
     }
     case GgufType::ARRAY: {
+      if (const auto* packed = std::get_if<GgufPackedArray>(&v.v)) {
+        // Bytes a reader validated, in the file's own encoding.
+        put<uint32_t>(out, static_cast<uint32_t>(v.elem_type));
+        put<uint64_t>(out, packed->n);
+        out.insert(out.end(), packed->bytes.begin(), packed->bytes.end());
+        return;
+      }
       const auto* arr = std::get_if<std::vector<GgufValue>>(&v.v);
       if (!arr)
         fail(ErrorKind::kInvalidArgument, "GgufWriter: key '{}': array value is not a vector", key);

@@ -13,8 +13,7 @@ namespace {
 
 std::string type_label(const GgufValue& v) {
   if (v.type != GgufType::ARRAY) return std::string(gguf_type_name(v.type));
-  const auto& arr = std::get<std::vector<GgufValue>>(v.v);
-  return fmt::format("arr[{}; {}]", gguf_type_name(v.elem_type), arr.size());
+  return fmt::format("arr[{}; {}]", gguf_type_name(v.elem_type), v.array_size());
 }
 
 // Long strings (chat templates) are cut at a UTF-8 boundary in the short form.
