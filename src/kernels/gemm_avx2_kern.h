@@ -56,7 +56,7 @@ TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64
     for (int g = 0; g < 8; ++g) {
       const int8_t* ag = aq + g * 4 * S;
       for (int h = 0; h < 2; ++h) {
-        const __m256i w = load_i(panel + Q32Panel::kQ + 64 * g + 32 * h);
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + Q32Panel::kQ + 64 * g + 32 * h));
         if constexpr (kSigned) {
           const __m256i sw = _mm256_xor_si256(w, flip);
           const __m256i aw = _mm256_abs_epi8(sw);
@@ -67,7 +67,7 @@ TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64
       }
     }
     for (int h = 0; h < 2; ++h) {
-      const __m256 d = load_f(panel + Q32Panel::kD + 32 * h);
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + Q32Panel::kD + 16 * h)));
       for (int r = 0; r < R; ++r)
         f[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][h]), _mm256_mul_ps(d, _mm256_set1_ps(as[r])), f[r][h]);
     }

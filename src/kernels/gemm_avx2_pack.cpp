@@ -29,8 +29,8 @@ TD_FN void transpose_16x8(__m256i r[16], uint8_t* out) {
   simd::transpose_8x8_epi32(r);
   simd::transpose_8x8_epi32(r + 8);
   for (int g = 0; g < 8; ++g) {
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 64 * g), r[g]);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 64 * g + 32), r[8 + g]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64 * g), r[g]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64 * g + 32), r[8 + g]);
   }
 }
 
@@ -49,7 +49,7 @@ TD_FN void pack_q32_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, 
     const size_t off = static_cast<size_t>(b) * Conv::kBlock;
     __m256i r[16];
     for (int n = 0; n < 16; ++n) r[n] = conv(rows[n] + off);
-    pack_f16s(rows, off, reinterpret_cast<float*>(panel + Q32Panel::kD));
+    for (int n = 0; n < 16; ++n) std::memcpy(panel + Q32Panel::kD + 2 * n, rows[n] + off, 2);  // f16 d
     transpose_16x8(r, panel + Q32Panel::kQ);
   }
 }

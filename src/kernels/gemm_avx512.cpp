@@ -74,12 +74,12 @@ TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64
     for (int r = 0; r < R; ++r) s[r] = _mm512_set1_epi32(ae[r]);
 #pragma GCC unroll 8
     for (int g = 0; g < 8; ++g) {
-      const __m512i w = _mm512_load_si512(panel + Q32Panel::kQ + 64 * g);
+      const __m512i w = _mm512_loadu_si512(panel + Q32Panel::kQ + 64 * g);
       const int8_t* ag = aq + g * 4 * S;
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) s[r] = _mm512_dpbusd_epi32(s[r], w, bcast32(ag + 4 * r));
     }
-    const __m512 d = _mm512_load_ps(panel + Q32Panel::kD);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + Q32Panel::kD)));
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
       f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]), _mm512_mul_ps(d, _mm512_set1_ps(as[r])), f[r]);

@@ -46,8 +46,8 @@ TD_FN void transpose_16x8(const __m256i r[16], uint8_t* out) {
   const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
   const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
   for (int e = 0; e < 4; ++e) {
-    _mm512_store_si512(out + 64 * e, _mm512_permutex2var_epi64(u[e], lo, u[e + 4]));
-    _mm512_store_si512(out + 64 * (e + 4), _mm512_permutex2var_epi64(u[e], hi, u[e + 4]));
+    _mm512_storeu_si512(out + 64 * e, _mm512_permutex2var_epi64(u[e], lo, u[e + 4]));
+    _mm512_storeu_si512(out + 64 * (e + 4), _mm512_permutex2var_epi64(u[e], hi, u[e + 4]));
   }
 }
 
@@ -65,7 +65,7 @@ TD_FN void pack_q32_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, 
     const size_t off = static_cast<size_t>(b) * Conv::kBlock;
     __m256i r[16];
     for (int n = 0; n < 16; ++n) r[n] = conv(rows[n] + off);
-    pack_f16s(rows, off, reinterpret_cast<float*>(panel + Q32Panel::kD));
+    for (int n = 0; n < 16; ++n) std::memcpy(panel + Q32Panel::kD + 2 * n, rows[n] + off, 2);  // f16 d
     transpose_16x8(r, panel + Q32Panel::kQ);
   }
 }

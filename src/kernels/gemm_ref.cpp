@@ -61,7 +61,8 @@ void run_q32_body(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t
   const int64_t S = A.slots;
   for (int64_t i = 0; i < nblk; ++i, panel += Q32Panel::kBytes) {
     const int64_t b = b0 + i;
-    const float* d = at<float>(panel, Q32Panel::kD);
+    float d[kGemmTile];
+    for (int n = 0; n < kGemmTile; ++n) d[n] = f16_to_f32(at<uint16_t>(panel, Q32Panel::kD)[n]);
     const uint8_t* q = panel + Q32Panel::kQ;
     const int8_t* a = A.qgroup(G) + b * kQK * S;
     for (int s = 0; s < R; ++s) {
@@ -258,11 +259,12 @@ void pack_q32_ref(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uin
   const int32_t off = q32_offset(W.type);
   for (int64_t b = b0; b < b1; ++b, panel += Q32Panel::kBytes) {
     std::memset(panel, 0, Q32Panel::kBytes);
-    float* d = at<float>(panel, Q32Panel::kD);
     uint8_t* q = panel + Q32Panel::kQ;
     for (int n = 0; n < kGemmTile && o0 + n < W.rows; ++n) {
       int8_t v[kQK];
-      d[n] = q32_block(W.type, W.row(o0 + n) + b * bb, v);
+      const uint8_t* blk = W.row(o0 + n) + b * bb;
+      q32_block(W.type, blk, v);
+      std::memcpy(panel + Q32Panel::kD + 2 * n, blk, 2);  // every q32 block starts with its f16 d
       for (int k = 0; k < kQK; ++k) q[qpos(k, n)] = static_cast<uint8_t>(v[k] + off);
     }
   }

@@ -60,8 +60,9 @@ void dequantize_prepacked_row(const WeightMatrix& W, KernelLevel level, int64_t 
   const uint8_t* tile = W.packed + (r / kGemmTile) * nb * static_cast<int64_t>(k.panel_block_bytes);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = tile + b * static_cast<int64_t>(k.panel_block_bytes);
-    float d;
-    std::memcpy(&d, p + Q32Panel::kD + 4 * lane, 4);
+    uint16_t h;
+    std::memcpy(&h, p + Q32Panel::kD + 2 * lane, 2);
+    const float d = f16_to_f32(h);
     for (int g = 0; g < 8; ++g)
       for (int i = 0; i < 4; ++i)
         out[b * 32 + 4 * g + i] = static_cast<float>(p[Q32Panel::kQ + g * 64 + lane * 4 + i] - offset) * d;

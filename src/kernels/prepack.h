@@ -4,8 +4,8 @@
 // into a panel (one SIMD lane per weight row) on every call. With many
 // activation rows (prefill) that is a few percent of the work; with a handful
 // (a serving step of 3-30 decoding sequences) it is most of it: the panel is
-// built, used for a few rows, and thrown away. For q8_0 a panel is 576 bytes
-// per 16 x 32 weights against 544 in the file (+5.9%), so the panels can
+// built, used for a few rows, and thrown away. For q8_0 a panel is 544 bytes
+// per 16 x 32 weights, as in the file (f16 scales, gemm_pack.h), so the panels can
 // simply replace the file's bytes: every product, decode included, then reads
 // the panels, and the file's pages are dropped from memory. For the 4- and
 // 5-bit types a panel is twice their file size (quants unpacked to bytes),
