@@ -24,41 +24,57 @@ struct Packed {
   uint8_t* p;
 };
 
+// Every type with panels (PrepackMode::kAll; kAuto packs only q8_0).
 TEST(KernelsPrepack, PrepackedProductsEqualPackingOnTheFly) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   ThreadPool pool(2);
+  const GgmlType types[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,
+                            GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
   for (KernelLevel level : kAllKernelLevels) {
     if (!cpu_supports_level(level)) continue;
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 96}, {16, 32}, {301, 256}, {5, 2080}}) {
-      std::vector<float> src(rows * cols);
-      for (auto& v : src) v = normal(rng);
-      const size_t rb = row_bytes(GgmlType::Q8_0, cols);
-      std::vector<uint8_t> w(rb * rows);
-      for (int64_t r = 0; r < rows; ++r) quantize_row(GgmlType::Q8_0, src.data() + r * cols, w.data() + r * rb, cols);
-      const WeightMatrix W{GgmlType::Q8_0, w.data(), cols, rows, rb};
-      const size_t bytes = prepacked_bytes(W, level);
-      if (level == KernelLevel::kScalar && bytes == 0) continue;  // no packed path to compare
-      ASSERT_GT(bytes, 0u);
-      Packed buf(bytes);
-      prepack(W, level, buf.p, pool);
-      WeightMatrix P = W;
-      P.packed = buf.p;
-      P.data = nullptr;  // the raw bytes must not be needed any more
-      std::vector<float> raw_row(cols), packed_row(cols);
-      for (int64_t r : {int64_t{0}, rows / 2, rows - 1}) {
-        dequantize_row(GgmlType::Q8_0, W.row(r), raw_row.data(), cols);
-        dequantize_prepacked_row(P, level, r, packed_row.data());
-        EXPECT_EQ(raw_row, packed_row) << "row " << r;
-      }
-      Matmul on_the_fly(level), prepacked(level);
-      for (int64_t n : {1, 2, 3, 8, 9, 17}) {
-        std::vector<float> x(n * cols);
-        for (auto& v : x) v = normal(rng);
-        std::vector<float> ya(n * rows), yb(n * rows);
-        on_the_fly.run(W, x.data(), cols, n, ya.data(), rows, pool);
-        prepacked.run(P, x.data(), cols, n, yb.data(), rows, pool);
-        EXPECT_EQ(ya, yb) << "level " << static_cast<int>(level) << " " << rows << "x" << cols << " n=" << n;
+    for (GgmlType type : types) {
+      const bool kq = type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K;
+      const std::vector<std::pair<int64_t, int64_t>> shapes =
+          kq ? std::vector<std::pair<int64_t, int64_t>>{{37, 256}, {16, 512}, {33, 768}}
+             : std::vector<std::pair<int64_t, int64_t>>{{37, 96}, {16, 32}, {301, 256}, {5, 2080}};
+      for (auto [rows, cols] : shapes) {
+        std::vector<float> src(rows * cols);
+        for (auto& v : src) v = normal(rng);
+        const size_t rb = row_bytes(type, cols);
+        std::vector<uint8_t> w(rb * rows);
+        for (int64_t r = 0; r < rows; ++r) quantize_row(type, src.data() + r * cols, w.data() + r * rb, cols);
+        const WeightMatrix W{type, w.data(), cols, rows, rb};
+        const size_t bytes = prepacked_bytes(W, level, PrepackMode::kAll);
+        EXPECT_EQ(prepacked_bytes(W, level, PrepackMode::kOff), 0u);
+        if (type != GgmlType::Q8_0) {
+          EXPECT_EQ(prepacked_bytes(W, level, PrepackMode::kAuto), 0u);
+        }
+        if (level == KernelLevel::kScalar && bytes == 0) continue;  // no packed path to compare
+        ASSERT_GT(bytes, 0u) << type_traits(type).name;
+        Packed buf(bytes);
+        prepack(W, level, buf.p, pool);
+        WeightMatrix P = W;
+        P.packed = buf.p;
+        P.data = nullptr;  // the raw bytes must not be needed any more
+        if (!kq) {
+          std::vector<float> raw_row(cols), packed_row(cols);
+          for (int64_t r : {int64_t{0}, rows / 2, rows - 1}) {
+            dequantize_row(type, W.row(r), raw_row.data(), cols);
+            dequantize_prepacked_row(P, level, r, packed_row.data());
+            EXPECT_EQ(raw_row, packed_row) << "row " << r;
+          }
+        }
+        Matmul on_the_fly(level), prepacked(level);
+        for (int64_t n : {1, 2, 3, 8, 9, 17}) {
+          std::vector<float> x(n * cols);
+          for (auto& v : x) v = normal(rng);
+          std::vector<float> ya(n * rows), yb(n * rows);
+          on_the_fly.run(W, x.data(), cols, n, ya.data(), rows, pool);
+          prepacked.run(P, x.data(), cols, n, yb.data(), rows, pool);
+          EXPECT_EQ(ya, yb) << type_traits(type).name << " level " << static_cast<int>(level) << " " << rows << "x"
+                            << cols << " n=" << n;
+        }
       }
     }
   }

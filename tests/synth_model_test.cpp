@@ -201,16 +201,18 @@ TEST(SynthModel, EveryTypeLoadsBackWithItsTensorTypes) {
 // lookup reads the new layout too).
 TEST(SynthModel, RepackedWeightsGiveTheFileLayoutsLogits) {
   for (const char* arch : {"llama", "qwen2"})
-    for (const char* type : {"q8_0", "q4_0"}) {
+    for (const char* type : {"q8_0", "q4_0", "q5_0", "q4_k_m"}) {
       SCOPED_TRACE(std::string(arch) + " " + type);
       SynthSpec s = small(arch);
       s.type = type;
+      if (s.type == "q4_k_m") {
+        s.n_embd = 256;  // K-quant rows are multiples of 256
+        s.n_ff = 512;
+      }
       const fs::path p = tmp(std::string("repack_") + arch + type);
       synth_model(s, p.string(), 1);
-      auto logits = [&](bool repack, size_t* packed) {
-        if (!repack) ::setenv("TANDEM_PREPACK", "0", 1);
-        auto m = Model::load(p.string());
-        ::unsetenv("TANDEM_PREPACK");
+      auto logits = [&](PrepackMode mode, size_t* packed) {
+        auto m = Model::load(p.string(), mode);
         *packed = m->packed_bytes();
         ThreadPool pool(2);
         const ModelConfig& c = m->config();
@@ -227,14 +229,25 @@ TEST(SynthModel, RepackedWeightsGiveTheFileLayoutsLogits) {
         }
         return out;
       };
-      size_t packed = 0, unpacked = 0;
-      const std::vector<float> a = logits(true, &packed), b = logits(false, &unpacked);
+      size_t packed = 0, all = 0, unpacked = 0;
+      const std::vector<float> a = logits(PrepackMode::kAuto, &packed), b = logits(PrepackMode::kOff, &unpacked),
+                               c = logits(PrepackMode::kAll, &all);
       EXPECT_EQ(unpacked, 0u);
       if (cpu_supports_level(KernelLevel::kAvx512Vnni)) {
-        EXPECT_GT(packed, 0u);
+        EXPECT_GT(all, 0u);
+        if (s.type == "q8_0" || s.type == "q4_0") {
+          EXPECT_GT(packed, 0u);
+        }
       }
       ASSERT_EQ(a.size(), b.size());
       EXPECT_EQ(a, b);
+      EXPECT_EQ(c, b);
+      // The environment switch still turns repacking off.
+      ::setenv("TANDEM_PREPACK", "0", 1);
+      size_t env_off = 1;
+      logits(PrepackMode::kAll, &env_off);
+      ::unsetenv("TANDEM_PREPACK");
+      EXPECT_EQ(env_off, 0u);
       fs::remove(p);
     }
 }

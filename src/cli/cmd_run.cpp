@@ -29,6 +29,7 @@ struct RunOpts {
   int32_t threads = 0;
   int32_t ctx = 0;
   std::string kv_type = "f16";
+  std::string prepack = "auto";
   bool json = false;
   bool ignore_eos = false;
   SamplingParams sp;
@@ -71,7 +72,7 @@ int run(RunOpts& o) {
   if (o.seed >= 0) o.sp.seed = static_cast<uint64_t>(o.seed);
 
   const auto t0 = std::chrono::steady_clock::now();
-  auto model = Model::load(resolve_model_path(o.model));
+  auto model = Model::load(resolve_model_path(o.model), parse_prepack_mode(o.prepack));
   ThreadPool pool(o.threads);
   Generator gen(*model, pool, o.ctx, parse_kv_type(o.kv_type));
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -133,6 +134,7 @@ void add_run_command(CLI::App& app, int& rc) {
   cmd->add_option("--kv-type", o->kv_type, "KV cache element type: f16 or f32")
       ->check(CLI::IsMember({"f16", "f32"}))
       ->capture_default_str();
+  add_prepack_option(cmd, o->prepack);
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
   cmd->add_flag("--json", o->json, "Print the phase report as one JSON object on stderr");
   cmd->callback([o, &rc] { rc = run(*o); });

@@ -3,9 +3,19 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include <CLI/CLI.hpp>
+
 #include "core/error.h"
 
 namespace tandem::cli {
+
+void add_prepack_option(CLI::App* cmd, std::string& value) {
+  cmd->add_option("--prepack", value,
+                  "Weights repacked at load: auto (q8_0 panels, q4_0 tiles: no extra memory), all (every "
+                  "quantized type: faster batched decode on small models, more memory), off")
+      ->check(CLI::IsMember({"auto", "all", "off"}))
+      ->capture_default_str();
+}
 
 std::string resolve_model_path(const std::string& flag) {
   if (!flag.empty()) return flag;

@@ -3,7 +3,14 @@
 
 #include <string>
 
+namespace CLI {
+class App;
+}
+
 namespace tandem::cli {
+
+// --prepack auto|all|off (kernels/prepack.h) on a subcommand that loads a model.
+void add_prepack_option(CLI::App* cmd, std::string& value);
 
 // -m when given, else $TANDEM_MODEL, else the default model installed by
 // scripts/setup.sh. Throws tandem::Error when none exists.

@@ -1,5 +1,6 @@
 #include "kernels/prepack.h"
 
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include <cstring>
 
@@ -10,8 +11,25 @@
 
 namespace tandem {
 
-size_t prepacked_bytes(const WeightMatrix& W, KernelLevel level) {
-  if (W.type != GgmlType::Q8_0 || W.rows <= 0) return 0;
+PrepackMode parse_prepack_mode(std::string_view name) {
+  if (name == "off") return PrepackMode::kOff;
+  if (name == "auto") return PrepackMode::kAuto;
+  if (name == "all") return PrepackMode::kAll;
+  fail(ErrorKind::kInvalidArgument, "unknown prepack mode '{}' (expected auto, all or off)", name);
+}
+
+const char* prepack_mode_name(PrepackMode m) {
+  switch (m) {
+    case PrepackMode::kOff: return "off";
+    case PrepackMode::kAuto: return "auto";
+    case PrepackMode::kAll: return "all";
+  }
+  return "?";
+}
+
+size_t prepacked_bytes(const WeightMatrix& W, KernelLevel level, PrepackMode mode) {
+  if (mode == PrepackMode::kOff || W.rows <= 0) return 0;
+  if (mode == PrepackMode::kAuto && W.type != GgmlType::Q8_0) return 0;
   const GemmKernel k = gemm_kernel(W.type, level);
   if (!k.pack || !k.run) return 0;
   const int64_t tiles = (W.rows + kGemmTile - 1) / kGemmTile;

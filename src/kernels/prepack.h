@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "core/tensor.h"
 #include "kernels/dot_impl.h"
@@ -29,14 +30,29 @@ namespace tandem {
 
 class ThreadPool;
 
-// Bytes of W's panels when W is worth prepacking at `level`; 0 otherwise.
-size_t prepacked_bytes(const WeightMatrix& W, KernelLevel level);
+// Which matrices a model repacks at load:
+//   kOff:  none (every weight read from the file);
+//   kAuto: those whose new layout is no larger than the file (q8_0 panels,
+//          q4_0 tiles): faster, no more memory;
+//   kAll:  also every other type with panels (q4_0/q5_0 at twice/1.5x their
+//          file size, the K-quants at 1.5-2.2x): batched decode (serving)
+//          stops packing on every step, for more memory and more bytes per
+//          decoded token. Pays off where the row kernels, not memory, are the
+//          limit: small models (Gemma 3 270M: 16-row steps +24%, one stream
+//          +7%, +43 MiB), not large K-quant ones (1.1B Q4_K_M: one stream -44%).
+enum class PrepackMode { kOff, kAuto, kAll };
+PrepackMode parse_prepack_mode(std::string_view name);  // "off", "auto", "all"; throws otherwise
+const char* prepack_mode_name(PrepackMode m);
+
+// Bytes of W's panels when `mode` repacks W at `level`; 0 otherwise.
+size_t prepacked_bytes(const WeightMatrix& W, KernelLevel level, PrepackMode mode = PrepackMode::kAuto);
 
 // Writes every panel of W to out (prepacked_bytes(W, level) bytes, 64-byte
 // aligned): tile t's block b at out + (t * blocks_per_row + b) * panel bytes.
 void prepack(const WeightMatrix& W, KernelLevel level, uint8_t* out, ThreadPool& pool);
-// Row r of a prepacked (or tiled) W as floats, equal to dequantize_row of
-// the file's row (so an embedding lookup need not touch the released pages).
+// Row r of a prepacked (q4_0 / q5_0 / q8_0 panels) or tiled W as floats,
+// equal to dequantize_row of the file's row (so an embedding lookup need not
+// touch the released pages).
 void dequantize_prepacked_row(const WeightMatrix& W, KernelLevel level, int64_t r, float* out);
 // The same for tiles [t0, t1) only (tile t = weight rows 16t .. 16t + 15), so
 // a caller can release the file's pages of a large matrix as it goes.

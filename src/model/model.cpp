@@ -9,6 +9,7 @@
 #include "core/thread_pool.h"
 #include "gguf/gguf.h"
 #include "kernels/attention.h"
+#include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "kernels/prepack.h"
 #include "kv/kv_cache.h"
@@ -29,7 +30,7 @@ struct Model::Scratch {
 
 Model::~Model() = default;
 
-std::unique_ptr<Model> Model::load(const std::string& path) {
+std::unique_ptr<Model> Model::load(const std::string& path, PrepackMode prepack) {
   std::unique_ptr<Model> m(new Model());
   m->file_ = GgufFile::open(path);
   m->cfg_ = ModelConfig::from_gguf(*m->file_);
@@ -39,19 +40,19 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     fail(ErrorKind::kInvalidFile, "{}: the vocabulary has {} tokens but token_embd.weight has {} rows", path,
          m->tok_->n_vocab(), m->cfg_.n_vocab);
   m->s_ = std::make_unique<Scratch>();
-  m->prepack_weights();
+  m->prepack_weights(prepack);
   return m;
 }
 
 void Model::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
-// Repacks the matrices whose panels are no larger than the file's bytes, and
-// rearranges q4_0 ones into tiles where the kernels read them (see
-// kernels/prepack.h); drops the file's pages of what was copied. TANDEM_PREPACK=0
+// Repacks the matrices `mode` names (kernels/prepack.h): with kAuto those
+// whose panels are no larger than the file's bytes, and q4_0 ones into tiles
+// where the kernels read them. Drops the file's pages of what was copied. TANDEM_PREPACK=0
 // keeps every weight in the file (for comparisons).
-void Model::prepack_weights() {
+void Model::prepack_weights(PrepackMode mode) {
   const char* env = std::getenv("TANDEM_PREPACK");
-  if (env && std::strcmp(env, "0") == 0) return;
+  if ((env && std::strcmp(env, "0") == 0) || mode == PrepackMode::kOff) return;
   const KernelLevel level = s_->mm.level();
   std::vector<WeightMatrix*> all = {&w_.output};
   for (LayerWeights& L : w_.layers)
@@ -59,9 +60,13 @@ void Model::prepack_weights() {
   std::unique_ptr<ThreadPool> pool;
   for (WeightMatrix* W : all) {
     // q8_0 panels for every row, or q4_0 tiles for the whole 16-row tiles.
-    const size_t panels = prepacked_bytes(*W, level);
+    const size_t panels = prepacked_bytes(*W, level, mode);
     const size_t bytes = panels ? panels : q40_tiles_bytes(*W, level);
     if (bytes == 0) continue;
+    // Embedding lookups read q32 panels and tiles (dequantize_prepacked_row);
+    // a tied embedding in a K-quant keeps its file rows for them.
+    const bool tied = w_.tok_embd.data == W->data;
+    const bool lookups_in_panels = gemm_class(W->type) == GemmClass::kQ32;
     if (!pool) pool = std::make_unique<ThreadPool>(0);
     uint8_t* buf = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
     if (!buf) fail(ErrorKind::kResource, "out of memory repacking {} bytes of weights", bytes);
@@ -75,12 +80,13 @@ void Model::prepack_weights() {
       if (panels) prepack_tiles(*W, level, buf, t0, t1, *pool);
       else write_q40_tiles(*W, buf, t0, t1, *pool);
       const int64_t r0 = t0 * kGemmTile, r1 = std::min(W->rows, t1 * kGemmTile);
-      file_->release_pages(W->row(r0), static_cast<size_t>(r1 - r0) * W->row_stride);
+      if (!tied || lookups_in_panels)
+        file_->release_pages(W->row(r0), static_cast<size_t>(r1 - r0) * W->row_stride);
     }
     (panels ? W->packed : W->tiles) = buf;
     packed_bytes_ += bytes;
     // The tied embedding looks its rows up in the new layout too.
-    if (w_.tok_embd.data == W->data) {
+    if (tied && lookups_in_panels) {
       w_.tok_embd.packed = W->packed;
       w_.tok_embd.tiles = W->tiles;
     }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/matmul.h"
+#include "kernels/prepack.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -36,8 +37,10 @@ using Batch = std::vector<BatchRow>;
 
 class Model {
  public:
-  // Maps the file and binds everything. Throws tandem::Error.
-  static std::unique_ptr<Model> load(const std::string& path);
+  // Maps the file, binds everything and repacks weights per `prepack`
+  // (kernels/prepack.h; TANDEM_PREPACK=0 in the environment turns it off).
+  // Throws tandem::Error.
+  static std::unique_ptr<Model> load(const std::string& path, PrepackMode prepack = PrepackMode::kAuto);
   ~Model();
 
   const GgufFile& file() const { return *file_; }
@@ -76,7 +79,7 @@ class Model {
   std::vector<std::unique_ptr<uint8_t, FreeDeleter>> packed_;  // see kernels/prepack.h
   size_t packed_bytes_ = 0;
 
-  void prepack_weights();
+  void prepack_weights(PrepackMode mode);
 
  public:
   // Bytes of weights held repacked in memory (instead of the file's pages).

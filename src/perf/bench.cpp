@@ -142,7 +142,7 @@ BenchResult run_bench(const BenchOptions& opts) {
   const int32_t P = opts.n_prompt, N = opts.n_gen, B = opts.batch;
 
   const auto t0 = Clock::now();
-  std::unique_ptr<Model> model = Model::load(opts.model_path);
+  std::unique_ptr<Model> model = Model::load(opts.model_path, parse_prepack_mode(opts.prepack));
   const ModelConfig& c = model->config();
   if (static_cast<int64_t>(P) + N > c.n_ctx_train)
     fail(ErrorKind::kInvalidArgument, "bench: -p {} plus -n {} exceeds the model's training context of {} tokens", P,
@@ -219,6 +219,7 @@ nlohmann::json bench_to_json(const BenchResult& r, const Roofline& roof) {
       {"n_prompt", P},
       {"n_gen", N},
       {"batch", r.opts.batch},
+      {"prepack", r.opts.prepack},
       {"reps", r.opts.reps},
       {"warmup", r.opts.warmup},
       {"load_s", r.load_s},
