@@ -24,10 +24,36 @@ struct Packed {
   uint8_t* p;
 };
 
+// A rows x cols matrix of normal values quantized to `type` (bytes in `w`).
+WeightMatrix quantized(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng, std::vector<uint8_t>& w) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> src(rows * cols);
+  for (auto& v : src) v = normal(rng);
+  const size_t rb = row_bytes(type, cols);
+  w.assign(rb * rows, 0);
+  for (int64_t r = 0; r < rows; ++r) quantize_row(type, src.data() + r * cols, w.data() + r * rb, cols);
+  return WeightMatrix{type, w.data(), cols, rows, rb};
+}
+
+// Products of W and of its repacked form R, bit for bit, for 1-17 activation rows.
+void expect_same_products(const WeightMatrix& W, const WeightMatrix& R, KernelLevel level, std::mt19937& rng,
+                          ThreadPool& pool) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Matmul file_layout(level), repacked(level);
+  for (int64_t n : {1, 2, 3, 8, 9, 17}) {
+    std::vector<float> x(n * W.cols);
+    for (auto& v : x) v = normal(rng);
+    std::vector<float> ya(n * W.rows), yb(n * W.rows);
+    file_layout.run(W, x.data(), W.cols, n, ya.data(), W.rows, pool);
+    repacked.run(R, x.data(), W.cols, n, yb.data(), W.rows, pool);
+    EXPECT_EQ(ya, yb) << type_traits(W.type).name << " level " << static_cast<int>(level) << " " << W.rows << "x"
+                      << W.cols << " n=" << n;
+  }
+}
+
 // Every type with panels (PrepackMode::kAll; kAuto packs only q8_0).
 TEST(KernelsPrepack, PrepackedProductsEqualPackingOnTheFly) {
   std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   ThreadPool pool(2);
   const GgmlType types[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,
                             GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
@@ -39,12 +65,8 @@ TEST(KernelsPrepack, PrepackedProductsEqualPackingOnTheFly) {
           kq ? std::vector<std::pair<int64_t, int64_t>>{{37, 256}, {16, 512}, {33, 768}}
              : std::vector<std::pair<int64_t, int64_t>>{{37, 96}, {16, 32}, {301, 256}, {5, 2080}};
       for (auto [rows, cols] : shapes) {
-        std::vector<float> src(rows * cols);
-        for (auto& v : src) v = normal(rng);
-        const size_t rb = row_bytes(type, cols);
-        std::vector<uint8_t> w(rb * rows);
-        for (int64_t r = 0; r < rows; ++r) quantize_row(type, src.data() + r * cols, w.data() + r * rb, cols);
-        const WeightMatrix W{type, w.data(), cols, rows, rb};
+        std::vector<uint8_t> w;
+        const WeightMatrix W = quantized(type, rows, cols, rng, w);
         const size_t bytes = prepacked_bytes(W, level, PrepackMode::kAll);
         EXPECT_EQ(prepacked_bytes(W, level, PrepackMode::kOff), 0u);
         if (type != GgmlType::Q8_0) {
@@ -65,16 +87,7 @@ TEST(KernelsPrepack, PrepackedProductsEqualPackingOnTheFly) {
             EXPECT_EQ(raw_row, packed_row) << "row " << r;
           }
         }
-        Matmul on_the_fly(level), prepacked(level);
-        for (int64_t n : {1, 2, 3, 8, 9, 17}) {
-          std::vector<float> x(n * cols);
-          for (auto& v : x) v = normal(rng);
-          std::vector<float> ya(n * rows), yb(n * rows);
-          on_the_fly.run(W, x.data(), cols, n, ya.data(), rows, pool);
-          prepacked.run(P, x.data(), cols, n, yb.data(), rows, pool);
-          EXPECT_EQ(ya, yb) << type_traits(type).name << " level " << static_cast<int>(level) << " " << rows << "x"
-                            << cols << " n=" << n;
-        }
+        expect_same_products(W, P, level, rng, pool);
       }
     }
   }
@@ -84,19 +97,15 @@ TEST(KernelsPrepack, PrepackedProductsEqualPackingOnTheFly) {
 // with the whole tiles' file bytes overwritten (so a read of them shows).
 TEST(KernelsPrepack, Q40TilesEqualTheFileLayout) {
   std::mt19937 rng(12);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   ThreadPool pool(2);
   int levels_with_tiles = 0;
   for (KernelLevel level : kAllKernelLevels) {
     if (!cpu_supports_level(level)) continue;
     const std::pair<int64_t, int64_t> shapes[] = {{37, 96}, {16, 32}, {301, 256}, {5, 2080}, {48, 160}, {33, 2080}};
     for (auto [rows, cols] : shapes) {
-      std::vector<float> src(rows * cols);
-      for (auto& v : src) v = normal(rng);
-      const size_t rb = row_bytes(GgmlType::Q4_0, cols);
-      std::vector<uint8_t> w(rb * rows);
-      for (int64_t r = 0; r < rows; ++r) quantize_row(GgmlType::Q4_0, src.data() + r * cols, w.data() + r * rb, cols);
-      const WeightMatrix W{GgmlType::Q4_0, w.data(), cols, rows, rb};
+      std::vector<uint8_t> w;
+      const WeightMatrix W = quantized(GgmlType::Q4_0, rows, cols, rng, w);
+      const size_t rb = W.row_stride;
       const size_t bytes = q40_tiles_bytes(W, level);
       if (bytes == 0) {
         EXPECT_TRUE(rows < 16 || level < KernelLevel::kAvx512Vnni) << rows << " rows";
@@ -117,15 +126,7 @@ TEST(KernelsPrepack, Q40TilesEqualTheFileLayout) {
         dequantize_prepacked_row(T, level, r, tiled_row.data());
         ASSERT_EQ(raw_row, tiled_row) << "row " << r;
       }
-      Matmul file_layout(level), tiles(level);
-      for (int64_t n : {1, 2, 3, 8, 9, 17}) {
-        std::vector<float> x(n * cols);
-        for (auto& v : x) v = normal(rng);
-        std::vector<float> ya(n * rows), yb(n * rows);
-        file_layout.run(W, x.data(), cols, n, ya.data(), rows, pool);
-        tiles.run(T, x.data(), cols, n, yb.data(), rows, pool);
-        EXPECT_EQ(ya, yb) << "level " << static_cast<int>(level) << " " << rows << "x" << cols << " n=" << n;
-      }
+      expect_same_products(W, T, level, rng, pool);
       // Kernels that do not read the layout refuse it rather than read the spoiled rows.
       Matmul scalar(KernelLevel::kScalar);
       std::vector<float> x(cols, 1.0f), y(rows);

@@ -106,6 +106,35 @@ class Reader {
   const std::string& name_;
 };
 
+// A scalar or string value of type t at r. The spec calls any bool but 0/1
+// invalid; the error names `key`.
+GgufValue read_flat_value(Reader& r, GgufType t, std::string_view what, std::string_view key,
+                          const std::string& name) {
+  GgufValue v;
+  v.type = t;
+  switch (t) {
+    case GgufType::UINT8: v.v = uint64_t{r.read<uint8_t>(what)}; break;
+    case GgufType::INT8: v.v = int64_t{r.read<int8_t>(what)}; break;
+    case GgufType::UINT16: v.v = uint64_t{r.read<uint16_t>(what)}; break;
+    case GgufType::INT16: v.v = int64_t{r.read<int16_t>(what)}; break;
+    case GgufType::UINT32: v.v = uint64_t{r.read<uint32_t>(what)}; break;
+    case GgufType::INT32: v.v = int64_t{r.read<int32_t>(what)}; break;
+    case GgufType::UINT64: v.v = r.read<uint64_t>(what); break;
+    case GgufType::INT64: v.v = r.read<int64_t>(what); break;
+    case GgufType::FLOAT32: v.v = double{r.read<float>(what)}; break;
+    case GgufType::FLOAT64: v.v = r.read<double>(what); break;
+    case GgufType::BOOL: {
+      const uint8_t b = r.read<uint8_t>(what);
+      if (b > 1) fail(ErrorKind::kInvalidFile, "{}: key '{}' has bool value {} (must be 0 or 1)", name, key, b);
+      v.v = b == 1;
+      break;
+    }
+    case GgufType::STRING: v.v = r.read_string(what); break;
+    case GgufType::ARRAY: fail(ErrorKind::kInvalidArgument, "{}: key '{}': an array where a flat value belongs", name, key);
+  }
+  return v;
+}
+
 class Parser {
  public:
   Parser(Reader& r, const std::string& name) : r_(r), name_(name) {}
@@ -118,65 +147,37 @@ class Parser {
   }
 
   GgufValue read_value(GgufType t, std::string_view key, int depth) {
+    const std::string what = fmt::format("value of key '{}'", key);
+    if (t != GgufType::ARRAY) return read_flat_value(r_, t, what, key, name_);
+    if (depth >= kMaxArrayDepth)
+      fail(ErrorKind::kInvalidFile, "{}: key '{}' has arrays nested deeper than {}", name_, key,
+           kMaxArrayDepth);
     GgufValue v;
     v.type = t;
-    const std::string what = fmt::format("value of key '{}'", key);
-    switch (t) {
-      case GgufType::UINT8: v.v = uint64_t{r_.read<uint8_t>(what)}; break;
-      case GgufType::INT8: v.v = int64_t{r_.read<int8_t>(what)}; break;
-      case GgufType::UINT16: v.v = uint64_t{r_.read<uint16_t>(what)}; break;
-      case GgufType::INT16: v.v = int64_t{r_.read<int16_t>(what)}; break;
-      case GgufType::UINT32: v.v = uint64_t{r_.read<uint32_t>(what)}; break;
-      case GgufType::INT32: v.v = int64_t{r_.read<int32_t>(what)}; break;
-      case GgufType::UINT64: v.v = r_.read<uint64_t>(what); break;
-      case GgufType::INT64: v.v = r_.read<int64_t>(what); break;
-      case GgufType::FLOAT32: v.v = double{r_.read<float>(what)}; break;
-      case GgufType::FLOAT64: v.v = r_.read<double>(what); break;
-      case GgufType::BOOL: {
-        const uint8_t b = r_.read<uint8_t>(what);
-        // The spec calls anything but 0/1 invalid.
-        if (b > 1)
-          fail(ErrorKind::kInvalidFile, "{}: key '{}' has bool value {} (must be 0 or 1)", name_,
-               key, b);
-        v.v = b == 1;
-        break;
-      }
-      case GgufType::STRING: v.v = r_.read_string(what); break;
-      case GgufType::ARRAY: {
-        if (depth >= kMaxArrayDepth)
-          fail(ErrorKind::kInvalidFile, "{}: key '{}' has arrays nested deeper than {}", name_,
-               key, kMaxArrayDepth);
-        v.elem_type = read_type(key, "array element type");
-        const uint64_t n = r_.read<uint64_t>(what);
-        const uint64_t min = min_elem_size(v.elem_type);
-        if (n > r_.remaining() / min)
-          fail(ErrorKind::kInvalidFile,
-               "{}: key '{}' has array length {} of {} that cannot fit in the {} bytes left", name_,
-               key, n, gguf_type_name(v.elem_type), r_.remaining());
-        if (v.elem_type == GgufType::ARRAY) {
-          std::vector<GgufValue> elems;
-          elems.reserve(static_cast<size_t>(n));
-          for (uint64_t i = 0; i < n; ++i) elems.push_back(read_value(v.elem_type, key, depth + 1));
-          v.v = std::move(elems);
-          break;
-        }
-        // Flat: validated in place, then kept as the file's bytes.
-        const uint64_t start = r_.pos();
-        if (v.elem_type == GgufType::STRING) {
-          for (uint64_t i = 0; i < n; ++i) r_.skip_string(what);
-        } else if (v.elem_type == GgufType::BOOL) {
-          for (uint64_t i = 0; i < n; ++i) {
-            const uint8_t b = r_.read<uint8_t>(what);
-            if (b > 1)
-              fail(ErrorKind::kInvalidFile, "{}: key '{}' has bool value {} (must be 0 or 1)", name_, key, b);
-          }
-        } else {
-          r_.skip(n * min, what);  // n * min fits: checked above
-        }
-        v.v = GgufPackedArray{n, std::vector<uint8_t>(r_.at(start), r_.at(r_.pos()))};
-        break;
-      }
+    v.elem_type = read_type(key, "array element type");
+    const uint64_t n = r_.read<uint64_t>(what);
+    const uint64_t min = min_elem_size(v.elem_type);
+    if (n > r_.remaining() / min)
+      fail(ErrorKind::kInvalidFile,
+           "{}: key '{}' has array length {} of {} that cannot fit in the {} bytes left", name_,
+           key, n, gguf_type_name(v.elem_type), r_.remaining());
+    if (v.elem_type == GgufType::ARRAY) {
+      std::vector<GgufValue> elems;
+      elems.reserve(static_cast<size_t>(n));
+      for (uint64_t i = 0; i < n; ++i) elems.push_back(read_value(v.elem_type, key, depth + 1));
+      v.v = std::move(elems);
+      return v;
     }
+    // Flat: validated in place, then kept as the file's bytes.
+    const uint64_t start = r_.pos();
+    if (v.elem_type == GgufType::STRING) {
+      for (uint64_t i = 0; i < n; ++i) r_.skip_string(what);
+    } else if (v.elem_type == GgufType::BOOL) {
+      for (uint64_t i = 0; i < n; ++i) read_flat_value(r_, GgufType::BOOL, what, key, name_);
+    } else {
+      r_.skip(n * min, what);  // n * min fits: checked above
+    }
+    v.v = GgufPackedArray{n, std::vector<uint8_t>(r_.at(start), r_.at(r_.pos()))};
     return v;
   }
 
@@ -184,30 +185,6 @@ class Parser {
   Reader& r_;
   const std::string& name_;
 };
-
-// One element of a packed array at r (validated when the file was read; a
-// value built by hand is checked again by the Reader).
-GgufValue read_packed_elem(Reader& r, GgufType t) {
-  GgufValue e;
-  e.type = t;
-  constexpr std::string_view kWhat = "packed array element";
-  switch (t) {
-    case GgufType::UINT8: e.v = uint64_t{r.read<uint8_t>(kWhat)}; break;
-    case GgufType::INT8: e.v = int64_t{r.read<int8_t>(kWhat)}; break;
-    case GgufType::UINT16: e.v = uint64_t{r.read<uint16_t>(kWhat)}; break;
-    case GgufType::INT16: e.v = int64_t{r.read<int16_t>(kWhat)}; break;
-    case GgufType::UINT32: e.v = uint64_t{r.read<uint32_t>(kWhat)}; break;
-    case GgufType::INT32: e.v = int64_t{r.read<int32_t>(kWhat)}; break;
-    case GgufType::UINT64: e.v = r.read<uint64_t>(kWhat); break;
-    case GgufType::INT64: e.v = r.read<int64_t>(kWhat); break;
-    case GgufType::FLOAT32: e.v = double{r.read<float>(kWhat)}; break;
-    case GgufType::FLOAT64: e.v = r.read<double>(kWhat); break;
-    case GgufType::BOOL: e.v = r.read<uint8_t>(kWhat) != 0; break;
-    case GgufType::STRING: e.v = r.read_string(kWhat); break;
-    case GgufType::ARRAY: fail(ErrorKind::kInvalidArgument, "a packed GGUF array cannot hold arrays");
-  }
-  return e;
-}
 
 std::string dims_str(const std::vector<int64_t>& d) {
   return fmt::format("[{}]", fmt::join(d, ", "));
@@ -417,7 +394,7 @@ void GgufValue::for_each_element(const std::function<bool(GgufValue&&)>& f) cons
   static const std::string kName = "<packed GGUF array>";
   Reader r(p->bytes.data(), p->bytes.size(), kName);
   for (uint64_t i = 0; i < p->n; ++i)
-    if (!f(read_packed_elem(r, elem_type))) return;
+    if (!f(read_flat_value(r, elem_type, "packed array element", "", kName))) return;
 }
 
 std::vector<GgufValue> GgufValue::array_elements(size_t max) const {
