@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -99,6 +100,32 @@ TEST(PerfBenchCli, TableNamesBothPhasesAndTheRoofline) {
   ASSERT_EQ(r.status, 0) << r.err;
   for (const char* s : {"prefill", "decode", "median tok/s", "roofline", "GB/s", "GOP/s", "peak RSS"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+}
+
+// --prepack reaches the model: the bytes a decode step reads follow the mode
+// (off: the file's; all: K-quant panels, larger than the file's blocks).
+TEST(PerfBenchCli, PrepackModeReachesTheModel) {
+  const auto gguf = std::filesystem::temp_directory_path() / ("tandem_bench_prepack_" + std::to_string(::getpid()) + ".gguf");
+  CliResult r = test::run_cli("synth -o '" + gguf.string() + "' --vocab-from " + kStories +
+                              " --layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2 --type q4_k_m");
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::map<std::string, uint64_t> bytes;
+  for (const char* mode : {"off", "auto", "all"}) {
+    r = run_bench_cli("-m '" + gguf.string() + "' -p 4 -n 2 --reps 1 --warmup 0 -t 1 --json --prepack " + mode +
+                      " --roofline-cache " + temp_cache("prepack"));
+    ASSERT_EQ(r.status, 0) << mode << ": " << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["prepack"], mode);
+    bytes[mode] = j["decode_weight_bytes_per_token"].get<uint64_t>();
+  }
+  EXPECT_EQ(bytes["auto"], bytes["off"]);  // no q8_0 / q4_0 matrices in this file
+  if (cpu_supports_level(KernelLevel::kAvx2)) {
+    EXPECT_GT(bytes["all"], bytes["off"]);
+  }
+  r = run_bench_cli("-m '" + gguf.string() + "' -p 4 -n 2 --prepack sometimes");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--prepack"), std::string::npos) << r.err;
+  std::filesystem::remove(gguf);
 }
 
 TEST(PerfBenchCli, BadInputExitsWithAMessage) {
