@@ -1,11 +1,11 @@
 #include "kernels/prepack.h"
 
-#include "core/error.h"
-#include "core/thread_pool.h"
 #include <cstring>
 
-#include "kernels/gemm.h"
+#include "core/error.h"
 #include "core/quant.h"
+#include "core/thread_pool.h"
+#include "kernels/gemm.h"
 #include "kernels/gemm_pack.h"
 #include "kernels/q40_tiles.h"
 
@@ -16,15 +16,6 @@ PrepackMode parse_prepack_mode(std::string_view name) {
   if (name == "auto") return PrepackMode::kAuto;
   if (name == "all") return PrepackMode::kAll;
   fail(ErrorKind::kInvalidArgument, "unknown prepack mode '{}' (expected auto, all or off)", name);
-}
-
-const char* prepack_mode_name(PrepackMode m) {
-  switch (m) {
-    case PrepackMode::kOff: return "off";
-    case PrepackMode::kAuto: return "auto";
-    case PrepackMode::kAll: return "all";
-  }
-  return "?";
 }
 
 size_t prepacked_bytes(const WeightMatrix& W, KernelLevel level, PrepackMode mode) {

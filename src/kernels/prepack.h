@@ -42,7 +42,6 @@ class ThreadPool;
 //          +7%, +43 MiB), not large K-quant ones (1.1B Q4_K_M: one stream -44%).
 enum class PrepackMode { kOff, kAuto, kAll };
 PrepackMode parse_prepack_mode(std::string_view name);  // "off", "auto", "all"; throws otherwise
-const char* prepack_mode_name(PrepackMode m);
 
 // Bytes of W's panels when `mode` repacks W at `level`; 0 otherwise.
 size_t prepacked_bytes(const WeightMatrix& W, KernelLevel level, PrepackMode mode = PrepackMode::kAuto);
