@@ -73,12 +73,13 @@ SYNTH_VOCAB = REPO.parent / "shared/models/vocab/ggml-vocab-llama-spm.gguf"
 
 # Per scenario: the serve_bench arguments. Sized for a 2-core machine; the
 # same requests go to both sides.
+A_SINGLE = ["-c", "1", "-n", "3", "--prompt-len", "64", "--output-len", "{out}"]
 SCENARIOS = {
-    "a_single": ["-c", "1", "-n", "3", "--prompt-len", "64", "--output-len", "{out}"],
+    "a_single": A_SINGLE,
     "a_batch": ["-c", "{conc}", "-n", "{nbatch}", "--prompt-len", "uniform:32:96", "--output-len", "{out}"],
     # The machine's memory bandwidth drifts over minutes (see docs/benchmarks.md), so the single
     # stream runs before and after the batch and the faster of the two is the baseline.
-    "a_single_after": ["-c", "1", "-n", "3", "--prompt-len", "64", "--output-len", "{out}"],
+    "a_single_after": A_SINGLE,
     "b_shared": ["-c", "1", "-n", "6", "--shared-prefix", "1000", "--prompt-len", "24", "--output-len", "8"],
     "c_unloaded": ["-c", "{chats}", "-n", "{nchats}", "--prompt-len", "64", "--output-len", "{chat_out}"],
     "c_loaded": ["-c", "{chats}", "-n", "{nchats}", "--prompt-len", "64", "--output-len", "{chat_out}",
