@@ -49,7 +49,7 @@ TD_FN void pack_q32_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, 
     const size_t off = static_cast<size_t>(b) * Conv::kBlock;
     __m256i r[16];
     for (int n = 0; n < 16; ++n) r[n] = conv(rows[n] + off);
-    for (int n = 0; n < 16; ++n) std::memcpy(panel + Q32Panel::kD + 2 * n, rows[n] + off, 2);  // f16 d
+    pack_q32_scales(rows, off, panel);
     transpose_16x8(r, panel + Q32Panel::kQ);
   }
 }

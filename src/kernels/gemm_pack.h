@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/gemm.h"
 
@@ -24,6 +25,12 @@ struct Q32Panel {
   static constexpr size_t kQ = 32;                 // uint8 q[8][16][4]
   static constexpr size_t kBytes = kQ + 8 * 64;    // 544
 };
+
+// The scales of the blocks at byte `off` of 16 rows into a q32 panel: every
+// q32 block (q4_0, q5_0, q8_0) starts with its f16 d.
+inline void pack_q32_scales(const uint8_t* const rows[16], size_t off, uint8_t* panel) {
+  for (int n = 0; n < 16; ++n) std::memcpy(panel + Q32Panel::kD + 2 * n, rows[n] + off, 2);
+}
 
 // q4_K / q5_K: u in 0..15 / 0..31, scale and min per sub-block of 32.
 struct K4Panel {
