@@ -20,6 +20,7 @@
 #include "kernels/dot.h"
 #include "kernels/gemm.h"
 #include "kernels/matmul.h"
+#include "kernels/stream_tuning.h"
 
 namespace tandem {
 namespace {
@@ -161,6 +162,32 @@ TEST(KernelsGemm, EveryLevelBitExactAndBatchInvariant) {
           }
       }
     }
+  }
+}
+
+// Every stream tuning (kernels/stream_tuning.h: prefetch or not, float
+// decode one weight row at a time or four) gives the scalar level's bits, so
+// a result never depends on which CPU chose which tuning.
+TEST(KernelsGemm, EveryStreamTuningGivesTheSameBits) {
+  ThreadPool pool(2);
+  std::mt19937 rng(17);
+  for (GgmlType t : kTypes) {
+    // 70 weight rows: four full tiles, a partial one, and single-row tails.
+    const Problem p = make_problem(t, 70, 5, rng);
+    const std::vector<float> x = random_acts(9, p.cols, rng);
+    const std::vector<float> ref = matmul(p, x, 9, KernelLevel::kScalar, pool);
+    for (bool prefetch : {false, true})
+      for (bool single : {false, true}) {
+        const ScopedStreamTuning tuning({prefetch, single});
+        for (KernelLevel level : levels())
+          for (int64_t n : {1, 2, 9}) {
+            const std::vector<float> y = matmul(p, x, n, level, pool);
+            for (int64_t i = 0; i < n * p.rows; ++i)
+              ASSERT_TRUE(same_bits(y[i], ref[i])) << name(t) << " " << kernel_level_name(level) << " n=" << n
+                                                   << " prefetch=" << prefetch << " single_row=" << single << " at "
+                                                   << i << ": " << y[i] << " vs scalar " << ref[i];
+          }
+      }
   }
 }
 

@@ -5,6 +5,7 @@
 #endif
 
 #include <cstdint>
+#include <cstring>
 
 namespace tandem {
 namespace {
@@ -33,7 +34,16 @@ CpuFeatures detect() {
   CpuFeatures f;
   const unsigned max_leaf = __get_cpuid_max(0, nullptr);
   if (max_leaf < 1) return f;
+  const Regs l0 = cpuid(0, 0);
+  char vendor[13] = {};
+  std::memcpy(vendor, &l0.b, 4);
+  std::memcpy(vendor + 4, &l0.d, 4);
+  std::memcpy(vendor + 8, &l0.c, 4);
+  if (std::strcmp(vendor, "GenuineIntel") == 0) f.vendor = CpuVendor::kIntel;
+  if (std::strcmp(vendor, "AuthenticAMD") == 0) f.vendor = CpuVendor::kAmd;
   const Regs l1 = cpuid(1, 0);
+  const unsigned base_family = (l1.a >> 8) & 0xF;
+  f.family = base_family == 0xF ? base_family + ((l1.a >> 20) & 0xFF) : base_family;
   // Without OSXSAVE we cannot ask the OS which register files it preserves.
   if (!bit(l1.c, 27)) return f;
   const uint64_t xcr0 = xgetbv0();

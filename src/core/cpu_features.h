@@ -4,7 +4,11 @@
 
 namespace tandem {
 
+enum class CpuVendor { kOther, kIntel, kAmd };
+
 struct CpuFeatures {
+  CpuVendor vendor = CpuVendor::kOther;
+  unsigned family = 0;  // display family (base + extended), e.g. 0x19 for Zen 3/4
   bool avx2 = false;
   bool fma = false;
   bool f16c = false;

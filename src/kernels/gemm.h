@@ -114,6 +114,9 @@ struct GemmAcc {
   const float* in = nullptr;
   float* out = nullptr;
   int64_t ld_out = kGemmTile;
+  // The panel comes from memory (its first use): kernels may prefetch ahead.
+  // False when an earlier row group just read it into cache.
+  bool stream = true;
 };
 
 // One instruction-set level's implementation of one weight type.

@@ -52,8 +52,10 @@ TD_FN void store_acc(const GemmAcc& acc, const __m512 f[R]) {
 // (the next blocks of this tile, then the next tile, which the same thread
 // takes) took a 5632 x 2048 q8_0 product on 2 threads from 417 to ~210 us
 // with 8 rows and 572 to ~340 us with 16 (kernels_bench BM_Gemv/0/.../2/2);
-// 12 KB and 24 KB were worse. Panels already in cache (prefill reuses a
-// chunk across all row groups) are unaffected.
+// 12 KB and 24 KB were worse. Only the first row group of a chunk streams it
+// (GemmAcc::stream); later groups find it in cache. On AMD Zen 4 the same
+// prefetches cost 20% of 1.1B q8_0 decode, so there they are off
+// (kernels/stream_tuning.h).
 constexpr int64_t kPanelPrefetchBytes = 16384;
 
 template <int R>
@@ -66,18 +68,31 @@ TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64
   load_acc<R>(acc, f);
   for (int64_t i = 0; i < nblk; ++i) {
     // Prefetches never fault, so running past the matrix's end is harmless.
+    if (acc.stream) {
 #pragma GCC unroll 9
-    for (size_t l = 0; l < Q32Panel::kBytes; l += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(panel + kPanelPrefetchBytes + l), _MM_HINT_T0);
-    __m512i s[R];
+      for (size_t l = 0; l < Q32Panel::kBytes; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(panel + kPanelPrefetchBytes + l), _MM_HINT_T0);
+    }
+    // Integer sums are exact in any order: with few rows, C independent
+    // chains per row hide dpbusd's latency.
+    constexpr int C = R == 1 ? 4 : R == 2 ? 2 : 1;
+    __m512i s[R], t[R][C];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) s[r] = _mm512_set1_epi32(ae[r]);
+    for (int r = 0; r < R; ++r) {
+      t[r][0] = _mm512_set1_epi32(ae[r]);
+      for (int c = 1; c < C; ++c) t[r][c] = _mm512_setzero_si512();
+    }
 #pragma GCC unroll 8
     for (int g = 0; g < 8; ++g) {
       const __m512i w = _mm512_loadu_si512(panel + Q32Panel::kQ + 64 * g);
       const int8_t* ag = aq + g * 4 * S;
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) s[r] = _mm512_dpbusd_epi32(s[r], w, bcast32(ag + 4 * r));
+      for (int r = 0; r < R; ++r) t[r][g % C] = _mm512_dpbusd_epi32(t[r][g % C], w, bcast32(ag + 4 * r));
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      s[r] = t[r][0];
+      for (int c = 1; c < C; ++c) s[r] = _mm512_add_epi32(s[r], t[r][c]);
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + Q32Panel::kD)));
 #pragma GCC unroll 8

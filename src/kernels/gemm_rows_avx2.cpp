@@ -14,6 +14,7 @@
 
 #include "core/blocks.h"
 #include "kernels/gemm_avx2_conv.h"
+#include "kernels/stream_tuning.h"
 
 #define TD_ATTR __attribute__((target("avx2,fma,f16c")))
 #define TD_FN TD_ATTR inline
@@ -27,11 +28,13 @@ constexpr int64_t kPrefetchBytes = 4096;
 
 // See gemm_rows_avx512.cpp: a whole number of side-by-side row groups ahead.
 inline int64_t prefetch_distance(size_t row_stride, int rows_side_by_side) {
+  if (!stream_tuning().software_prefetch) return 0;
   const int64_t group = static_cast<int64_t>(row_stride) * rows_side_by_side;
   return (kPrefetchBytes + group - 1) / group * group;
 }
 
 TD_FN void prefetch_ahead(const uint8_t* p, int64_t bytes, int64_t dist) {
+  if (dist == 0) return;
   for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + dist + i), _MM_HINT_T0);
 }
 
@@ -287,7 +290,7 @@ TD_FN void float_tile(const uint8_t* const w[NW], const float* const a[NA], int6
   for (; k + 16 <= K; k += 16) {
     __m256 wv[NW][2];
     for (int i = 0; i < NW; ++i) {
-      _mm_prefetch(reinterpret_cast<const char*>(w[i] + k * Load::kBytes + pf), _MM_HINT_T0);
+      if (pf != 0) _mm_prefetch(reinterpret_cast<const char*>(w[i] + k * Load::kBytes + pf), _MM_HINT_T0);
       wv[i][0] = load(w[i], k);
       wv[i][1] = load(w[i], k + 8);
     }

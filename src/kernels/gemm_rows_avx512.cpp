@@ -27,6 +27,7 @@
 #include "kernels/gemm_avx512_conv.h"
 #include "kernels/gemm_avx512_pack.h"
 #include "kernels/q40_tiles.h"
+#include "kernels/stream_tuning.h"
 #include "kernels/transpose_avx2.h"
 
 #define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
@@ -73,12 +74,15 @@ constexpr int64_t kPrefetchBytes = 4096;
 // q4_K's stream from memory from below to above its compute speed.
 constexpr int64_t kPrefetchBytesFewRows = 16384;
 
+// 0 (no prefetch) where the CPU streams better without (kernels/stream_tuning.h).
 inline int64_t prefetch_distance(size_t row_stride, int rows_side_by_side, int64_t at_least = kPrefetchBytes) {
+  if (!stream_tuning().software_prefetch) return 0;
   const int64_t group = static_cast<int64_t>(row_stride) * rows_side_by_side;
   return (at_least + group - 1) / group * group;
 }
 
 TD_FN void prefetch_ahead(const uint8_t* p, int64_t bytes, int64_t dist) {
+  if (dist == 0) return;
   for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + dist + i), _MM_HINT_T0);
 }
 
@@ -467,7 +471,7 @@ TD_FN void q40_step16(const uint8_t* w, size_t stride, const int8_t* const aq[NA
     __m512i head[4];
     for (int j = 0; j < 4; ++j) {
       const uint8_t* row = w + (4 * g + j) * stride;
-      if (kPf) {
+      if (kPf && pf != 0) {
         // The 72 bytes of the step touch at most two lines.
         _mm_prefetch(reinterpret_cast<const char*>(row + pf), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(row + pf + 71), _MM_HINT_T0);
@@ -578,11 +582,12 @@ TD_ATTR void rows_q32(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmA
       // o0 is a tile's first row (GemmKernel::rows). One stream, 4 KB ahead:
       // 1.1B decode 72-73 tok/s at 16 KB, 76 at 4 KB, 66-71 with none.
       const size_t tb = q40_tiles::tile_bytes(A.nb);
+      const int64_t pft = stream_tuning().software_prefetch ? kPrefetchBytes : 0;
       for (; o + 16 <= o1; o += 16) {
         const uint8_t* tile = W.tiles + (o / 16) * tb;
         for (int64_t r = r0; r < r1; r += 2) {
-          if (r + 1 < r1) q40_tile16<2, true>(tile, 0, A, r, y + r * ldy + o, ldy, kPrefetchBytes);
-          else q40_tile16<1, true>(tile, 0, A, r, y + r * ldy + o, ldy, kPrefetchBytes);
+          if (r + 1 < r1) q40_tile16<2, true>(tile, 0, A, r, y + r * ldy + o, ldy, pft);
+          else q40_tile16<1, true>(tile, 0, A, r, y + r * ldy + o, ldy, pft);
         }
       }
     }
@@ -715,6 +720,11 @@ TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const Gem
       for (int m = 0; m < 6; ++m) a[m] = A.fgroup(std::min(r + m, r1 - 1));
       const int64_t pf = r == r0 ? pf4 : 0;
       int64_t o = ob;
+      if (na == 1 && stream_tuning().float_single_row)
+        for (; o < oe; ++o) {
+          const uint8_t* w[1] = {W.row(o)};
+          float_tile_n<Load, 1>(na, w, a, K, y + r * ldy + o, ldy, pf);
+        }
       for (; o + 4 <= oe; o += 4) {
         const uint8_t* w[4] = {W.row(o), W.row(o + 1), W.row(o + 2), W.row(o + 3)};
         float_tile_n<Load, 4>(na, w, a, K, y + r * ldy + o, ldy, pf);

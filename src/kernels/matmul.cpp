@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/dot.h"
+#include "kernels/stream_tuning.h"
 
 namespace tandem {
 namespace {
@@ -151,6 +152,8 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
           float* scratch_rows = acc + g * A.slots * kGemmTile;
           GemmAcc io;
           io.in = first ? nullptr : scratch_rows;
+          // Prefetch the first pass over prepacked panels (one packed just now is in L1).
+          io.stream = W.packed && g == 0 && stream_tuning().software_prefetch;
           if (last && width == kGemmTile) {
             io.out = y + g * A.slots * ldys[m];
             io.ld_out = ldys[m];

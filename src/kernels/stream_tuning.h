@@ -1,0 +1,39 @@
+// How the decode kernels stream weights from memory, chosen per
+// microarchitecture at start-up. Decode reads every weight once per token, and
+// what keeps the memory system busy differs between CPUs of the same ISA: on
+// AMD Zen 5, where the kernels were tuned, software prefetch ahead of the loads
+// about doubled the repacked panels' streaming rate; on Zen 4 the same
+// prefetches cost 12-20% of decode (its hardware prefetcher already follows
+// one sequential stream per core, and the extra requests only compete with
+// it). Other CPUs (Intel: not measured) keep the Zen 5 tuning.
+// Measurements: docs/benchmarks.md.
+#pragma once
+
+namespace tandem {
+
+struct StreamTuning {
+  // Streaming kernels prefetch the weights ahead of their loads.
+  bool software_prefetch = true;
+  // Float (f32/f16/bf16) products with one activation row read one weight
+  // row at a time (one stream) instead of four side by side.
+  bool float_single_row = false;
+};
+
+// Detected once from CPUID; TANDEM_PREFETCH=0 or 1 overrides software_prefetch.
+const StreamTuning& stream_tuning();
+
+// Tests: runs the kernels under another tuning while in scope. Every tuning
+// gives the same bits (they change the order of memory reads, never of
+// arithmetic); set it only while no kernel runs.
+class ScopedStreamTuning {
+ public:
+  explicit ScopedStreamTuning(const StreamTuning& t);
+  ~ScopedStreamTuning();
+  ScopedStreamTuning(const ScopedStreamTuning&) = delete;
+  ScopedStreamTuning& operator=(const ScopedStreamTuning&) = delete;
+
+ private:
+  StreamTuning saved_;
+};
+
+}  // namespace tandem
