@@ -126,6 +126,35 @@ TEST(StoriesModel, PrefillAndDecodeAgree) {
   for (size_t i = 0; i < step_logits.size(); ++i) EXPECT_NEAR(prefill_logits[i], step_logits[i], 1e-6f * scale) << i;
 }
 
+// A prompt longer than the feed-forward chunk (128 rows, model.cpp): the
+// chunked pass gives the last position exactly the logits that one decode
+// step at a time does, and so every chunk boundary is seamless.
+TEST(StoriesModel, LongPromptPrefillMatchesDecodeBitForBit) {
+  auto model = Model::load(shared_path("models/gguf/stories260K.gguf"));
+  ThreadPool pool(2);
+  const ModelConfig& c = model->config();
+  KvShape shape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v};
+  KvCache kv(shape, 16, 40);  // 16 blocks of 40 tokens: two 300-token sequences
+  std::string text;
+  while (text.size() < 1200) text += "Lily saw a red ball in the park and ran to get it. ";
+  std::vector<int32_t> toks = model->tokenizer().encode(text, true, true);
+  ASSERT_GT(toks.size(), 260u);
+  toks.resize(std::min<size_t>(toks.size(), 300));
+
+  SeqKv a, b;
+  ASSERT_TRUE(a.reserve(kv, static_cast<int32_t>(toks.size())));
+  ASSERT_TRUE(b.reserve(kv, static_cast<int32_t>(toks.size())));
+  std::vector<float> prefill_logits, step_logits;
+  model->prefill(a, toks, kv, pool, prefill_logits);
+  for (int32_t t : toks) {
+    step_logits.clear();
+    SeqKv* seqs[] = {&b};
+    const int32_t one[] = {t};
+    model->decode(seqs, one, kv, pool, step_logits);
+  }
+  EXPECT_EQ(prefill_logits, step_logits);
+}
+
 TEST(StoriesModel, PromptLongerThanContextIsRejected) {
   auto model = Model::load(shared_path("models/gguf/stories260K.gguf"));
   ThreadPool pool(1);

@@ -17,7 +17,13 @@
 
 namespace tandem {
 
-// Activations of the rows in flight, one row per batch row.
+// Rows per feed-forward chunk (see Model::layer): at 128 the products still
+// run at their many-row speed while the gate and up buffers of a 512-token
+// prompt shrink 4x (Gemma 3 270M: 8 -> 2 MiB; 1.1B: 23 -> 5.6 MiB).
+constexpr int64_t kFfnChunkRows = 128;
+
+// Activations of the rows in flight, one row per batch row (the feed-forward
+// gate and up rows: one chunk's).
 struct Model::Scratch {
   std::vector<float> x, xn, q, k, v, attn, o, gate, up;
   std::vector<float> rope_cos, rope_sin;  // [row][rope_dims/2]
@@ -258,15 +264,22 @@ void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, 
   });
 
   // --- feed-forward block ---
+  // In chunks of rows: the gate and up rows (2 x n_ff floats each) are the
+  // widest activations, and a long prompt's would set the peak memory. A row's
+  // result does not depend on the rows computed beside it.
   const int64_t F = c.n_ff;
-  s.gate.resize(R * F);
-  s.up.resize(R * F);
-  s.mm.run(L.w_gate, s.xn.data(), E, R, s.gate.data(), F, pool);
-  s.mm.run(L.w_up, s.xn.data(), E, R, s.up.data(), F, pool);
-  pool.parallel_for(R, 4, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) gated_activation(c.act, s.gate.data() + r * F, s.up.data() + r * F, F);
-  });
-  s.mm.run(L.w_down, s.gate.data(), F, R, s.o.data(), E, pool);
+  const int64_t CR = std::min(R, kFfnChunkRows);
+  s.gate.resize(CR * F);
+  s.up.resize(CR * F);
+  for (int64_t c0 = 0; c0 < R; c0 += CR) {
+    const int64_t n = std::min(CR, R - c0);
+    s.mm.run(L.w_gate, s.xn.data() + c0 * E, E, n, s.gate.data(), F, pool);
+    s.mm.run(L.w_up, s.xn.data() + c0 * E, E, n, s.up.data(), F, pool);
+    pool.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) gated_activation(c.act, s.gate.data() + r * F, s.up.data() + r * F, F);
+    });
+    s.mm.run(L.w_down, s.gate.data(), F, n, s.o.data() + c0 * E, E, pool);
+  }
   pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* o = s.o.data() + r * E;
