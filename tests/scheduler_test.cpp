@@ -127,6 +127,25 @@ TEST(PrefillPacer, SizesPromptWorkByMeasuredCost) {
   EXPECT_EQ(p.budget(4, 1), 8);
 }
 
+// A burst grows the batch a few decoders at a time: each growth beyond 25%
+// is measured again, so the new rows' cost is not charged to the prompt
+// tokens beside them; and a prefill-only step of a few tokens (it costs
+// about a whole decode step) is no guess of a token's cost.
+TEST(PrefillPacer, RemeasuresGrowingBatchesAndIgnoresTinyFirstGuesses) {
+  PrefillPacer p({.step_factor = 1.5, .min_tokens = 4, .max_tokens = 256, .recalibrate_every = 64});
+  p.observe(0.019, 0, 2);       // 2 prompt tokens alone: no guess from that
+  p.observe(0.010, 1, 0);       // decode-only, 1 row
+  EXPECT_EQ(p.budget(1), 4);    // token cost still unknown: the minimum
+  p.observe(0.080, 0, 128);     // 128 prompt tokens alone: 0.625 ms a token at most
+  EXPECT_EQ(p.budget(1), 8);    // 0.5 * 10 ms / 0.625 ms
+  p.observe(0.020, 8, 0);       // decode-only, 8 rows
+  p.observe(0.024, 8, 8);       // 8 prompt rows added 4 ms
+  EXPECT_EQ(p.budget(8), 16);   // 0.5 * 20 ms / 0.594 ms (0.625 moved a quarter of the way to 0.5)
+  EXPECT_EQ(p.budget(10), 16);  // within 25% of the measured 8 rows
+  EXPECT_EQ(p.budget(11), 0);   // beyond: a decode-only step first
+  EXPECT_EQ(p.budget(6), 0);
+}
+
 TEST(PrefillPacer, ClampsAndCanBeOff) {
   PrefillPacer p({.step_factor = 3.0, .min_tokens = 4, .max_tokens = 64, .recalibrate_every = 64});
   p.observe(0.5, 2, 0);

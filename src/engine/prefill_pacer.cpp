@@ -14,10 +14,14 @@ double blend(double avg, double x) { return avg < 0 ? x : avg + kAlpha * (x - av
 
 }  // namespace
 
+bool PrefillPacer::other_batch(int32_t decode_rows) const {
+  const double r = cfg_.recalibrate_ratio;
+  return decode_rows > r * decode_rows_at_ || decode_rows * r < decode_rows_at_;
+}
+
 int32_t PrefillPacer::budget(int32_t decode_rows, int32_t prefill_seqs) const {
   if (!enabled() || decode_rows == 0) return cfg_.max_tokens;
-  const bool stale = t_decode_ < 0 || mixed_since_ >= cfg_.recalibrate_every ||
-                     2 * decode_rows < decode_rows_at_ || decode_rows > 2 * decode_rows_at_;
+  const bool stale = t_decode_ < 0 || mixed_since_ >= cfg_.recalibrate_every || other_batch(decode_rows);
   if (stale) return 0;
   if (t_token_ <= 0) return cfg_.min_tokens;
   const double share = std::max(1.0, static_cast<double>(prefill_seqs) / decode_rows);
@@ -29,9 +33,8 @@ void PrefillPacer::observe(double seconds, int32_t decode_rows, int32_t prefill_
   if (seconds <= 0) return;
   if (prefill_rows == 0) {
     if (decode_rows == 0) return;
-    t_decode_ = decode_rows_at_ > 0 && (2 * decode_rows < decode_rows_at_ || decode_rows > 2 * decode_rows_at_)
-                    ? seconds  // a different batch: start over
-                    : blend(t_decode_, seconds);
+    t_decode_ = decode_rows_at_ > 0 && other_batch(decode_rows) ? seconds  // a different batch: start over
+                                                                 : blend(t_decode_, seconds);
     decode_rows_at_ = decode_rows;
     mixed_since_ = 0;
     return;
@@ -39,7 +42,7 @@ void PrefillPacer::observe(double seconds, int32_t decode_rows, int32_t prefill_
   if (decode_rows == 0) {
     // A prefill-only step also pays for reading the weights, so it
     // overstates a token's share of a mixed step; use it only as a first guess.
-    if (t_token_ < 0) t_token_ = seconds / prefill_rows;
+    if (t_token_ < 0 && prefill_rows >= cfg_.min_guess_rows) t_token_ = seconds / prefill_rows;
     return;
   }
   ++mixed_since_;

@@ -26,6 +26,15 @@ struct PacerConfig {
   int32_t min_tokens = 4;    // prompt tokens per step at least, so prefill always advances
   int32_t max_tokens = 256;  // and at most (the scheduler's budget)
   int32_t recalibrate_every = 64;  // mixed steps between two decode-only measurements
+  // A decode-only measurement holds for batches within this ratio of its
+  // decode rows. Wider, a burst that grows the batch from 7 to 10 decoders
+  // would charge the 3 new rows' cost to the prompt tokens beside them, and
+  // the allowance would shrink just when most sequences wait.
+  double recalibrate_ratio = 1.25;
+  // A prefill-only step gives the first per-token guess only with at least
+  // this many rows: a few prompt tokens cost about a decode step (every
+  // weight is read either way), which would make tokens look 10x dearer.
+  int32_t min_guess_rows = 32;
 };
 
 class PrefillPacer {
@@ -36,7 +45,7 @@ class PrefillPacer {
   // decoding and `prefill_seqs` have prompt tokens left (running or waiting).
   // 0 asks for a decode-only step to measure its cost (at most once every
   // `recalibrate_every` mixed steps, or when the number of decoding
-  // sequences has changed by more than half).
+  // sequences has moved beyond `recalibrate_ratio` of the measured one).
   int32_t budget(int32_t decode_rows, int32_t prefill_seqs = 0) const;
 
   // Records a finished step: its wall time and how many decode and prompt rows it ran.
@@ -47,6 +56,8 @@ class PrefillPacer {
   double prefill_token_s() const { return t_token_; }      // < 0: not measured yet
 
  private:
+  bool other_batch(int32_t decode_rows) const;
+
   PacerConfig cfg_;
   double t_decode_ = -1;     // seconds of a decode-only step (moving average)
   int32_t decode_rows_at_ = 0;  // decoding sequences when t_decode_ was measured
