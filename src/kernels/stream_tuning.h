@@ -15,7 +15,8 @@ struct StreamTuning {
   // Streaming kernels prefetch the weights ahead of their loads.
   bool software_prefetch = true;
   // Float (f32/f16/bf16) products with one activation row read one weight
-  // row at a time (one stream) instead of four side by side.
+  // row at a time (one stream) instead of four side by side (AVX-512 kernels;
+  // the AVX2 ones read two or four rows either way).
   bool float_single_row = false;
 };
 
