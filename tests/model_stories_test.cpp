@@ -92,6 +92,22 @@ TEST(StoriesModel, NoPromptGreedyMatchesLlama2c) {
   EXPECT_EQ(text, expected);
 }
 
+// The last position's logits after feeding `toks` one decode step at a time
+// into a fresh sequence of `kv`.
+std::vector<float> logits_token_by_token(Model& model, const std::vector<int32_t>& toks, KvCache& kv,
+                                         ThreadPool& pool) {
+  SeqKv seq;
+  EXPECT_TRUE(seq.reserve(kv, static_cast<int32_t>(toks.size())));
+  std::vector<float> logits;
+  for (int32_t t : toks) {
+    logits.clear();
+    SeqKv* seqs[] = {&seq};
+    const int32_t one[] = {t};
+    model.decode(seqs, one, kv, pool, logits);
+  }
+  return logits;
+}
+
 // Logits of the last position after one prefill pass must equal those after
 // feeding the same tokens one decode step at a time. Both phases compute each
 // row with the same reductions in the same order, so we require equality
@@ -111,15 +127,7 @@ TEST(StoriesModel, PrefillAndDecodeAgree) {
   model->prefill(a, toks, kv, pool, prefill_logits);
   EXPECT_EQ(a.n_tokens, static_cast<int32_t>(toks.size()));
 
-  SeqKv b;
-  ASSERT_TRUE(b.reserve(kv, static_cast<int32_t>(toks.size())));
-  std::vector<float> step_logits;
-  for (int32_t t : toks) {
-    step_logits.clear();
-    SeqKv* seqs[] = {&b};
-    const int32_t one[] = {t};
-    model->decode(seqs, one, kv, pool, step_logits);
-  }
+  const std::vector<float> step_logits = logits_token_by_token(*model, toks, kv, pool);
   ASSERT_EQ(prefill_logits.size(), step_logits.size());
   float scale = 0;
   for (float x : prefill_logits) scale = std::max(scale, std::abs(x));
@@ -141,18 +149,11 @@ TEST(StoriesModel, LongPromptPrefillMatchesDecodeBitForBit) {
   ASSERT_GT(toks.size(), 260u);
   toks.resize(std::min<size_t>(toks.size(), 300));
 
-  SeqKv a, b;
+  SeqKv a;
   ASSERT_TRUE(a.reserve(kv, static_cast<int32_t>(toks.size())));
-  ASSERT_TRUE(b.reserve(kv, static_cast<int32_t>(toks.size())));
-  std::vector<float> prefill_logits, step_logits;
+  std::vector<float> prefill_logits;
   model->prefill(a, toks, kv, pool, prefill_logits);
-  for (int32_t t : toks) {
-    step_logits.clear();
-    SeqKv* seqs[] = {&b};
-    const int32_t one[] = {t};
-    model->decode(seqs, one, kv, pool, step_logits);
-  }
-  EXPECT_EQ(prefill_logits, step_logits);
+  EXPECT_EQ(prefill_logits, logits_token_by_token(*model, toks, kv, pool));
 }
 
 TEST(StoriesModel, PromptLongerThanContextIsRejected) {

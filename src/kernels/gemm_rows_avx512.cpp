@@ -712,6 +712,7 @@ TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const Gem
                         float* y, int64_t ldy) {
   const int64_t K = A.cols;
   const int64_t pf4 = prefetch_distance(W.row_stride, 4);
+  const bool single_row = stream_tuning().float_single_row;
   for (int64_t ob = o0; ob < o1; ob += 64) {
     const int64_t oe = std::min(o1, ob + 64);
     for (int64_t r = r0; r < r1; r += 6) {
@@ -720,7 +721,7 @@ TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const Gem
       for (int m = 0; m < 6; ++m) a[m] = A.fgroup(std::min(r + m, r1 - 1));
       const int64_t pf = r == r0 ? pf4 : 0;
       int64_t o = ob;
-      if (na == 1 && stream_tuning().float_single_row)
+      if (na == 1 && single_row)
         for (; o < oe; ++o) {
           const uint8_t* w[1] = {W.row(o)};
           float_tile_n<Load, 1>(na, w, a, K, y + r * ldy + o, ldy, pf);

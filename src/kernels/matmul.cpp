@@ -126,6 +126,8 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
       s.acc.resize(A.groups * A.slots * kGemmTile);
   }
 
+  // Prefetch on the first pass over prepacked panels (one packed just now is in L1).
+  const bool prefetch = stream_tuning().software_prefetch;
   pool.parallel_chunks(n_tiles, 1, [&](int t, int64_t t0, int64_t t1) {
     ThreadScratch& s = scratch_[t];
     uint8_t* panel = s.panel.data()->bytes;
@@ -152,8 +154,7 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
           float* scratch_rows = acc + g * A.slots * kGemmTile;
           GemmAcc io;
           io.in = first ? nullptr : scratch_rows;
-          // Prefetch the first pass over prepacked panels (one packed just now is in L1).
-          io.stream = W.packed && g == 0 && stream_tuning().software_prefetch;
+          io.stream = prefetch && W.packed && g == 0;
           if (last && width == kGemmTile) {
             io.out = y + g * A.slots * ldys[m];
             io.ld_out = ldys[m];
