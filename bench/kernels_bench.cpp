@@ -131,13 +131,16 @@ void old_matmul(const WeightMatrix& W, const float* x, int64_t n_rows, float* y,
   });
 }
 
-// args: type index, N, K, M, threads, mode (0: file layout, 1: old, 2: prepacked)
+// args: type index, N, K, M, threads, mode (0: file layout, 1: old, 2: prepacked,
+// 3: file layout, always the same copy: from cache when it fits, the kernel's
+// compute speed without the memory stream)
 void BM_Gemm(benchmark::State& state) {
   const GgmlType t = kTypes[state.range(0)];
   const int64_t N = state.range(1), K = state.range(2), M = state.range(3);
   const int threads = static_cast<int>(state.range(4));
   const bool old = state.range(5) == 1;
   const bool pre = state.range(5) == 2;
+  const bool cached = state.range(5) == 3;
   Matrix& m = matrix(t, N, K);
   const std::vector<float> x = activations(M, K);
   std::vector<float> y(M * N);
@@ -150,7 +153,7 @@ void BM_Gemm(benchmark::State& state) {
   }
   int copy = 0;
   for (auto _ : state) {
-    const WeightMatrix W = pre ? m.P(copy++) : m.W(copy++);
+    const WeightMatrix W = pre ? m.P(copy++) : m.W(cached ? 0 : copy++);
     if (old) {
       old_matmul(W, x.data(), M, y.data(), pool, act);
     } else {
@@ -158,7 +161,7 @@ void BM_Gemm(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetLabel(std::string(type_traits(t).name) + (old ? " old" : pre ? " prepacked" : ""));
+  state.SetLabel(std::string(type_traits(t).name) + (old ? " old" : pre ? " prepacked" : cached ? " cached" : ""));
   state.counters["GOP/s"] = benchmark::Counter(2.0 * M * N * K, benchmark::Counter::kIsIterationInvariantRate,
                                                benchmark::Counter::kIs1000);
   state.counters["weightGB/s"] = benchmark::Counter(static_cast<double>(m.bytes),
@@ -205,6 +208,8 @@ void gemv_args(benchmark::internal::Benchmark* b) {
   for (int m : {2, 3, 4, 6, 8, 12, 16, 32}) b->Args({0, 5632, 2048, m, 2, 0});
   // Serving steps: a few to a few dozen rows against weights repacked at load.
   for (int m : {1, 2, 4, 8, 12, 16, 24, 32, 64, 128, 256}) b->Args({0, 5632, 2048, m, 2, 2});
+  // Compute speed of the row kernels: 384 rows (1.5 MiB or less) read from L2.
+  for (int ti = 0; ti < 7; ++ti) b->Args({ti, 384, 2048, 1, 1, 3});
 }
 void BM_Gemv(benchmark::State& state) { BM_Gemm(state); }
 BENCHMARK(BM_Gemv)->Apply(gemv_args)->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(0.5);

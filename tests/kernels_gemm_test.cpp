@@ -240,9 +240,10 @@ TEST(KernelsGemm, RowwiseAndPackedPathsAgree) {
 TEST(KernelsGemm, RowwiseStepsAndTailsMatchScalar) {
   ThreadPool pool(1);
   std::mt19937 rng(23);
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K}) {
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     for (int64_t blocks : {1, 2, 3, 4, 5, 7, 8, 12, 13, 19}) {
-      if (t == GgmlType::Q4_K && blocks > 5) continue;  // 256-element blocks: a few suffice
+      // 256-element blocks: a few suffice (q4_K / q5_K take 4 at a time).
+      if (gemm_class(t) != GemmClass::kQ32 && blocks > 5 && blocks != 8) continue;
       const Problem p = make_problem(t, 53, blocks, rng);
       const std::vector<float> x = random_acts(3, p.cols, rng);
       const std::vector<float> ref = matmul(p, x, 3, KernelLevel::kScalar, pool);

@@ -234,77 +234,183 @@ TD_FN __m128i k4_scales_mins(const uint8_t* p) {
   return _mm_unpacklo_epi32(r02, r13);
 }
 
-// q4_K / q5_K: NW weight rows x NA activation rows.
-template <typename Block, int NW, int NA>
-TD_FN void k4_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
-  constexpr bool kQ5 = sizeof(Block) == sizeof(BlockQ5K);
+// k4_scales_mins for four super-blocks at once, block k's 16 bytes in 128-bit
+// lane k of p (all the operations stay within lanes).
+TD_FN __m512i k4_scales_mins4(__m512i w) {
+  const __m512i lo6 = _mm512_set1_epi32(0x3f3f3f3f), lo4 = _mm512_set1_epi32(0x0f0f0f0f), lo2 = _mm512_set1_epi32(0x03030303);
+  const __m512i r02 = _mm512_and_si512(w, lo6);
+  const __m512i w22 = _mm512_srlv_epi32(_mm512_shuffle_epi32(w, _MM_PERM_CCCC),
+                                        _mm512_setr_epi32(0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0));
+  const __m512i top = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w, 6), lo2), 4);
+  const __m512i r13 = _mm512_ternarylogic_epi32(w22, lo4, top, 0xEA);
+  return _mm512_unpacklo_epi32(r02, r13);
+}
+
+// The 256 weight quants of a q4_K / q5_K super-block: q[c] holds elements
+// 64c .. 64c + 63 in order.
+template <typename Block>
+TD_FN void k4_quants(const uint8_t* blk, __m512i q[4]) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
-  // Word w of 128-bit lane L of packs(dp[2c], dp[2c+1]) holds lane 4L + w%4
-  // of dp[2c + w/4], i.e. sub-block 4c + 2(w/4) + L/2: its scale byte,
-  // zero-extended (kSc01: c = 0, kSc23: c = 1).
-  const __m512i kSc01 = _mm512_set_epi8(
-      -1, 3, -1, 3, -1, 3, -1, 3, -1, 1, -1, 1, -1, 1, -1, 1, -1, 3, -1, 3, -1, 3, -1, 3, -1, 1, -1, 1, -1, 1, -1, 1,
-      -1, 2, -1, 2, -1, 2, -1, 2, -1, 0, -1, 0, -1, 0, -1, 0, -1, 2, -1, 2, -1, 2, -1, 2, -1, 0, -1, 0, -1, 0, -1, 0);
-  const __m512i kSc23 = _mm512_add_epi8(kSc01, _mm512_maskz_set1_epi8(0x5555555555555555ull, 4));
-  __m128 acc[NW][NA];
-  for (int i = 0; i < NW; ++i)
-    for (int m = 0; m < NA; ++m) acc[i][m] = _mm_setzero_ps();
-  for (int64_t b = 0; b < A.nb; ++b) {
-    __m512i q[NW][4], sc[NW][2];
-    __m128i mins[NW];
-    float d[NW], dmin[NW];
-    for (int i = 0; i < NW; ++i) {
-      const uint8_t* blk = w[i] + b * sizeof(Block);
-      prefetch_ahead(blk, sizeof(Block), pf);
-      // qs[32c + l] holds element 64c + l (low nibble) and 64c + 32 + l
-      // (high): broadcast the 32 bytes to both halves (a load, no shuffle)
-      // and shift the upper copy down a nibble.
-      for (int c = 0; c < 4; ++c) {
-        const __m512i z = _mm512_broadcast_i64x4(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * c)));
-        q[i][c] = _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xFFFF0000u, z, 4), m4);
-      }
-      if constexpr (kQ5) {
-        // Bit j of qh[l] is the fifth bit of element 32j + l.
-        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ5K, qh))));
-        for (int c = 0; c < 4; ++c) {
-          const __mmask64 hit = _mm512_test_epi8_mask(
-              qh, _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * c))),
-                                     _mm256_set1_epi8(static_cast<char>(1 << (2 * c + 1))), 1));
-          q[i][c] = _mm512_mask_add_epi8(q[i][c], hit, q[i][c], _mm512_set1_epi8(0x10));
-        }
-      }
-      const __m128i sm = k4_scales_mins(blk + offsetof(Block, scales));  // scales 0..7, mins 8..15
-      const __m512i smb = _mm512_broadcast_i32x4(sm);
-      sc[i][0] = _mm512_shuffle_epi8(smb, kSc01);
-      sc[i][1] = _mm512_shuffle_epi8(smb, kSc23);
-      mins[i] = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
-      d[i] = f16(blk + offsetof(Block, d));
-      dmin[i] = f16(blk + offsetof(Block, dmin));
-    }
-    for (int m = 0; m < NA; ++m) {
-      const int8_t* a = A.qgroup(r + m) + b * kQKK;
-      const __m512i av[4] = {_mm512_loadu_si512(a), _mm512_loadu_si512(a + 64), _mm512_loadu_si512(a + 128),
-                             _mm512_loadu_si512(a + 192)};
-      const __m128i bp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(A.egroup(r + m) + b * 4));
-      const __m128 da = _mm_set_ss(A.sgroup(r + m)[b]);
-      for (int i = 0; i < NW; ++i) {
-        // A dpbusd lane (4 products of a 4- or 5-bit and an 8-bit quant,
-        // |sum| <= 4 * 31 * 128) fits in int16: packs put two vectors in one
-        // (exactly), and dpwssd multiplies each lane by its sub-block's scale
-        // and adds them up: no 32-bit multiplies, no spread of the scales.
-        __m512i dp[4];
-        for (int x = 0; x < 4; ++x) dp[x] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[i][x], av[x]);
-        __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(dp[0], dp[1]), sc[i][0]);
-        s = _mm512_dpwssd_epi32(s, _mm512_packs_epi32(dp[2], dp[3]), sc[i][1]);
-        const __m128 im = hsum_pair(s, _mm_madd_epi16(mins[i], bp));  // float(I), float(M)
-        __m128 x = _mm_fmadd_ss(im, _mm_mul_ss(_mm_set_ss(d[i]), da), acc[i][m]);
-        acc[i][m] = _mm_fnmadd_ss(_mm_movehdup_ps(im), _mm_mul_ss(_mm_set_ss(dmin[i]), da), x);
-      }
+  // qs[32c + l] holds element 64c + l (low nibble) and 64c + 32 + l (high):
+  // broadcast the 32 bytes to both halves (a load, no shuffle) and shift the
+  // upper copy down a nibble.
+  for (int c = 0; c < 4; ++c) {
+    const __m512i z = _mm512_broadcast_i64x4(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * c)));
+    q[c] = _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xFFFF0000u, z, 4), m4);
+  }
+  if constexpr (sizeof(Block) == sizeof(BlockQ5K)) {
+    // Bit j of qh[l] is the fifth bit of element 32j + l.
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ5K, qh))));
+    for (int c = 0; c < 4; ++c) {
+      const __mmask64 hit = _mm512_test_epi8_mask(
+          qh, _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * c))),
+                                 _mm256_set1_epi8(static_cast<char>(1 << (2 * c + 1))), 1));
+      q[c] = _mm512_mask_add_epi8(q[c], hit, q[c], _mm512_set1_epi8(0x10));
     }
   }
-  for (int i = 0; i < NW; ++i)
-    for (int m = 0; m < NA; ++m) y[m * ldy + i] = _mm_cvtss_f32(acc[i][m]);
+}
+
+// Word w of 128-bit lane L of packs(dp[2c], dp[2c+1]) holds lane 4L + w%4 of
+// dp[2c + w/4], i.e. sub-block 4c + 2(w/4) + L/2: its scale byte,
+// zero-extended (odd bytes are -1: zeros from a byte shuffle). c = 0 here;
+// c = 1 adds 4 to the even bytes.
+TD_FN __m512i k4_scale_index01() {
+  return _mm512_set_epi8(-1, 3, -1, 3, -1, 3, -1, 3, -1, 1, -1, 1, -1, 1, -1, 1, -1, 3, -1, 3, -1, 3, -1, 3, -1, 1, -1, 1,
+                         -1, 1, -1, 1, -1, 2, -1, 2, -1, 2, -1, 2, -1, 0, -1, 0, -1, 0, -1, 0, -1, 2, -1, 2, -1, 2, -1, 2,
+                         -1, 0, -1, 0, -1, 0, -1, 0);
+}
+
+// 16 lanes summing to I = sum_j sc_j * S_j of one super-block. A dpbusd lane
+// (4 products of a 4- or 5-bit and an 8-bit quant, |sum| <= 4 * 31 * 128)
+// fits in int16: packs put two vectors in one (exactly), and dpwssd
+// multiplies each lane by its sub-block's scale and adds them up: no 32-bit
+// multiplies, no spread of the scales.
+TD_FN __m512i k4_isum(const __m512i q[4], const int8_t* a, __m512i sc01, __m512i sc23) {
+  __m512i dp[4];
+  for (int x = 0; x < 4; ++x) dp[x] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[x], _mm512_loadu_si512(a + 64 * x));
+  const __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(dp[0], dp[1]), sc01);
+  return _mm512_dpwssd_epi32(s, _mm512_packs_epi32(dp[2], dp[3]), sc23);
+}
+
+// Four super-blocks b .. b + 3 of one weight row x NA activation rows. The
+// per-block horizontal sums of I and M (most of the single-block loop's
+// work besides the dot products) are done for the four blocks at once, as
+// are the scale unpacking and the d, dmin conversions; the float chain then
+// runs in block order as before.
+template <typename Block, int NA>
+TD_FN void k4_quad(const uint8_t* w, const GemmActs& A, int64_t r, int64_t b, __m256 X[NA], __m256 D[NA], int64_t pf) {
+  const uint8_t* blk = w + b * sizeof(Block);
+  prefetch_ahead(blk, 4 * sizeof(Block), pf);
+  auto scales = [blk](int k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + k * sizeof(Block) + offsetof(Block, scales))); };
+  __m512i sm = _mm512_castsi128_si512(scales(0));
+  sm = _mm512_inserti32x4(sm, scales(1), 1);
+  sm = _mm512_inserti32x4(sm, scales(2), 2);
+  sm = _mm512_inserti32x4(sm, scales(3), 3);
+  sm = k4_scales_mins4(sm);  // lane k: block k's scales (bytes 0..7) and mins (8..15)
+  // Each lane's mins, zero-extended to words.
+  const __m512i mins = _mm512_shuffle_epi8(
+      sm, _mm512_set4_epi32(static_cast<int>(0x800F800E), static_cast<int>(0x800D800C), static_cast<int>(0x800B800A),
+                            static_cast<int>(0x80098008)));
+  // d, dmin of the four blocks as floats: d0, dmin0, d1, dmin1, ...
+  int32_t dpair[4];
+  for (int k = 0; k < 4; ++k) std::memcpy(&dpair[k], blk + k * sizeof(Block) + offsetof(Block, d), 4);
+  const __m128i dw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(dpair));
+  const __m256 dd = _mm256_cvtph_ps(dw);
+  // Each lane's scales, zero-extended to words; vpermw then spreads block k's
+  // (words 8k .. 8k + 7) like the byte shuffle of the one-block loop.
+  const __m512i scw = _mm512_shuffle_epi8(
+      sm, _mm512_set4_epi32(static_cast<int>(0x80078006), static_cast<int>(0x80058004), static_cast<int>(0x80038002),
+                            static_cast<int>(0x80018000)));
+  const __m512i widx01 = _mm512_and_si512(k4_scale_index01(), _mm512_set1_epi16(0xFF));
+  __m512i S[NA][4];
+  for (int k = 0; k < 4; ++k) {
+    __m512i q[4];
+    k4_quants<Block>(blk + k * sizeof(Block), q);
+    const __m512i i01 = _mm512_add_epi16(widx01, _mm512_set1_epi16(static_cast<short>(8 * k)));
+    const __m512i sc01 = _mm512_permutexvar_epi16(i01, scw);
+    const __m512i sc23 = _mm512_permutexvar_epi16(_mm512_add_epi16(i01, _mm512_set1_epi16(4)), scw);
+    for (int m = 0; m < NA; ++m) S[m][k] = k4_isum(q, A.qgroup(r + m) + (b + k) * kQKK, sc01, sc23);
+  }
+  for (int m = 0; m < NA; ++m) {
+    // Lane group k of mv: block k's 4 partial min products; transposed, lane
+    // group L holds partial L of blocks 0..3, like v below.
+    const __m512i mv = _mm512_madd_epi16(mins, _mm512_loadu_si512(A.egroup(r + m) + b * 4));
+    const __m512i mt = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), mv);
+    const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[m][0], S[m][1]), _mm512_unpackhi_epi32(S[m][0], S[m][1]));
+    const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[m][2], S[m][3]), _mm512_unpackhi_epi32(S[m][2], S[m][3]));
+    const __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+    // Sum the four lane groups of v (to I0..I3) and of mt (to M0..M3).
+    const __m512i h = _mm512_add_epi32(_mm512_shuffle_i64x2(v, mt, _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm512_shuffle_i64x2(v, mt, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512i im = _mm512_add_epi32(h, _mm512_shuffle_i64x2(h, h, _MM_SHUFFLE(2, 3, 0, 1)));
+    const __m128 fi = _mm_cvtepi32_ps(_mm512_castsi512_si128(im));
+    // -float(M): fnmadd(M, x, acc) and fma(-M, x, acc) round alike.
+    const __m128 fm = _mm_xor_ps(_mm_cvtepi32_ps(_mm512_extracti32x4_epi32(im, 2)), _mm_set1_ps(-0.0f));
+    const __m128 da = _mm_loadu_ps(A.sgroup(r + m) + b);  // one activation scale per block
+    X[m] = _mm256_set_m128(_mm_unpackhi_ps(fi, fm), _mm_unpacklo_ps(fi, fm));
+    D[m] = _mm256_mul_ps(dd, _mm256_set_m128(_mm_unpackhi_ps(da, da), _mm_unpacklo_ps(da, da)));
+  }
+}
+
+// The float chain of a quad: acc = fma(x_j, d_j, acc), j = 0..7.
+TD_FN __m128 k4_chain(__m256 x, __m256 d, __m128 acc) {
+  alignas(32) float xs[8], ds[8];
+  _mm256_store_ps(xs, x);
+  _mm256_store_ps(ds, d);
+  // Read the lanes back from memory (load ports) rather than let the
+  // compiler extract them with 14 shuffles that compete with the integer
+  // work's.
+  asm volatile("" : : "m"(xs), "m"(ds) : "memory");
+  for (int j = 0; j < 8; ++j) acc = _mm_fmadd_ss(_mm_load_ss(xs + j), _mm_load_ss(ds + j), acc);
+  return acc;
+}
+
+// q4_K / q5_K: one weight row (K4Tile reads them one at a time) x NA
+// activation rows; four super-blocks at a time, then one by one.
+template <typename Block, int NW, int NA>
+TD_FN void k4_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
+  static_assert(NW == 1);
+  __m128 acc[NA];
+  for (int m = 0; m < NA; ++m) acc[m] = _mm_setzero_ps();
+  int64_t b = 0;
+  // Each quad's chain runs after the next quad's integer work is issued, so
+  // that the two overlap (run right away, the chain's 8 dependent FMAs
+  // showed in the time per quad: 24.4 -> 22.8 us for the cached bench).
+  __m256 X[NA], D[NA];
+  for (; b + 4 <= A.nb; b += 4) {
+    __m256 nx[NA], nd[NA];
+    k4_quad<Block, NA>(w[0], A, r, b, nx, nd, pf);
+    for (int m = 0; m < NA; ++m) {
+      if (b > 0) acc[m] = k4_chain(X[m], D[m], acc[m]);
+      X[m] = nx[m];
+      D[m] = nd[m];
+    }
+  }
+  if (b > 0)
+    for (int m = 0; m < NA; ++m) acc[m] = k4_chain(X[m], D[m], acc[m]);
+  const __m512i idx01 = k4_scale_index01();
+  const __m512i idx23 = _mm512_add_epi8(idx01, _mm512_maskz_set1_epi8(0x5555555555555555ull, 4));
+  for (; b < A.nb; ++b) {
+    const uint8_t* blk = w[0] + b * sizeof(Block);
+    prefetch_ahead(blk, sizeof(Block), pf);
+    __m512i q[4];
+    k4_quants<Block>(blk, q);
+    const __m128i sm = k4_scales_mins(blk + offsetof(Block, scales));  // scales 0..7, mins 8..15
+    const __m512i smb = _mm512_broadcast_i32x4(sm);
+    const __m512i sc01 = _mm512_shuffle_epi8(smb, idx01), sc23 = _mm512_shuffle_epi8(smb, idx23);
+    const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+    const float d = f16(blk + offsetof(Block, d)), dmin = f16(blk + offsetof(Block, dmin));
+    for (int m = 0; m < NA; ++m) {
+      const __m512i s = k4_isum(q, A.qgroup(r + m) + b * kQKK, sc01, sc23);
+      const __m128i bp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(A.egroup(r + m) + b * 4));
+      const __m128 im = hsum_pair(s, _mm_madd_epi16(mins, bp));  // float(I), float(M)
+      const __m128 da = _mm_set_ss(A.sgroup(r + m)[b]);
+      const __m128 x = _mm_fmadd_ss(im, _mm_mul_ss(_mm_set_ss(d), da), acc[m]);
+      acc[m] = _mm_fnmadd_ss(_mm_movehdup_ps(im), _mm_mul_ss(_mm_set_ss(dmin), da), x);
+    }
+  }
+  for (int m = 0; m < NA; ++m) y[m * ldy] = _mm_cvtss_f32(acc[m]);
 }
 
 template <int NW, int NA>
