@@ -207,6 +207,33 @@ TEST(GgufReader, FlatArraysArePackedAndDecodeInOrder) {
   EXPECT_EQ(f->find("tokenizer.ggml.scores")->to_display(2), "[0, 0, ... (32000 elements)]");
 }
 
+// A packed array views the file's mapping; a writer given one keeps a copy,
+// so it can write after the file is closed (tandem synth copies a vocabulary
+// this way), and the pages the tokenizer read can be given back.
+TEST(GgufReader, PackedArraysOutliveTheirFileInAWriter) {
+  const std::string path = kShared + "/vocab/ggml-vocab-llama-spm.gguf";
+  GgufWriter w;
+  std::vector<std::string> tokens;
+  {
+    auto f = GgufFile::open(path);
+    tokens = *f->get_string_array("tokenizer.ggml.tokens");
+    ASSERT_NE(std::get_if<GgufPackedArray>(&f->find("tokenizer.ggml.tokens")->v), nullptr);
+    w.add("tokenizer.ggml.tokens", *f->find("tokenizer.ggml.tokens"));
+    w.add("tokenizer.ggml.scores", *f->find("tokenizer.ggml.scores"));
+    f->release_metadata_pages();
+    EXPECT_EQ(*f->get_string_array("tokenizer.ggml.tokens"), tokens);  // read again from the page cache
+  }
+  const std::vector<uint8_t> bytes = w.to_bytes();
+  auto g = GgufFile::from_memory(bytes.data(), bytes.size());
+  EXPECT_EQ(*g->get_string_array("tokenizer.ggml.tokens"), tokens);
+  EXPECT_EQ(g->get_float_array("tokenizer.ggml.scores")->size(), tokens.size());
+  size_t n = 0;
+  EXPECT_TRUE(g->for_each_string("tokenizer.ggml.tokens", [&](std::string_view t) { EXPECT_EQ(t, tokens[n++]); }));
+  EXPECT_EQ(n, tokens.size());
+  EXPECT_FALSE(g->for_each_string("tokenizer.ggml.merges", [](std::string_view) {}));
+  EXPECT_THROW(g->for_each_string("tokenizer.ggml.scores", [](std::string_view) {}), Error);
+}
+
 TEST(GgufReader, MissingFileIsIoError) {
   try {
     GgufFile::open("/nonexistent/dir/model.gguf");

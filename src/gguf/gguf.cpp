@@ -168,7 +168,7 @@ class Parser {
       v.v = std::move(elems);
       return v;
     }
-    // Flat: validated in place, then kept as the file's bytes.
+    // Flat: validated in place, then viewed where it lies.
     const uint64_t start = r_.pos();
     if (v.elem_type == GgufType::STRING) {
       for (uint64_t i = 0; i < n; ++i) r_.skip_string(what);
@@ -177,7 +177,7 @@ class Parser {
     } else {
       r_.skip(n * min, what);  // n * min fits: checked above
     }
-    v.v = GgufPackedArray{n, std::vector<uint8_t>(r_.at(start), r_.at(r_.pos()))};
+    v.v = GgufPackedArray{n, std::span<const uint8_t>(r_.at(start), r_.at(r_.pos())), nullptr};
     return v;
   }
 
@@ -220,9 +220,9 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
   f->base_ = static_cast<const uint8_t*>(m);
   f->size_ = static_cast<uint64_t>(st.st_size);
   f->parse();
-  // Everything before the tensor data has been copied out (a large
-  // vocabulary is megabytes of it); only the tensors are read from here on.
-  f->release_pages(f->base_, static_cast<size_t>(f->data_offset_));
+  // Everything before the tensor data has been parsed; what is read again
+  // (the packed arrays, a large vocabulary's megabytes) faults back in.
+  f->release_metadata_pages();
   return f;
 }
 

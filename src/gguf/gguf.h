@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -27,10 +28,16 @@ struct GgufValue;
 
 // A flat array (numbers, bools or strings) as read from a file: its n
 // elements exactly as serialized there, already validated. One GgufValue per
-// element took 38 MB for a 262k-token vocabulary's three arrays; this, 6.
+// element took 38 MB for a 262k-token vocabulary's three arrays; a copy of
+// the bytes, 6; this view of the file's own bytes, none (they are read from
+// the mapping, which GgufFile::release_metadata_pages gives back once the
+// tokenizer is built). `bytes` points into the file (valid while the
+// GgufFile lives) or into `owned`: GgufWriter::add copies a view it is
+// given, so that a writer may outlive the file it copied keys from.
 struct GgufPackedArray {
   uint64_t n = 0;
-  std::vector<uint8_t> bytes;
+  std::span<const uint8_t> bytes;
+  std::shared_ptr<const std::vector<uint8_t>> owned;
 };
 
 // One metadata value. Scalars are held by value; arrays hold their elements
@@ -98,6 +105,9 @@ class GgufFile {
   std::optional<bool> get_bool(std::string_view key) const;
   std::optional<std::string> get_string(std::string_view key) const;
   std::optional<std::vector<std::string>> get_string_array(std::string_view key) const;
+  // The elements of an arr[str] key in order, without a vector of them (a
+  // 262k-token vocabulary); false when the key is absent.
+  bool for_each_string(std::string_view key, const std::function<void(std::string_view)>& f) const;
   std::optional<std::vector<float>> get_float_array(std::string_view key) const;
   std::optional<std::vector<int64_t>> get_int_array(std::string_view key) const;
 
@@ -106,6 +116,10 @@ class GgufFile {
   // leave this process's resident memory and come back from the page cache
   // if touched again. A no-op for files opened from memory.
   void release_pages(const uint8_t* p, size_t n) const;
+  // release_pages for everything before the tensor data (the metadata, whose
+  // packed arrays are read from the mapping: done after parsing, and worth
+  // doing again once they have been read, e.g. into a tokenizer).
+  void release_metadata_pages() const { release_pages(base_, static_cast<size_t>(data_offset_)); }
 
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* find_tensor(std::string_view name) const;

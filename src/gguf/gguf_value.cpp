@@ -153,18 +153,22 @@ std::optional<std::string> GgufFile::get_string(std::string_view key) const {
   return std::get<std::string>(v->v);
 }
 
-std::optional<std::vector<std::string>> GgufFile::get_string_array(std::string_view key) const {
+bool GgufFile::for_each_string(std::string_view key, const std::function<void(std::string_view)>& f) const {
   const GgufValue* v = find(key);
-  if (!v) return std::nullopt;
+  if (!v) return false;
   if (v->type != GgufType::ARRAY || v->elem_type != GgufType::STRING)
     fail(ErrorKind::kInvalidFile, "{}: key '{}' has type {}, expected arr[str]", path_, key,
          type_label(*v));
-  std::vector<std::string> out;
-  out.reserve(v->array_size());
   v->for_each_element([&](GgufValue&& e) {
-    out.push_back(std::move(std::get<std::string>(e.v)));
+    f(std::get<std::string>(e.v));
     return true;
   });
+  return true;
+}
+
+std::optional<std::vector<std::string>> GgufFile::get_string_array(std::string_view key) const {
+  std::vector<std::string> out;
+  if (!for_each_string(key, [&](std::string_view s) { out.emplace_back(s); })) return std::nullopt;
   return out;
 }
 

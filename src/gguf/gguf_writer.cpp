@@ -104,10 +104,29 @@ uint64_t pad_to(uint64_t n, uint64_t align) { return (n + align - 1) / align * a
 
 }  // namespace
 
+namespace {
+
+// Packed arrays that view a file's bytes get copies of them (the writer may
+// outlive that file).
+void own_packed_bytes(GgufValue& v) {
+  if (auto* p = std::get_if<GgufPackedArray>(&v.v)) {
+    if (!p->owned) {
+      auto copy = std::make_shared<const std::vector<uint8_t>>(p->bytes.begin(), p->bytes.end());
+      p->bytes = std::span<const uint8_t>(*copy);
+      p->owned = std::move(copy);
+    }
+  } else if (auto* a = std::get_if<std::vector<GgufValue>>(&v.v)) {
+    for (GgufValue& e : *a) own_packed_bytes(e);
+  }
+}
+
+}  // namespace
+
 void GgufWriter::add(std::string key, GgufValue value) {
   if (key.empty()) fail(ErrorKind::kInvalidArgument, "GgufWriter: empty key");
   for (const auto& kv : kvs_)
     if (kv.key == key) fail(ErrorKind::kInvalidArgument, "GgufWriter: duplicate key '{}'", key);
+  own_packed_bytes(value);
   kvs_.push_back({std::move(key), std::move(value)});
 }
 

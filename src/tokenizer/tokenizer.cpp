@@ -15,7 +15,7 @@ using tok::Vocab;
 
 // llama.cpp's llama_decode_text: map each codepoint of a byte-level token back
 // to its byte; a codepoint outside the alphabet is spelled out as llama.cpp does.
-std::string decode_byte_level(const std::string& text) {
+std::string decode_byte_level(std::string_view text) {
   std::string out;
   for (uint32_t cpt : tok::decode_utf8_lenient(text)) {
     const int b = tok::unicode_to_byte(cpt);
@@ -27,7 +27,8 @@ std::string decode_byte_level(const std::string& text) {
     tok::append_utf8(utf8, cpt);
     out += "[UNK_BYTE_0x";
     for (char c : utf8) out += fmt::format("{:02x}", static_cast<uint8_t>(c));
-    out += text + "]";
+    out.append(text);
+    out += "]";
   }
   return out;
 }
@@ -130,12 +131,12 @@ class GgufTokenizer final : public Tokenizer {
   std::string token_to_piece(int32_t id, bool render_special) const override {
     check_id(id);
     const uint32_t attr = v_.attr[id];
-    const std::string& text = v_.text[id];
-    if (attr & (tok::kAttrControl | tok::kAttrUnknown)) return render_special ? text : std::string();
-    if (attr & tok::kAttrUserDefined) return text;
+    const std::string_view text = v_.text[id];
+    if (attr & (tok::kAttrControl | tok::kAttrUnknown)) return render_special ? std::string(text) : std::string();
+    if (attr & tok::kAttrUserDefined) return std::string(text);
     if (attr & tok::kAttrNormal) {
       if (v_.kind == Vocab::Kind::kBpe) return decode_byte_level(text);
-      std::string s = text;
+      std::string s(text);
       replace_all(s, "\xE2\x96\x81", " ");
       return s;
     }
@@ -171,7 +172,7 @@ class GgufTokenizer final : public Tokenizer {
   }
 
   // "<0xNN>" -> NN, read like llama.cpp's strtol on the two hex digits.
-  static uint8_t byte_value(const std::string& text) {
+  static uint8_t byte_value(std::string_view text) {
     auto hex = [](char c) -> int {
       if (c >= '0' && c <= '9') return c - '0';
       if (c >= 'a' && c <= 'f') return c - 'a' + 10;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <span>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "gguf/gguf.h"
@@ -95,13 +96,16 @@ Vocab Vocab::load(const GgufFile& f) {
   }
   if (auto b = f.get_bool("tokenizer.ggml.add_space_prefix")) v.add_space_prefix = *b;
 
-  auto tokens = f.get_string_array("tokenizer.ggml.tokens");
-  if (!tokens) fail(ErrorKind::kInvalidFile, "missing key tokenizer.ggml.tokens");
-  if (tokens->empty()) fail(ErrorKind::kInvalidFile, "tokenizer.ggml.tokens is empty");
-  if (tokens->size() > static_cast<size_t>(INT32_MAX)) {
-    fail(ErrorKind::kInvalidFile, "tokenizer.ggml.tokens has too many entries ({})", tokens->size());
-  }
-  const size_t n = tokens->size();
+  // Empty texts become "[EMPTY_<id>]", as in llama.cpp.
+  const bool has_tokens = f.for_each_string("tokenizer.ggml.tokens", [&](std::string_view t) {
+    if (v.text.size() >= static_cast<size_t>(INT32_MAX))
+      fail(ErrorKind::kInvalidFile, "tokenizer.ggml.tokens has too many entries (over {})", INT32_MAX);
+    if (t.empty()) v.text.push_back("[EMPTY_" + std::to_string(v.text.size()) + "]");
+    else v.text.push_back(t);
+  });
+  if (!has_tokens) fail(ErrorKind::kInvalidFile, "missing key tokenizer.ggml.tokens");
+  if (v.text.empty()) fail(ErrorKind::kInvalidFile, "tokenizer.ggml.tokens is empty");
+  const size_t n = v.text.size();
 
   std::vector<float> scores = read_scores(f, "tokenizer.ggml.scores");
   if (f.find("tokenizer.ggml.scores") && scores.size() < n) {
@@ -117,23 +121,21 @@ Vocab Vocab::load(const GgufFile& f) {
     }
   }
 
-  v.text = std::move(*tokens);
   v.score.assign(n, 0.0f);
   v.attr.assign(n, kAttrNormal);
   for (size_t i = 0; i < n; ++i) {
-    if (v.text[i].empty()) v.text[i] = "[EMPTY_" + std::to_string(i) + "]";  // as llama.cpp
     if (!scores.empty()) v.score[i] = scores[i];
     if (!types.empty()) v.attr[i] = attr_from_type(types[i]);
   }
   v.text_index.build(v.text, /*last_wins=*/true);
 
   if (v.kind == Kind::kBpe) {
-    auto merges = f.get_string_array("tokenizer.ggml.merges");
-    if (!merges) fail(ErrorKind::kInvalidFile, "missing key tokenizer.ggml.merges (required for gpt2 tokenizers)");
-    if (merges->size() > static_cast<size_t>(INT32_MAX)) {
-      fail(ErrorKind::kInvalidFile, "tokenizer.ggml.merges has too many entries ({})", merges->size());
-    }
-    v.merges = std::move(*merges);
+    const bool has_merges = f.for_each_string("tokenizer.ggml.merges", [&](std::string_view m) {
+      if (v.merges.size() >= static_cast<size_t>(INT32_MAX))
+        fail(ErrorKind::kInvalidFile, "tokenizer.ggml.merges has too many entries (over {})", INT32_MAX);
+      v.merges.push_back(m);
+    });
+    if (!has_merges) fail(ErrorKind::kInvalidFile, "missing key tokenizer.ggml.merges (required for gpt2 tokenizers)");
     v.merge_index.build(v.merges, /*last_wins=*/false);
   }
 
@@ -204,7 +206,7 @@ Vocab Vocab::load(const GgufFile& f) {
     bool has_return = false, has_call = false, has_flush = false;
     int32_t end_id = -1;
     for (int32_t id : v.eog) {
-      const std::string& t = v.text[id];
+      const std::string_view t = v.text[id];
       if (t == "<|return|>") has_return = true;
       else if (t == "<|call|>" || t == "<|calls|>") has_call = true;
       else if (t == "<|flush|>") has_flush = true;
@@ -220,7 +222,7 @@ Vocab Vocab::load(const GgufFile& f) {
     bool has_marker = false;
     int32_t s_id = -1;
     for (int32_t id : v.eog) {
-      const std::string& t = v.text[id];
+      const std::string_view t = v.text[id];
       if (t == "<|tool_response>" || t == "<|plamo:eos|>") has_marker = true;
       else if (t == "</s>") s_id = id;
     }
@@ -249,7 +251,7 @@ Vocab Vocab::load(const GgufFile& f) {
 
   std::vector<std::string> special_texts;
   special_texts.reserve(v.special_order.size());
-  for (int32_t id : v.special_order) special_texts.push_back(v.text[id]);
+  for (int32_t id : v.special_order) special_texts.emplace_back(v.text[id]);
   v.special_matcher.build(special_texts);
 
   for (int b = 0; b < 256; ++b) {
@@ -261,43 +263,54 @@ Vocab Vocab::load(const GgufFile& f) {
   return v;
 }
 
-void StringIndex::build(const std::vector<std::string>& keys, bool last_wins) {
+void TextTable::push_back(std::string_view s) {
+  if (s.size() > UINT32_MAX - chars_.size())
+    fail(ErrorKind::kInvalidFile, "strings of over 4 GiB in all (at entry {})", size());
+  chars_.append(s);
+  start_.push_back(static_cast<uint32_t>(chars_.size()));
+}
+
+void StringIndex::build(const TextTable& keys, bool last_wins) {
+  if (keys.size() > kMaxKeys)
+    fail(ErrorKind::kInvalidFile, "{} strings to index: more than the {} supported", keys.size(), kMaxKeys);
   size_t cap = 16;
   while (cap < keys.size() * 2) cap <<= 1;
-  slots_.assign(cap, Slot{});
+  slots_.assign(cap, 0);
   mask_ = cap - 1;
   const std::hash<std::string_view> hasher;
   for (size_t i = 0; i < keys.size(); ++i) {
     const size_t h = hasher(keys[i]);
-    const auto tag = static_cast<uint32_t>(h >> 32);
+    const uint32_t tag = static_cast<uint32_t>(h >> 56) << 24;
     for (size_t s = h & mask_;; s = (s + 1) & mask_) {
-      Slot& slot = slots_[s];
-      if (slot.pos < 0) {
-        slot = {tag, static_cast<int32_t>(i)};
+      uint32_t& slot = slots_[s];
+      if (slot == 0) {
+        slot = tag | static_cast<uint32_t>(i + 1);
         break;
       }
-      if (slot.tag == tag && keys[slot.pos] == keys[i]) {
-        if (last_wins) slot.pos = static_cast<int32_t>(i);
+      if ((slot & 0xFF000000u) == tag && keys[(slot & kMaxKeys) - 1] == keys[i]) {
+        if (last_wins) slot = tag | static_cast<uint32_t>(i + 1);
         break;
       }
     }
   }
 }
 
-int32_t StringIndex::find(const std::vector<std::string>& keys, std::string_view str) const {
+int32_t StringIndex::find(const TextTable& keys, std::string_view str) const {
   if (slots_.empty()) return -1;
   const size_t h = std::hash<std::string_view>{}(str);
-  const auto tag = static_cast<uint32_t>(h >> 32);
+  const uint32_t tag = static_cast<uint32_t>(h >> 56) << 24;
   for (size_t s = h & mask_;; s = (s + 1) & mask_) {
-    const Slot& slot = slots_[s];
-    if (slot.pos < 0) return -1;
-    if (slot.tag == tag && keys[slot.pos] == str) return slot.pos;
+    const uint32_t slot = slots_[s];
+    if (slot == 0) return -1;
+    const auto pos = static_cast<int32_t>((slot & kMaxKeys) - 1);
+    if ((slot & 0xFF000000u) == tag && keys[pos] == str) return pos;
   }
 }
 
 void SpecialMatcher::build(const std::vector<std::string>& texts) {
-  nodes_.assign(1, Node{});
-  edges_.clear();
+  // Built with a hash map of edges, then laid out flat.
+  std::unordered_map<uint64_t, int32_t> edges;  // (node << 8 | byte) -> child
+  first_match_.assign(1, -1);
   match_next_.assign(texts.size(), -1);
   std::fill(std::begin(first_byte_), std::end(first_byte_), false);
   // Insert in reverse so each node's list comes out in ascending index order.
@@ -308,16 +321,34 @@ void SpecialMatcher::build(const std::vector<std::string>& texts) {
     int32_t node = 0;
     for (char c : t) {
       const uint64_t key = (static_cast<uint64_t>(node) << 8) | static_cast<uint8_t>(c);
-      auto it = edges_.find(key);
-      if (it == edges_.end()) {
-        nodes_.push_back(Node{});
-        it = edges_.emplace(key, static_cast<int32_t>(nodes_.size() - 1)).first;
+      auto it = edges.find(key);
+      if (it == edges.end()) {
+        first_match_.push_back(-1);
+        it = edges.emplace(key, static_cast<int32_t>(first_match_.size() - 1)).first;
       }
       node = it->second;
     }
-    match_next_[k] = nodes_[node].first_match;
-    nodes_[node].first_match = static_cast<int32_t>(k);
+    match_next_[k] = first_match_[node];
+    first_match_[node] = static_cast<int32_t>(k);
   }
+  std::vector<std::pair<uint64_t, int32_t>> sorted(edges.begin(), edges.end());
+  edges = {};
+  std::sort(sorted.begin(), sorted.end());
+  edge_start_.assign(first_match_.size() + 1, 0);
+  edge_byte_.resize(sorted.size());
+  edge_child_.resize(sorted.size());
+  for (size_t e = 0; e < sorted.size(); ++e) {
+    ++edge_start_[(sorted[e].first >> 8) + 1];
+    edge_byte_[e] = static_cast<uint8_t>(sorted[e].first & 0xFF);
+    edge_child_[e] = sorted[e].second;
+  }
+  for (size_t n = 1; n < edge_start_.size(); ++n) edge_start_[n] += edge_start_[n - 1];
+}
+
+int32_t SpecialMatcher::child(int32_t node, uint8_t byte) const {
+  const auto b = edge_byte_.begin() + edge_start_[node], e = edge_byte_.begin() + edge_start_[node + 1];
+  const auto it = std::lower_bound(b, e, byte);
+  return it != e && *it == byte ? edge_child_[it - edge_byte_.begin()] : -1;
 }
 
 std::vector<int32_t> SpecialMatcher::present_in(std::string_view text) const {
@@ -327,10 +358,9 @@ std::vector<int32_t> SpecialMatcher::present_in(std::string_view text) const {
     if (!first_byte_[static_cast<uint8_t>(text[i])]) continue;
     int32_t node = 0;
     for (size_t j = i; j < text.size(); ++j) {
-      auto it = edges_.find((static_cast<uint64_t>(node) << 8) | static_cast<uint8_t>(text[j]));
-      if (it == edges_.end()) break;
-      node = it->second;
-      for (int32_t k = nodes_[node].first_match; k >= 0; k = match_next_[k]) {
+      node = child(node, static_cast<uint8_t>(text[j]));
+      if (node < 0) break;
+      for (int32_t k = first_match_[node]; k >= 0; k = match_next_[k]) {
         if (!seen[k]) {
           seen[k] = 1;
           found.push_back(k);
@@ -352,7 +382,7 @@ std::vector<Fragment> split_special(const Vocab& v, std::string_view text, bool 
     const int32_t id = v.special_order[k];
     const uint32_t attr = v.attr[id];
     if (!parse_special && (attr & (kAttrControl | kAttrUnknown))) continue;
-    const std::string& tok = v.text[id];
+    const std::string_view tok = v.text[id];
     next.clear();
     for (const Fragment& f : frags) {
       if (f.token >= 0) {

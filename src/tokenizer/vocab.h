@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -31,22 +30,39 @@ enum Attr : uint32_t {
   kAttrRstrip = 1u << 8,
 };
 
-// Open-addressing index from strings to their position in a vector the caller
+// Strings by position in one buffer (token texts, merges): a 262k-token
+// vocabulary held as std::strings took 8 MB of string objects for its
+// 2.4 MB of text.
+class TextTable {
+ public:
+  // Appends s; throws tandem::Error once the texts pass 4 GiB in all.
+  void push_back(std::string_view s);
+  std::string_view operator[](size_t i) const { return {chars_.data() + start_[i], start_[i + 1] - start_[i]}; }
+  size_t size() const { return start_.size() - 1; }
+  bool empty() const { return size() == 0; }
+
+ private:
+  std::string chars_;
+  std::vector<uint32_t> start_ = {0};  // text i is chars_[start_[i], start_[i + 1])
+};
+
+// Open-addressing index from strings to their position in a table the caller
 // owns (token texts, merge strings). std::unordered_map rehashes every string
 // it walks past, which made loading a 262k vocab several times slower.
 class StringIndex {
  public:
   // With duplicates, the last position wins when `last_wins`, else the first.
-  void build(const std::vector<std::string>& keys, bool last_wins);
-  // The position of `s` in `keys` (the vector given to build), -1 if absent.
-  int32_t find(const std::vector<std::string>& keys, std::string_view s) const;
+  // Throws tandem::Error for more than 16,777,215 keys.
+  void build(const TextTable& keys, bool last_wins);
+  // The position of `s` in `keys` (the table given to build), -1 if absent.
+  int32_t find(const TextTable& keys, std::string_view s) const;
 
  private:
-  struct Slot {
-    uint32_t tag = 0;   // high hash bits, to skip most string compares
-    int32_t pos = -1;   // -1: empty
-  };
-  std::vector<Slot> slots_;
+  // A slot: 0 when empty, else (tag << 24) | (position + 1), the tag being 8
+  // high bits of the hash that skip most string compares. Four bytes, not
+  // eight: a 262k vocabulary's index is 2 MB. Up to kMaxKeys strings.
+  static constexpr uint32_t kMaxKeys = (1u << 24) - 1;
+  std::vector<uint32_t> slots_;
   size_t mask_ = 0;
 };
 
@@ -59,12 +75,16 @@ class SpecialMatcher {
   std::vector<int32_t> present_in(std::string_view text) const;
 
  private:
-  struct Node {
-    int32_t first_match = -1;  // head of a list in match_next_
-  };
-  std::vector<Node> nodes_;
-  std::unordered_map<uint64_t, int32_t> edges_;  // (node << 8 | byte) -> child
-  std::vector<int32_t> match_next_;              // per build index: next index at same node
+  int32_t child(int32_t node, uint8_t byte) const;  // -1 when none
+
+  // The trie in flat arrays (Gemma's 6,414 special tokens have 75k bytes:
+  // as a hash map of edges that took 3 MB, this 1): node n's edges are
+  // [edge_start_[n], edge_start_[n + 1]), sorted by byte.
+  std::vector<int32_t> first_match_;  // per node: head of a list in match_next_, -1 if none
+  std::vector<uint32_t> edge_start_;
+  std::vector<uint8_t> edge_byte_;
+  std::vector<int32_t> edge_child_;
+  std::vector<int32_t> match_next_;  // per build index: next index at the same node
   bool first_byte_[256] = {};
 };
 
@@ -73,9 +93,9 @@ struct Vocab {
   Kind kind = Kind::kSpm;
   std::string pre;  // tokenizer.ggml.pre ("" when absent)
 
-  std::vector<std::string> text;
+  TextTable text;
   std::vector<float> score;
-  std::vector<uint32_t> attr;
+  std::vector<uint16_t> attr;  // Attr bits (all below 1 << 9)
   StringIndex text_index;  // duplicate texts: the last id wins, as in llama.cpp
 
   int32_t bos = -1, eos = -1, eot = -1, eom = -1, unk = -1, sep = -1, pad = -1;
@@ -90,7 +110,7 @@ struct Vocab {
 
   // BPE merges ("left right"); a merge's rank is its position (the first of
   // duplicates wins, as in llama.cpp).
-  std::vector<std::string> merges;
+  TextTable merges;
   StringIndex merge_index;
 
   // Ids of control / user-defined / unknown tokens, longest text first (ties:
