@@ -17,13 +17,18 @@
 
 namespace tandem {
 
-// Rows per feed-forward chunk (see Model::layer): at 128 the products still
-// run at their many-row speed while the gate and up buffers of a 512-token
-// prompt shrink 4x (Gemma 3 270M: 8 -> 2 MiB; 1.1B: 23 -> 5.6 MiB).
+// Rows per chunk of a layer's feed-forward and attention blocks (see
+// Model::layer): the widest buffers of a long prompt shrink while the
+// products still run at their many-row speed. Feed-forward at 128: its gate
+// and up rows for a 512-token prompt, Gemma 3 270M: 8 -> 2 MiB; 1.1B: 23 ->
+// 5.6 MiB. Attention (q and its output) at 256: Gemma 4 -> 2 MiB, 1.1B 8 ->
+// 4 MiB; at 128, re-reading the q/k/v/o weights once per chunk cost the 1.1B
+// Q8_0 prefill ~2%.
 constexpr int64_t kFfnChunkRows = 128;
+constexpr int64_t kAttnChunkRows = 256;
 
-// Activations of the rows in flight, one row per batch row (the feed-forward
-// gate and up rows: one chunk's).
+// Activations of the rows in flight, one row per batch row (q, k, v, rope
+// angles, attention output, feed-forward gate and up: one chunk's rows).
 struct Model::Scratch {
   std::vector<float> x, xn, q, k, v, attn, o, gate, up;
   std::vector<float> rope_cos, rope_sin;  // [row][rope_dims/2]
@@ -42,6 +47,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, PrepackMode prepack)
   m->cfg_ = ModelConfig::from_gguf(*m->file_);
   m->w_ = ModelWeights::bind(*m->file_, m->cfg_);
   m->tok_ = Tokenizer::from_gguf(*m->file_);
+  m->file_->release_metadata_pages();  // the vocabulary's arrays were read from the mapping
   if (m->tok_->n_vocab() != m->cfg_.n_vocab)
     fail(ErrorKind::kInvalidFile, "{}: the vocabulary has {} tokens but token_embd.weight has {} rows", path,
          m->tok_->n_vocab(), m->cfg_.n_vocab);
@@ -153,43 +159,29 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
   }
 }
 
-void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool) {
+// Rows [c0, c0 + n) of the batch through one layer's attention, up to its
+// output projection: q, k, v; rope; the KV cache writes; attention (prefill
+// runs of a sequence together, decode rows gathered) into s.attn.
+void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n, std::span<SeqKv* const> seqs,
+                           KvCache& kv, const RopeParams& rope, const AttnShape& shape, ThreadPool& pool) {
   const ModelConfig& c = cfg_;
   const LayerWeights& L = w_.layers[il];
   Scratch& s = *s_;
-  const int64_t R = static_cast<int64_t>(batch.size());
   const int64_t E = c.n_embd;
   const int64_t QW = int64_t{c.n_head} * c.head_dim, KW = int64_t{c.n_head_kv} * c.head_dim;
   const int64_t VW = int64_t{c.n_head_kv} * c.head_dim_v, OW = int64_t{c.n_head} * c.head_dim_v;
-  const bool swa = c.layer_is_swa[il];
-
-  // --- attention block ---
-  pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      rms_norm(s.x.data() + r * E, L.attn_norm.data(), E, c.rms_eps, s.xn.data() + r * E);
-  });
-  s.q.resize(R * QW);
-  s.k.resize(R * KW);
-  s.v.resize(R * VW);
-  s.mm.run(L.wq, s.xn.data(), E, R, s.q.data(), QW, pool);
-  s.mm.run(L.wk, s.xn.data(), E, R, s.k.data(), KW, pool);
-  s.mm.run(L.wv, s.xn.data(), E, R, s.v.data(), VW, pool);
-
-  RopeParams rope;
-  rope.style = c.rope_style;
-  rope.dims = c.rope_dims;
-  rope.base = swa ? c.rope_base_swa : c.rope_base;
-  rope.scale = swa ? c.rope_scale_swa : c.rope_scale;
-  rope.freq_factors = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data();
   const int32_t half = c.rope_dims / 2;
-  s.rope_cos.resize(R * half);
-  s.rope_sin.resize(R * half);
+  const float* xn = s.xn.data() + c0 * E;
+  s.mm.run(L.wq, xn, E, n, s.q.data(), QW, pool);
+  s.mm.run(L.wk, xn, E, n, s.k.data(), KW, pool);
+  s.mm.run(L.wv, xn, E, n, s.v.data(), VW, pool);
 
-  pool.parallel_for(R, 4, [&](int64_t r0, int64_t r1) {
+  pool.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* q = s.q.data() + r * QW;
       float* k = s.k.data() + r * KW;
       float* v = s.v.data() + r * VW;
+      const BatchRow& row = batch[c0 + r];
       if (c.qkv_bias) {
         for (int64_t i = 0; i < QW; ++i) q[i] += L.bq[i];
         for (int64_t i = 0; i < KW; ++i) k[i] += L.bk[i];
@@ -203,36 +195,33 @@ void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, 
       }
       float* cs = s.rope_cos.data() + r * half;
       float* sn = s.rope_sin.data() + r * half;
-      rope_angles(rope, batch[r].pos, cs, sn);
+      rope_angles(rope, row.pos, cs, sn);
       for (int32_t h = 0; h < c.n_head; ++h) {
         rope_apply(rope, cs, sn, q + h * c.head_dim);
         for (int32_t i = 0; i < c.head_dim; ++i) q[h * c.head_dim + i] *= c.attn_scale;
       }
       for (int32_t h = 0; h < c.n_head_kv; ++h) rope_apply(rope, cs, sn, k + h * c.head_dim);
 
-      const SeqKv& sk = *seqs[batch[r].seq];
-      const int32_t pos = batch[r].pos;
-      const int32_t block = sk.blocks[pos / kv.block_size()], slot = pos % kv.block_size();
+      const SeqKv& sk = *seqs[row.seq];
+      const int32_t block = sk.blocks[row.pos / kv.block_size()], slot = row.pos % kv.block_size();
       kv.write(il, block, slot, k, v);
     }
   });
 
-  AttnShape shape{c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, swa ? c.sliding_window : 0};
   auto view_of = [&](const SeqKv& sk) { return kv.layer_view(il, sk.blocks.data()); };
-  s.attn.resize(R * OW);
   s.views.clear();
   s.positions.clear();
   s.decode_rows.clear();
-  for (int64_t r0 = 0; r0 < R;) {
+  for (int64_t r0 = 0; r0 < n;) {
     int64_t r1 = r0 + 1;
-    while (r1 < R && batch[r1].seq == batch[r0].seq) ++r1;
-    const SeqKv& sk = *seqs[batch[r0].seq];
+    while (r1 < n && batch[c0 + r1].seq == batch[c0 + r0].seq) ++r1;
+    const SeqKv& sk = *seqs[batch[c0 + r0].seq];
     if (r1 - r0 > 1) {
-      attention_prefill(shape, view_of(sk), s.q.data() + r0 * QW, QW, batch[r0].pos, static_cast<int32_t>(r1 - r0),
-                        s.attn.data() + r0 * OW, OW, pool);
+      attention_prefill(shape, view_of(sk), s.q.data() + r0 * QW, QW, batch[c0 + r0].pos,
+                        static_cast<int32_t>(r1 - r0), s.attn.data() + r0 * OW, OW, pool);
     } else {
       s.views.push_back(view_of(sk));
-      s.positions.push_back(batch[r0].pos);
+      s.positions.push_back(batch[c0 + r0].pos);
       s.decode_rows.push_back(r0);
     }
     r0 = r1;
@@ -250,9 +239,48 @@ void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, 
     for (int64_t b = 0; b < B; ++b)
       std::copy_n(s.out_decode.data() + b * OW, OW, s.attn.data() + s.decode_rows[b] * OW);
   }
+}
 
+void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool) {
+  const ModelConfig& c = cfg_;
+  const LayerWeights& L = w_.layers[il];
+  Scratch& s = *s_;
+  const int64_t R = static_cast<int64_t>(batch.size());
+  const int64_t E = c.n_embd;
+  const int64_t QW = int64_t{c.n_head} * c.head_dim, KW = int64_t{c.n_head_kv} * c.head_dim;
+  const int64_t VW = int64_t{c.n_head_kv} * c.head_dim_v, OW = int64_t{c.n_head} * c.head_dim_v;
+  const bool swa = c.layer_is_swa[il];
+
+  // --- attention block ---
+  pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      rms_norm(s.x.data() + r * E, L.attn_norm.data(), E, c.rms_eps, s.xn.data() + r * E);
+  });
+  RopeParams rope;
+  rope.style = c.rope_style;
+  rope.dims = c.rope_dims;
+  rope.base = swa ? c.rope_base_swa : c.rope_base;
+  rope.scale = swa ? c.rope_scale_swa : c.rope_scale;
+  rope.freq_factors = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data();
+  const int32_t half = c.rope_dims / 2;
+  AttnShape shape{c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, swa ? c.sliding_window : 0};
   s.o.resize(R * E);
-  s.mm.run(L.wo, s.attn.data(), OW, R, s.o.data(), E, pool);
+  // In chunks of rows, like the feed-forward block below: q and the attention
+  // output are a long prompt's next widest activations. A chunk's rows see
+  // the KV of every earlier row, written by earlier chunks, so a row's result
+  // does not depend on the chunking.
+  const int64_t CA = std::min(R, kAttnChunkRows);
+  s.q.resize(CA * QW);
+  s.k.resize(CA * KW);
+  s.v.resize(CA * VW);
+  s.rope_cos.resize(CA * half);
+  s.rope_sin.resize(CA * half);
+  s.attn.resize(CA * OW);
+  for (int64_t c0 = 0; c0 < R; c0 += CA) {
+    const int64_t n = std::min(CA, R - c0);
+    attention_rows(il, batch, c0, n, seqs, kv, rope, shape, pool);
+    s.mm.run(L.wo, s.attn.data(), OW, n, s.o.data() + c0 * E, E, pool);
+  }
   pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* o = s.o.data() + r * E;
