@@ -353,17 +353,22 @@ TD_FN void k4_quad(const uint8_t* w, const GemmActs& A, int64_t r, int64_t b, __
   }
 }
 
-// The float chain of a quad: acc = fma(x_j, d_j, acc), j = 0..7.
+// The float chain over n blocks' terms: acc = fma(x_j, d_j, acc), j = 0..N-1.
+template <int N>
+TD_FN __m128 fma_chain(const float* xs, const float* ds, __m128 acc) {
+  // Read the lanes back from memory (load ports) rather than let the
+  // compiler extract them with shuffles that compete with the integer work's.
+  asm volatile("" : : "m"(*(const float(*)[N])xs), "m"(*(const float(*)[N])ds) : "memory");
+  for (int j = 0; j < N; ++j) acc = _mm_fmadd_ss(_mm_load_ss(xs + j), _mm_load_ss(ds + j), acc);
+  return acc;
+}
+
+// The float chain of a q4_K quad (I and -M terms of 4 blocks).
 TD_FN __m128 k4_chain(__m256 x, __m256 d, __m128 acc) {
   alignas(32) float xs[8], ds[8];
   _mm256_store_ps(xs, x);
   _mm256_store_ps(ds, d);
-  // Read the lanes back from memory (load ports) rather than let the
-  // compiler extract them with 14 shuffles that compete with the integer
-  // work's.
-  asm volatile("" : : "m"(xs), "m"(ds) : "memory");
-  for (int j = 0; j < 8; ++j) acc = _mm_fmadd_ss(_mm_load_ss(xs + j), _mm_load_ss(ds + j), acc);
-  return acc;
+  return fma_chain<8>(xs, ds, acc);
 }
 
 // q4_K / q5_K: one weight row (K4Tile reads them one at a time) x NA
@@ -413,50 +418,117 @@ TD_FN void k4_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, flo
   for (int m = 0; m < NA; ++m) y[m * ldy] = _mm_cvtss_f32(acc[m]);
 }
 
+// The 256 quants of a q6_K super-block, +32 (0..63): q[c] holds elements
+// 64c .. 64c + 63 in order.
+TD_FN void k6_quants(const uint8_t* blk, __m512i q[4]) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+  for (int h = 0; h < 2; ++h) {
+    // Elements 128h + (0..63) and 128h + (64..127), in order.
+    const __m512i l = _mm512_loadu_si512(blk + offsetof(BlockQ6K, ql) + 64 * h);
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ6K, qh) + 32 * h));
+    const __m512i qh = _mm512_inserti64x4(_mm512_castsi256_si512(hb), _mm256_srli_epi16(hb, 2), 1);
+    q[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(_mm512_and_si512(qh, m2), 4));
+    q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                   _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4), m2), 4));
+  }
+}
+
+// A q6_K super-block's 16 group scales: sc16 as int32 lanes, and per chunk c
+// the dpwssd operand whose lane l carries the scale of group 4c + l/4 in its
+// low word (high word 0).
+TD_FN void k6_scales(const uint8_t* blk, __m512i& sc16, __m512i sc[4]) {
+  sc16 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ6K, scales))));
+  const __m512i words = _mm512_and_si512(sc16, _mm512_set1_epi32(0xFFFF));
+  for (int c = 0; c < 4; ++c)
+    sc[c] = _mm512_permutexvar_epi32(
+        _mm512_add_epi32(_mm512_set1_epi32(4 * c), _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)),
+        words);
+}
+
+// 16 lanes summing to I = sum_j sc_j * S_j of one q6_K super-block. A dpbusd
+// lane (4 products of a 6-bit and an 8-bit quant, |sum| <= 4 * 63 * 128)
+// fits in int16, so dpwssd against the scale in the low word multiplies and
+// adds it (no 32-bit multiplies but the one for the +32 offset's term:
+// extra = -32 * group sums).
+TD_FN __m512i k6_isum(const __m512i q[4], const int8_t* a, const __m512i sc[4], __m512i sc16, __m512i extra) {
+  __m512i s = _mm512_mullo_epi32(sc16, extra);
+  for (int c = 0; c < 4; ++c)
+    s = _mm512_dpwssd_epi32(s, _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[c], _mm512_loadu_si512(a + 64 * c)), sc[c]);
+  return s;
+}
+
+// Four q6_K super-blocks b .. b + 3 of one weight row x NA activation rows:
+// I of each as k4_quad does (one reduction for the four), then X = float(I)
+// and D = d * da for the chain.
+template <int NA>
+TD_FN void k6_quad(const uint8_t* w, const GemmActs& A, int64_t r, int64_t b, __m128 X[NA], __m128 D[NA], int64_t pf) {
+  const uint8_t* blk = w + b * sizeof(BlockQ6K);
+  prefetch_ahead(blk, 4 * sizeof(BlockQ6K), pf);
+  uint16_t dh[4];
+  __m512i S[NA][4];
+  for (int k = 0; k < 4; ++k) {
+    const uint8_t* bk = blk + k * sizeof(BlockQ6K);
+    __m512i q[4], sc[4], sc16;
+    k6_quants(bk, q);
+    k6_scales(bk, sc16, sc);
+    std::memcpy(&dh[k], bk + offsetof(BlockQ6K, d), 2);
+    for (int m = 0; m < NA; ++m)
+      S[m][k] = k6_isum(q, A.qgroup(r + m) + (b + k) * kQKK, sc, sc16,
+                        _mm512_loadu_si512(A.egroup(r + m) + (b + k) * 16));
+  }
+  const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dh)));
+  for (int m = 0; m < NA; ++m) {
+    const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[m][0], S[m][1]), _mm512_unpackhi_epi32(S[m][0], S[m][1]));
+    const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[m][2], S[m][3]), _mm512_unpackhi_epi32(S[m][2], S[m][3]));
+    const __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+    const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    X[m] = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));  // I0..I3
+    D[m] = _mm_mul_ps(d, _mm_loadu_ps(A.sgroup(r + m) + b));
+  }
+}
+
+TD_FN __m128 k6_chain(__m128 x, __m128 d, __m128 acc) {
+  alignas(16) float xs[4], ds[4];
+  _mm_store_ps(xs, x);
+  _mm_store_ps(ds, d);
+  return fma_chain<4>(xs, ds, acc);
+}
+
+// q6_K: one weight row x NA activation rows, four super-blocks at a time
+// (each quad's chain after the next quad's integer work, as k4_tile), then
+// one by one.
 template <int NW, int NA>
 TD_FN void k6_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
-  float acc[NW][NA] = {};
-  for (int64_t b = 0; b < A.nb; ++b) {
-    __m512i q[NW][4], sc[NW][4], sc16[NW];
-    float d[NW];
-    for (int i = 0; i < NW; ++i) {
-      const uint8_t* blk = w[i] + b * sizeof(BlockQ6K);
-      prefetch_ahead(blk, sizeof(BlockQ6K), pf);
-      for (int h = 0; h < 2; ++h) {
-        // Elements 128h + (0..63) and 128h + (64..127), in order.
-        const __m512i l = _mm512_loadu_si512(blk + offsetof(BlockQ6K, ql) + 64 * h);
-        const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ6K, qh) + 32 * h));
-        const __m512i qh = _mm512_inserti64x4(_mm512_castsi256_si512(hb), _mm256_srli_epi16(hb, 2), 1);
-        q[i][2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(_mm512_and_si512(qh, m2), 4));
-        q[i][2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4), m2), 4));
-      }
-      sc16[i] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ6K, scales))));
-      // Lane l of chunk c covers elements 64c + 4l..+3, in group 4c + l/4.
-      for (int c = 0; c < 4; ++c)
-        sc[i][c] = _mm512_permutexvar_epi32(
-            _mm512_add_epi32(_mm512_set1_epi32(4 * c), _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)),
-            sc16[i]);
-      d[i] = f16(blk + offsetof(BlockQ6K, d));
-    }
+  static_assert(NW == 1);
+  __m128 acc[NA];
+  for (int m = 0; m < NA; ++m) acc[m] = _mm_setzero_ps();
+  int64_t b = 0;
+  __m128 X[NA], D[NA];
+  for (; b + 4 <= A.nb; b += 4) {
+    __m128 nx[NA], nd[NA];
+    k6_quad<NA>(w[0], A, r, b, nx, nd, pf);
     for (int m = 0; m < NA; ++m) {
-      const int8_t* a = A.qgroup(r + m) + b * kQKK;
-      // Quants carry +32: extra = -32 * (group sums) takes it out.
-      const __m512i extra = _mm512_loadu_si512(A.egroup(r + m) + b * 16);
-      const float da = A.sgroup(r + m)[b];
-      for (int i = 0; i < NW; ++i) {
-        __m512i s = _mm512_mullo_epi32(sc16[i], extra);
-        for (int c = 0; c < 4; ++c)
-          s = _mm512_add_epi32(s, _mm512_mullo_epi32(
-                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[i][c], _mm512_loadu_si512(a + 64 * c)),
-                                      sc[i][c]));
-        acc[i][m] = fma1(static_cast<float>(_mm512_reduce_add_epi32(s)), d[i] * da, acc[i][m]);
-      }
+      if (b > 0) acc[m] = k6_chain(X[m], D[m], acc[m]);
+      X[m] = nx[m];
+      D[m] = nd[m];
     }
   }
-  for (int i = 0; i < NW; ++i)
-    for (int m = 0; m < NA; ++m) y[m * ldy + i] = acc[i][m];
+  if (b > 0)
+    for (int m = 0; m < NA; ++m) acc[m] = k6_chain(X[m], D[m], acc[m]);
+  for (; b < A.nb; ++b) {
+    const uint8_t* blk = w[0] + b * sizeof(BlockQ6K);
+    prefetch_ahead(blk, sizeof(BlockQ6K), pf);
+    __m512i q[4], sc[4], sc16;
+    k6_quants(blk, q);
+    k6_scales(blk, sc16, sc);
+    const float d = f16(blk + offsetof(BlockQ6K, d));
+    for (int m = 0; m < NA; ++m) {
+      const __m512i s = k6_isum(q, A.qgroup(r + m) + b * kQKK, sc, sc16, _mm512_loadu_si512(A.egroup(r + m) + b * 16));
+      const float x = static_cast<float>(_mm512_reduce_add_epi32(s));
+      acc[m] = _mm_set_ss(fma1(x, d * A.sgroup(r + m)[b], _mm_cvtss_f32(acc[m])));
+    }
+  }
+  for (int m = 0; m < NA; ++m) y[m * ldy] = _mm_cvtss_f32(acc[m]);
 }
 
 // Walks weight rows [o0, o1) Tile::kRows (1 or 2) at a time and activation
