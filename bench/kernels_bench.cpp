@@ -208,6 +208,9 @@ void gemv_args(benchmark::internal::Benchmark* b) {
   for (int m : {2, 3, 4, 6, 8, 12, 16, 32}) b->Args({0, 5632, 2048, m, 2, 0});
   // Serving steps: a few to a few dozen rows against weights repacked at load.
   for (int m : {1, 2, 4, 8, 12, 16, 24, 32, 64, 128, 256}) b->Args({0, 5632, 2048, m, 2, 2});
+  // K-quant row kernels with a few activation rows (decode of a few sequences).
+  for (int ti : {1, 2, 4, 5})
+    for (int m : {2, 3, 4, 6, 8, 16}) b->Args({ti, 5632, 2048, m, 2, 0});
   // Compute speed of the row kernels: 384 rows (1.5 MiB or less) read from L2.
   for (int ti = 0; ti < 7; ++ti) b->Args({ti, 384, 2048, 1, 1, 3});
 }

@@ -15,8 +15,13 @@ namespace {
 // past it, so the packed weights are read from L1 by every row tile.
 constexpr size_t kPanelBytes = 32 * 1024;
 
-// Up to this many activation rows take the row-wise (streaming) path.
+// Up to this many activation rows take the row-wise (streaming) path; the
+// K-quants' row kernels stay ahead of packing panels (twice the file's bytes
+// for q4_K) up to 5 rows. kernels_bench, 5632 x 2048 on two Zen 4 cores, row
+// path / packed: q4_K 3 rows 456 / 840 us, 4: 549 / 739, 6: 906 / 922, 8:
+// 1219 / 846; q6_K 4: 604 / 1189, 6: 1215 / 1281. q4_0 and q5_0 already tie at 3.
 constexpr int64_t kRowwiseMaxRows = 2;
+constexpr int64_t kRowwiseMaxRowsKQuant = 5;
 
 // Weight rows per range in the fallback path.
 constexpr int64_t kFallbackRows = 16;
@@ -82,7 +87,9 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
   // each across all rows. Float weights always go row-wise (register tiles).
   bool prepacked = kern.run != nullptr;
   for (const WeightMatrix* W : Ws) prepacked &= W->packed != nullptr;
-  const bool packed = prepacked || (kern.run != nullptr && n_rows > kRowwiseMaxRows);
+  const GemmClass cls = gemm_class(W0.type);
+  const int64_t rowwise_max = cls == GemmClass::kK4 || cls == GemmClass::kK6 ? kRowwiseMaxRowsKQuant : kRowwiseMaxRows;
+  const bool packed = prepacked || (kern.run != nullptr && n_rows > rowwise_max);
   GemmActs& A = acts_;
   gemm_acts_shape(W0.type, n_rows, W0.cols, packed ? kGemmMaxRows : 1, A);
   pool.parallel_for(A.groups, 1, [&](int64_t g0, int64_t g1) { gemm_prepare_acts(x, ldx, g0, g1, A, level_); });
