@@ -363,13 +363,54 @@ TD_FN __m128 fma_chain(const float* xs, const float* ds, __m128 acc) {
   return acc;
 }
 
-// The float chain of a q4_K quad (I and -M terms of 4 blocks).
-TD_FN __m128 k4_chain(__m256 x, __m256 d, __m128 acc) {
+// The float chain of a quad's terms: 8 for q4_K / q5_K (I and -M of 4
+// blocks), 4 for q6_K.
+TD_FN __m128 quad_chain(__m256 x, __m256 d, __m128 acc) {
   alignas(32) float xs[8], ds[8];
   _mm256_store_ps(xs, x);
   _mm256_store_ps(ds, d);
   return fma_chain<8>(xs, ds, acc);
 }
+TD_FN __m128 quad_chain(__m128 x, __m128 d, __m128 acc) {
+  alignas(16) float xs[4], ds[4];
+  _mm_store_ps(xs, x);
+  _mm_store_ps(ds, d);
+  return fma_chain<4>(xs, ds, acc);
+}
+
+// One weight row's super-blocks four at a time, for NA activation rows:
+// Quad::run<NA>(w, A, r, b, X, D, pf) leaves each activation row's chain
+// terms of blocks b .. b + 3 in X and D. Each quad's chain runs after the
+// next quad's integer work is issued, so that the two overlap (run right
+// away, the chain's dependent FMAs showed in the time per quad: q4_K from
+// L2 24.4 -> 22.8 us). Returns the first block left for the caller.
+template <typename Quad, int NA>
+TD_FN int64_t run_quads(const uint8_t* w, const GemmActs& A, int64_t r, int64_t pf, __m128 acc[NA]) {
+  using V = typename Quad::V;
+  V X[NA], D[NA];
+  int64_t b = 0;
+  for (; b + 4 <= A.nb; b += 4) {
+    V nx[NA], nd[NA];
+    Quad::template run<NA>(w, A, r, b, nx, nd, pf);
+    for (int m = 0; m < NA; ++m) {
+      if (b > 0) acc[m] = quad_chain(X[m], D[m], acc[m]);
+      X[m] = nx[m];
+      D[m] = nd[m];
+    }
+  }
+  if (b > 0)
+    for (int m = 0; m < NA; ++m) acc[m] = quad_chain(X[m], D[m], acc[m]);
+  return b;
+}
+
+template <typename Block>
+struct K4Quad {
+  using V = __m256;
+  template <int NA>
+  TD_FN static void run(const uint8_t* w, const GemmActs& A, int64_t r, int64_t b, V X[NA], V D[NA], int64_t pf) {
+    k4_quad<Block, NA>(w, A, r, b, X, D, pf);
+  }
+};
 
 // q4_K / q5_K: one weight row (K4Tile reads them one at a time) x NA
 // activation rows; four super-blocks at a time, then one by one.
@@ -378,22 +419,7 @@ TD_FN void k4_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, flo
   static_assert(NW == 1);
   __m128 acc[NA];
   for (int m = 0; m < NA; ++m) acc[m] = _mm_setzero_ps();
-  int64_t b = 0;
-  // Each quad's chain runs after the next quad's integer work is issued, so
-  // that the two overlap (run right away, the chain's 8 dependent FMAs
-  // showed in the time per quad: 24.4 -> 22.8 us for the cached bench).
-  __m256 X[NA], D[NA];
-  for (; b + 4 <= A.nb; b += 4) {
-    __m256 nx[NA], nd[NA];
-    k4_quad<Block, NA>(w[0], A, r, b, nx, nd, pf);
-    for (int m = 0; m < NA; ++m) {
-      if (b > 0) acc[m] = k4_chain(X[m], D[m], acc[m]);
-      X[m] = nx[m];
-      D[m] = nd[m];
-    }
-  }
-  if (b > 0)
-    for (int m = 0; m < NA; ++m) acc[m] = k4_chain(X[m], D[m], acc[m]);
+  int64_t b = run_quads<K4Quad<Block>, NA>(w[0], A, r, pf, acc);
   const __m512i idx01 = k4_scale_index01();
   const __m512i idx23 = _mm512_add_epi8(idx01, _mm512_maskz_set1_epi8(0x5555555555555555ull, 4));
   for (; b < A.nb; ++b) {
@@ -487,34 +513,22 @@ TD_FN void k6_quad(const uint8_t* w, const GemmActs& A, int64_t r, int64_t b, __
   }
 }
 
-TD_FN __m128 k6_chain(__m128 x, __m128 d, __m128 acc) {
-  alignas(16) float xs[4], ds[4];
-  _mm_store_ps(xs, x);
-  _mm_store_ps(ds, d);
-  return fma_chain<4>(xs, ds, acc);
-}
+struct K6Quad {
+  using V = __m128;
+  template <int NA>
+  TD_FN static void run(const uint8_t* w, const GemmActs& A, int64_t r, int64_t b, V X[NA], V D[NA], int64_t pf) {
+    k6_quad<NA>(w, A, r, b, X, D, pf);
+  }
+};
 
-// q6_K: one weight row x NA activation rows, four super-blocks at a time
-// (each quad's chain after the next quad's integer work, as k4_tile), then
-// one by one.
+// q6_K: one weight row x NA activation rows, four super-blocks at a time,
+// then one by one.
 template <int NW, int NA>
 TD_FN void k6_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
   static_assert(NW == 1);
   __m128 acc[NA];
   for (int m = 0; m < NA; ++m) acc[m] = _mm_setzero_ps();
-  int64_t b = 0;
-  __m128 X[NA], D[NA];
-  for (; b + 4 <= A.nb; b += 4) {
-    __m128 nx[NA], nd[NA];
-    k6_quad<NA>(w[0], A, r, b, nx, nd, pf);
-    for (int m = 0; m < NA; ++m) {
-      if (b > 0) acc[m] = k6_chain(X[m], D[m], acc[m]);
-      X[m] = nx[m];
-      D[m] = nd[m];
-    }
-  }
-  if (b > 0)
-    for (int m = 0; m < NA; ++m) acc[m] = k6_chain(X[m], D[m], acc[m]);
+  int64_t b = run_quads<K6Quad, NA>(w[0], A, r, pf, acc);
   for (; b < A.nb; ++b) {
     const uint8_t* blk = w[0] + b * sizeof(BlockQ6K);
     prefetch_ahead(blk, sizeof(BlockQ6K), pf);
