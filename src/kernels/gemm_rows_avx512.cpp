@@ -48,13 +48,19 @@ TD_FN float f16(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
+// Four vectors folded so that element p of each 128-bit lane holds the sum
+// of P[p]'s four elements in that lane (unpacks and adds, no cross-lane moves).
+TD_FN __m512i lane_sums4(const __m512i P[4]) {
+  const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[0], P[1]), _mm512_unpackhi_epi32(P[0], P[1]));
+  const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[2], P[3]), _mm512_unpackhi_epi32(P[2], P[3]));
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+}
+
 // Four vectors of two blocks' dpbusd lane sums (block 2p in lanes 0-7, 2p+1
 // in 8-15 of P[p]) to the 8 block sums, block i in lane i.
 TD_FN __m256i block_sums8(const __m512i P[4]) {
-  const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[0], P[1]), _mm512_unpackhi_epi32(P[0], P[1]));
-  const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[2], P[3]), _mm512_unpackhi_epi32(P[2], P[3]));
   // 128-bit lanes: 0, 1 hold blocks 0, 2, 4, 6 (element halves); 2, 3 blocks 1, 3, 5, 7.
-  const __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+  const __m512i v = lane_sums4(P);
   const __m256i lo = _mm512_castsi512_si256(v), hi = _mm512_extracti64x4_epi64(v, 1);
   const __m128i even = _mm_add_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
   const __m128i odd = _mm_add_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
@@ -337,9 +343,7 @@ TD_FN void k4_quad(const uint8_t* w, const GemmActs& A, int64_t r, int64_t b, __
     // group L holds partial L of blocks 0..3, like v below.
     const __m512i mv = _mm512_madd_epi16(mins, _mm512_loadu_si512(A.egroup(r + m) + b * 4));
     const __m512i mt = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), mv);
-    const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[m][0], S[m][1]), _mm512_unpackhi_epi32(S[m][0], S[m][1]));
-    const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[m][2], S[m][3]), _mm512_unpackhi_epi32(S[m][2], S[m][3]));
-    const __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+    const __m512i v = lane_sums4(S[m]);  // lane group L: partial L of blocks 0..3
     // Sum the four lane groups of v (to I0..I3) and of mt (to M0..M3).
     const __m512i h = _mm512_add_epi32(_mm512_shuffle_i64x2(v, mt, _MM_SHUFFLE(1, 0, 1, 0)),
                                        _mm512_shuffle_i64x2(v, mt, _MM_SHUFFLE(3, 2, 3, 2)));
@@ -504,9 +508,7 @@ TD_FN void k6_quad(const uint8_t* w, const GemmActs& A, int64_t r, int64_t b, __
   }
   const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dh)));
   for (int m = 0; m < NA; ++m) {
-    const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[m][0], S[m][1]), _mm512_unpackhi_epi32(S[m][0], S[m][1]));
-    const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[m][2], S[m][3]), _mm512_unpackhi_epi32(S[m][2], S[m][3]));
-    const __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+    const __m512i v = lane_sums4(S[m]);  // lane group L: partial L of blocks 0..3
     const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
     X[m] = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));  // I0..I3
     D[m] = _mm_mul_ps(d, _mm_loadu_ps(A.sgroup(r + m) + b));
