@@ -159,18 +159,33 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
   }
 }
 
-// Rows [c0, c0 + n) of the batch through one layer's attention, up to its
-// output projection: q, k, v; rope; the KV cache writes; attention (prefill
-// runs of a sequence together, decode rows gathered) into s.attn.
+// Rows [c0, c0 + n) of the batch (normed in s.xn) through one layer's
+// attention, up to its output projection: q, k, v; rope; the KV cache
+// writes; attention (prefill runs of a sequence together, decode rows
+// gathered) into s.attn, n rows.
 void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n, std::span<SeqKv* const> seqs,
-                           KvCache& kv, const RopeParams& rope, const AttnShape& shape, ThreadPool& pool) {
+                           KvCache& kv, ThreadPool& pool) {
   const ModelConfig& c = cfg_;
   const LayerWeights& L = w_.layers[il];
   Scratch& s = *s_;
   const int64_t E = c.n_embd;
   const int64_t QW = int64_t{c.n_head} * c.head_dim, KW = int64_t{c.n_head_kv} * c.head_dim;
   const int64_t VW = int64_t{c.n_head_kv} * c.head_dim_v, OW = int64_t{c.n_head} * c.head_dim_v;
+  const bool swa = c.layer_is_swa[il];
+  RopeParams rope;
+  rope.style = c.rope_style;
+  rope.dims = c.rope_dims;
+  rope.base = swa ? c.rope_base_swa : c.rope_base;
+  rope.scale = swa ? c.rope_scale_swa : c.rope_scale;
+  rope.freq_factors = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data();
   const int32_t half = c.rope_dims / 2;
+  const AttnShape shape{c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, swa ? c.sliding_window : 0};
+  // Sized for the chunk; they only grow, so that a short last chunk does not
+  // make the next layer's first one zero-fill them again.
+  for (auto [buf, width] : {std::pair{&s.q, QW}, {&s.k, KW}, {&s.v, VW}, {&s.rope_cos, int64_t{half}},
+                            {&s.rope_sin, int64_t{half}}, {&s.attn, OW}})
+    if (static_cast<int64_t>(buf->size()) < n * width) buf->resize(n * width);
+
   const float* xn = s.xn.data() + c0 * E;
   s.mm.run(L.wq, xn, E, n, s.q.data(), QW, pool);
   s.mm.run(L.wk, xn, E, n, s.k.data(), KW, pool);
@@ -247,38 +262,22 @@ void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, 
   Scratch& s = *s_;
   const int64_t R = static_cast<int64_t>(batch.size());
   const int64_t E = c.n_embd;
-  const int64_t QW = int64_t{c.n_head} * c.head_dim, KW = int64_t{c.n_head_kv} * c.head_dim;
-  const int64_t VW = int64_t{c.n_head_kv} * c.head_dim_v, OW = int64_t{c.n_head} * c.head_dim_v;
-  const bool swa = c.layer_is_swa[il];
+  const int64_t OW = int64_t{c.n_head} * c.head_dim_v;
 
   // --- attention block ---
   pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       rms_norm(s.x.data() + r * E, L.attn_norm.data(), E, c.rms_eps, s.xn.data() + r * E);
   });
-  RopeParams rope;
-  rope.style = c.rope_style;
-  rope.dims = c.rope_dims;
-  rope.base = swa ? c.rope_base_swa : c.rope_base;
-  rope.scale = swa ? c.rope_scale_swa : c.rope_scale;
-  rope.freq_factors = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data();
-  const int32_t half = c.rope_dims / 2;
-  AttnShape shape{c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, swa ? c.sliding_window : 0};
   s.o.resize(R * E);
   // In chunks of rows, like the feed-forward block below: q and the attention
   // output are a long prompt's next widest activations. A chunk's rows see
   // the KV of every earlier row, written by earlier chunks, so a row's result
   // does not depend on the chunking.
   const int64_t CA = std::min(R, kAttnChunkRows);
-  s.q.resize(CA * QW);
-  s.k.resize(CA * KW);
-  s.v.resize(CA * VW);
-  s.rope_cos.resize(CA * half);
-  s.rope_sin.resize(CA * half);
-  s.attn.resize(CA * OW);
   for (int64_t c0 = 0; c0 < R; c0 += CA) {
     const int64_t n = std::min(CA, R - c0);
-    attention_rows(il, batch, c0, n, seqs, kv, rope, shape, pool);
+    attention_rows(il, batch, c0, n, seqs, kv, pool);
     s.mm.run(L.wo, s.attn.data(), OW, n, s.o.data() + c0 * E, E, pool);
   }
   pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {

@@ -25,8 +25,6 @@ class KvCache;
 class ThreadPool;
 class Tokenizer;
 struct SeqKv;
-struct AttnShape;
-struct RopeParams;
 
 struct BatchRow {
   int32_t token = 0;
@@ -70,7 +68,7 @@ class Model {
   struct Scratch;
   void layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool);
   void attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n, std::span<SeqKv* const> seqs, KvCache& kv,
-                      const RopeParams& rope, const AttnShape& shape, ThreadPool& pool);
+                      ThreadPool& pool);
 
   std::unique_ptr<GgufFile> file_;
   ModelConfig cfg_;
