@@ -66,11 +66,17 @@ struct VocabBuilder {
     static std::atomic<int> counter{0};
     const fs::path path = fs::temp_directory_path() /
                           fmt::format("tandem_tok_{}_{}.gguf", ::getpid(), counter.fetch_add(1));
+    // Removed on every exit: the load-error tests throw out of from_gguf.
+    struct RemoveOnExit {
+      fs::path p;
+      ~RemoveOnExit() {
+        std::error_code ec;
+        fs::remove(p, ec);
+      }
+    } guard{path};
     w.write(path.string());
     auto file = GgufFile::open(path.string());
-    auto tok = Tokenizer::from_gguf(*file);
-    fs::remove(path);
-    return tok;
+    return Tokenizer::from_gguf(*file);
   }
 };
 

@@ -38,6 +38,7 @@ class Server:
         if not Path(CLI).exists():
             pytest.fail(f"tandem CLI not found at {CLI} (build it or set TANDEM_CLI)")
         self.log = tempfile.NamedTemporaryFile(prefix="tandem-serve-", suffix=".log", delete=False)
+        self._final_log = None
         cmd = [CLI, "serve", "-m", model, "--host", "127.0.0.1", "--port", "0", "-t", str(threads), *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, stdin=subprocess.DEVNULL)
         self.port = self._wait_port()
@@ -45,7 +46,16 @@ class Server:
         self._wait_health()
 
     def log_text(self):
+        if self._final_log is not None:
+            return self._final_log
         return Path(self.log.name).read_text(errors="replace")
+
+    def _release_log(self):
+        """Once the process is gone, keep its log in memory and delete the file."""
+        if self._final_log is None:
+            self._final_log = self.log_text()
+            self.log.close()
+            Path(self.log.name).unlink(missing_ok=True)
 
     def _wait_port(self):
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -54,6 +64,7 @@ class Server:
             if m:
                 return int(m.group(1))
             if self.proc.poll() is not None:
+                self._release_log()
                 pytest.fail(f"server exited with {self.proc.returncode}:\n{self.log_text()}")
             time.sleep(0.05)
         self.kill()
@@ -105,12 +116,14 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.kill()
                 pytest.fail(f"server ignored SIGTERM for {timeout} s:\n{self.log_text()}")
+        self._release_log()
         return self.proc.returncode
 
     def kill(self):
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
+        self._release_log()
 
 
 def start_server(model, *args, threads=1):
