@@ -29,7 +29,7 @@ Parsed parse(const std::string& text) {
   std::string line;
   const std::regex type_re(R"re(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram))re");
   const std::regex help_re(R"re(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+)re");
-  const std::regex sample_re(R"re(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{le="([^"]+)"\})? (\S+))re");
+  const std::regex sample_re(R"re(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(le|phase)="([^"]+)"\})? (\S+))re");
   std::string family;
   while (std::getline(in, line)) {
     std::smatch m;
@@ -42,13 +42,13 @@ Parsed parse(const std::string& text) {
     } else if (std::regex_match(line, m, sample_re)) {
       const std::string name = m[1];
       EXPECT_EQ(name.rfind(family, 0), 0u) << "sample outside its family: " << line;
-      const std::string v = m[4];
+      const std::string v = m[5];
       char* end = nullptr;
       const double d = v == "+Inf" ? INFINITY : std::strtod(v.c_str(), &end);
       if (v != "+Inf") {
         EXPECT_EQ(*end, '\0') << "bad value: " << line;
       }
-      const std::string key = name + (m[2].matched ? "{le=\"" + m[3].str() + "\"}" : "");
+      const std::string key = name + (m[2].matched ? "{" + m[3].str() + "=\"" + m[4].str() + "\"}" : "");
       p.samples[key] = d;
       p.order.push_back(key);
     } else {
@@ -76,6 +76,9 @@ MetricsSnapshot sample_metrics() {
   m.prefix_cache_hit_tokens = 250;
   m.preemptions = 4;
   m.steps = 99;
+  m.phases[static_cast<size_t>(Phase::kDecode)] = {80, 640, 1.5};
+  m.phases[static_cast<size_t>(Phase::kPrefill)] = {4, 512, 0.25};
+  m.phases[static_cast<size_t>(Phase::kMixed)] = {15, 1200, 0.75};
   for (double v : {0.005, 0.02, 0.02, 0.7, 100.0}) m.ttft.observe(v);
   m.itl.observe(0.003);
   return m;
@@ -115,6 +118,12 @@ TEST(ServerPrometheus, EveryMetricWithItsType) {
   EXPECT_EQ(p.samples.at("tandem_kv_blocks_used"), 40);
   EXPECT_EQ(p.samples.at("tandem_kv_blocks_free"), 88);
   EXPECT_DOUBLE_EQ(p.samples.at("tandem_prefix_cache_hit_ratio"), 0.25);
+  EXPECT_EQ(p.types.at("tandem_engine_phase_seconds_total"), "counter");
+  EXPECT_EQ(p.samples.at("tandem_engine_phase_steps_total{phase=\"decode\"}"), 80);
+  EXPECT_EQ(p.samples.at("tandem_engine_phase_steps_total{phase=\"mixed\"}"), 15);
+  EXPECT_EQ(p.samples.at("tandem_engine_phase_rows_total{phase=\"prefill\"}"), 512);
+  EXPECT_DOUBLE_EQ(p.samples.at("tandem_engine_phase_seconds_total{phase=\"decode\"}"), 1.5);
+  EXPECT_DOUBLE_EQ(p.samples.at("tandem_engine_phase_seconds_total{phase=\"mixed\"}"), 0.75);
 }
 
 TEST(ServerPrometheus, HistogramBucketsAreCumulative) {

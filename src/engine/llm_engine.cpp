@@ -298,6 +298,10 @@ bool Engine::Impl::step() {
     std::lock_guard<std::mutex> lock(metrics_mu);
     ++metrics.steps;
     metrics.prompt_tokens += n_prompt_rows;
+    MetricsSnapshot::PhaseTotals& pt = metrics.phases[static_cast<size_t>(phase)];
+    ++pt.steps;
+    pt.rows += batch.size();
+    pt.seconds += t1 - t0;
   }
 
   const int32_t nv = model.config().n_vocab;

@@ -39,6 +39,14 @@ void single(std::string& out, const char* name, const char* type, const char* he
   else out += fmt::format("{} {}\n", name, value);
 }
 
+// One counter family with a sample per forward-step phase.
+template <typename Get>
+void per_phase(std::string& out, const char* name, const char* help, const MetricsSnapshot& m, Get get) {
+  header(out, name, "counter", help);
+  for (Phase p : {Phase::kDecode, Phase::kPrefill, Phase::kMixed})
+    out += fmt::format("{}{{phase=\"{}\"}} {}\n", name, phase_name(p), get(m.phases[static_cast<size_t>(p)]));
+}
+
 }  // namespace
 
 std::string render_prometheus(const MetricsSnapshot& m) {
@@ -62,6 +70,13 @@ std::string render_prometheus(const MetricsSnapshot& m) {
   single(out, "tandem_prefix_cache_queried_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.",
          m.prefix_cache_queried_tokens);
   single(out, "tandem_engine_steps_total", "counter", "Engine steps (batched forward passes).", m.steps);
+  using PT = MetricsSnapshot::PhaseTotals;
+  per_phase(out, "tandem_engine_phase_steps_total", "Engine steps by phase (decode-only, prefill-only, mixed).", m,
+            [](const PT& t) { return t.steps; });
+  per_phase(out, "tandem_engine_phase_seconds_total", "Wall time of the forward passes by phase.", m,
+            [](const PT& t) { return number(t.seconds); });
+  per_phase(out, "tandem_engine_phase_rows_total", "Token rows run by forward passes, by phase.", m,
+            [](const PT& t) { return t.rows; });
 
   single(out, "tandem_requests_running", "gauge", "Sequences scheduled in the running batch.", m.running);
   single(out, "tandem_requests_waiting", "gauge", "Requests in the wait queue.", m.waiting);

@@ -311,6 +311,15 @@ def test_metrics_format(stories):
     assert samples["tandem_prompt_tokens_total"] - before["tandem_prompt_tokens_total"] >= r.usage.prompt_tokens
     assert samples["tandem_requests_finished_total"] > before["tandem_requests_finished_total"]
     assert samples["tandem_time_to_first_token_seconds_count"] > before["tandem_time_to_first_token_seconds_count"]
+    # Steps by phase add up to the step count; this request ran at least its prompt and 4 decode rows.
+    phases = ("decode", "prefill", "mixed")
+    assert families["tandem_engine_phase_steps"] == "counter"
+    assert sum(samples[f'tandem_engine_phase_steps_total{{phase="{p}"}}'] for p in phases) == \
+        samples["tandem_engine_steps_total"]
+    rows_key = 'tandem_engine_phase_rows_total{{phase="{}"}}'.format
+    rows = sum(samples[rows_key(p)] - before[rows_key(p)] for p in phases)
+    assert rows >= r.usage.prompt_tokens + 4
+    assert samples['tandem_engine_phase_seconds_total{phase="decode"}'] > 0
 
 
 # --- servers of their own -----------------------------------------------------
