@@ -120,11 +120,26 @@ TEST(PrefillPacer, SizesPromptWorkByMeasuredCost) {
   EXPECT_EQ(p.budget(4), 0);    // 8 mixed steps since the last decode-only one
   p.observe(0.25, 4, 0);
   EXPECT_EQ(p.budget(4), 8);
-  // A burst: 12 prompts waiting beside 4 decoders triples the allowance; up
-  // to as many as decode it stays as it was.
-  EXPECT_EQ(p.budget(4, 12), 24);
-  EXPECT_EQ(p.budget(4, 4), 8);
-  EXPECT_EQ(p.budget(4, 1), 8);
+  // Prompts that will join the batch: 1.5 tokens more per joining sequence
+  // (8 + 1.5 * 4 with 4 waiting, 8 + 1.5 with one).
+  EXPECT_EQ(p.budget(4, 4), 14);
+  EXPECT_EQ(p.budget(4, 1), 9);
+  // A burst: 12 prompts waiting beside 4 decoders: 8 + 1.5 * 12 beats
+  // tripling the allowance (24).
+  EXPECT_EQ(p.budget(4, 12), 26);
+  // 40 waiting beside 4: ten times the allowance (80), more than the 12 + 1.5 * 40.
+  EXPECT_EQ(p.budget(4, 40), 80);
+}
+
+// Only the sequences that fit under max_seqs count as joining.
+TEST(PrefillPacer, JoiningSequencesStopAtMaxSeqs) {
+  PrefillPacer p({.step_factor = 1.5, .min_tokens = 4, .max_tokens = 256, .recalibrate_every = 64, .max_seqs = 8});
+  p.observe(0.25, 4, 0);
+  p.observe(0.375, 4, 8);
+  EXPECT_EQ(p.budget(4, 2), 11);  // 8 + 1.5 * 2
+  EXPECT_EQ(p.budget(4, 4), 14);  // 8 + 1.5 * 4
+  EXPECT_EQ(p.budget(4, 6), 14);  // 4 decoding + 4 joining fill the 8
+  EXPECT_EQ(p.budget(8, 6), 0);   // remeasure (twice the rows)
 }
 
 // A burst grows the batch a few decoders at a time: each growth beyond 25%

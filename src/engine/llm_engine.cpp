@@ -111,6 +111,7 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c) : model(m), cfg(c), pool(c.t
     PacerConfig pc;
     pc.step_factor = c.step_factor;
     pc.max_tokens = sc.max_batch_tokens;
+    pc.max_seqs = sc.max_seqs;
     pacer = std::make_unique<PrefillPacer>(pc);
   }
   metrics.kv_blocks_total = n_blocks;

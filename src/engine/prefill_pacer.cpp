@@ -24,8 +24,10 @@ int32_t PrefillPacer::budget(int32_t decode_rows, int32_t prefill_seqs) const {
   const bool stale = t_decode_ < 0 || mixed_since_ >= cfg_.recalibrate_every || other_batch(decode_rows);
   if (stale) return 0;
   if (t_token_ <= 0) return cfg_.min_tokens;
+  const double per_step = (cfg_.step_factor - 1.0) * t_decode_ / t_token_;
   const double share = std::max(1.0, static_cast<double>(prefill_seqs) / decode_rows);
-  const double n = std::floor((cfg_.step_factor - 1.0) * share * t_decode_ / t_token_);
+  const int32_t joining = std::clamp(prefill_seqs, 0, std::max(0, cfg_.max_seqs - decode_rows));
+  const double n = std::floor(std::max(per_step * share, per_step + cfg_.step_factor * joining));
   return static_cast<int32_t>(std::clamp(n, static_cast<double>(cfg_.min_tokens), static_cast<double>(cfg_.max_tokens)));
 }
 

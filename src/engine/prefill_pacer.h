@@ -15,6 +15,15 @@
 // long first-token waits for a small saving per token; the allowance then
 // grows with the ratio, (step_factor - 1) * waiting / decoding, so the pain is
 // shared per sequence and the batch fills up (what makes batching pay).
+//
+// The decode-only step is also measured on the batch as it is, not as it will
+// be: with 8 decoding and 8 waiting (a closed loop of 16 clients settles
+// there) the ratio is 1, a step affords a few prompt tokens, and the batch
+// stays half prefilling at ~2x the weight reads per token. Every waiting
+// sequence will decode beside the others within a few steps, adding about a
+// prompt token's cost to each of their steps; so a step may also take
+// step_factor times the cost of that fuller batch: `step_factor` more prompt
+// tokens per sequence that can join (up to max_seqs).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +44,7 @@ struct PacerConfig {
   // this many rows: a few prompt tokens cost about a decode step (every
   // weight is read either way), which would make tokens look 10x dearer.
   int32_t min_guess_rows = 32;
+  int32_t max_seqs = 1 << 30;  // the scheduler's sequence limit: at most this many decode together
 };
 
 class PrefillPacer {
