@@ -296,6 +296,18 @@ def metric(res: dict, name: str, *path):
     return v
 
 
+def phase_steps(res: dict) -> str | None:
+    """What the engine's steps looked like during the 16-client run (Tandem's per-phase counters)."""
+    delta = (res["scenarios"].get("a_batch") or {}).get("server_metrics_delta") or {}
+    def get(kind: str, phase: str) -> float:
+        return delta.get(f'tandem_engine_phase_{kind}_total{{phase="{phase}"}}', 0.0)
+    if not any(k.startswith("tandem_engine_phase_") for k in delta):
+        return None
+    decode, mixed = get("steps", "decode"), get("steps", "mixed")
+    per_mixed = f"{get('rows', 'mixed') / mixed:.1f}" if mixed else "-"
+    return f"{decode:.0f} / {mixed:.0f}, {per_mixed}"
+
+
 def scenario_rows(res: dict, conc: int) -> list[tuple[str, str, float | None, str]]:
     """(scenario, quantity, value, unit) for one side."""
     rows = []
@@ -306,7 +318,8 @@ def scenario_rows(res: dict, conc: int) -> list[tuple[str, str, float | None, st
              ("a", f"{conc} clients: output throughput", batch, "tok/s"),
              ("a", f"{conc} clients: TPOT p50", metric(res, "a_batch", "tpot_s", "p50"), "ms"),
              ("a", f"{conc} clients / single stream (target >= 4x)",
-              batch / single if batch and single else None, "x")]
+              batch / single if batch and single else None, "x"),
+             ("a", f"{conc} clients: steps decode-only / mixed, rows per mixed step", phase_steps(res), "text")]
     b = res["scenarios"].get("b_shared")
     first = later = None
     if b and "requests" in b:
@@ -342,7 +355,7 @@ def fmt(v, unit: str) -> str:
         return f"{v * 100:.1f}%"
     if unit == "x":
         return f"{v:.2f}x"
-    if unit == "count":
+    if unit in ("count", "text"):
         return str(v)
     return f"{v:.1f} {unit}"
 
