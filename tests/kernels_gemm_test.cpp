@@ -178,7 +178,10 @@ TEST(KernelsGemm, EveryStreamTuningGivesTheSameBits) {
     const std::vector<float> ref = matmul(p, x, 9, KernelLevel::kScalar, pool);
     for (bool prefetch : {false, true})
       for (bool single : {false, true}) {
-        const ScopedStreamTuning tuning({prefetch, single});
+        const ScopedStreamTuning tuning({.software_prefetch = prefetch,
+                                         .float_single_row = single,
+                                         .panel_prefetch_bytes = prefetch ? 2048 : 0,
+                                         .panel_prefetch_min_rows = 1});
         for (KernelLevel level : levels())
           for (int64_t n : {1, 2, 9}) {
             const std::vector<float> y = matmul(p, x, n, level, pool);

@@ -48,7 +48,10 @@ void expect_same_products(const WeightMatrix& W, const WeightMatrix& R, KernelLe
     file_layout.run(W, x.data(), W.cols, n, ya.data(), W.rows, pool);
     // The repacked layout streamed with and without software prefetch.
     for (bool prefetch : {false, true}) {
-      const ScopedStreamTuning tuning({prefetch, stream_tuning().float_single_row});
+      const ScopedStreamTuning tuning({.software_prefetch = prefetch,
+                                       .float_single_row = stream_tuning().float_single_row,
+                                       .panel_prefetch_bytes = prefetch ? 2048 : 0,
+                                       .panel_prefetch_min_rows = 1});
       repacked.run(R, x.data(), W.cols, n, yb.data(), W.rows, pool);
       EXPECT_EQ(ya, yb) << type_traits(W.type).name << " level " << static_cast<int>(level) << " " << W.rows << "x"
                         << W.cols << " n=" << n << " prefetch=" << prefetch;

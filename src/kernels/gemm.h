@@ -114,9 +114,11 @@ struct GemmAcc {
   const float* in = nullptr;
   float* out = nullptr;
   int64_t ld_out = kGemmTile;
-  // The panel comes from memory (its first use): kernels may prefetch ahead.
-  // False when an earlier row group just read it into cache.
-  bool stream = true;
+  // > 0: the panel comes from memory (its first use) and the kernel
+  // prefetches this many bytes ahead of its loads; 0 when an earlier row
+  // group just read it into cache, or where prefetching does not pay
+  // (kernels/stream_tuning.h).
+  int32_t prefetch_bytes = 0;
 };
 
 // One instruction-set level's implementation of one weight type.

@@ -47,17 +47,11 @@ TD_FN void store_acc(const GemmAcc& acc, const __m512 f[R]) {
 }
 
 // Panels repacked at load stream from memory, used by only a few activation
-// rows in a serving step; the hardware prefetcher alone leaves the stream
-// idle while the dot products run. Prefetching each block's lines 16 KB ahead
-// (the next blocks of this tile, then the next tile, which the same thread
-// takes) took a 5632 x 2048 q8_0 product on 2 threads from 417 to ~210 us
-// with 8 rows and 572 to ~340 us with 16 (kernels_bench BM_Gemv/0/.../2/2);
-// 12 KB and 24 KB were worse. Only the first row group of a chunk streams it
-// (GemmAcc::stream); later groups find it in cache. On AMD Zen 4 the same
-// prefetches cost 20% of 1.1B q8_0 decode, so there they are off
-// (kernels/stream_tuning.h).
-constexpr int64_t kPanelPrefetchBytes = 16384;
-
+// rows in a serving step; the hardware prefetcher alone can leave the stream
+// idle while the dot products run, so the first row group of a chunk may
+// prefetch each block's lines ahead (GemmAcc::prefetch_bytes; how far, and
+// from how many rows, is per CPU: kernels/stream_tuning.h). Prefetches never
+// fault, so running past the matrix's end is harmless.
 template <int R>
 TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, const GemmAcc& acc) {
   const int64_t S = A.slots;
@@ -67,11 +61,10 @@ TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64
   __m512 f[R];
   load_acc<R>(acc, f);
   for (int64_t i = 0; i < nblk; ++i) {
-    // Prefetches never fault, so running past the matrix's end is harmless.
-    if (acc.stream) {
+    if (acc.prefetch_bytes > 0) {
 #pragma GCC unroll 9
       for (size_t l = 0; l < Q32Panel::kBytes; l += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(panel + kPanelPrefetchBytes + l), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(panel + acc.prefetch_bytes + l), _MM_HINT_T0);
     }
     // Integer sums are exact in any order: with few rows, C independent
     // chains per row hide dpbusd's latency.

@@ -134,7 +134,7 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
   }
 
   // Prefetch on the first pass over prepacked panels (one packed just now is in L1).
-  const bool prefetch = stream_tuning().software_prefetch;
+  const StreamTuning& tuning = stream_tuning();
   pool.parallel_chunks(n_tiles, 1, [&](int t, int64_t t0, int64_t t1) {
     ThreadScratch& s = scratch_[t];
     uint8_t* panel = s.panel.data()->bytes;
@@ -161,7 +161,7 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
           float* scratch_rows = acc + g * A.slots * kGemmTile;
           GemmAcc io;
           io.in = first ? nullptr : scratch_rows;
-          io.stream = prefetch && W.packed && g == 0;
+          if (W.packed && g == 0 && R >= tuning.panel_prefetch_min_rows) io.prefetch_bytes = tuning.panel_prefetch_bytes;
           if (last && width == kGemmTile) {
             io.out = y + g * A.slots * ldys[m];
             io.ld_out = ldys[m];

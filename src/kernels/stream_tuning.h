@@ -9,6 +9,8 @@
 // Measurements: docs/benchmarks.md.
 #pragma once
 
+#include <cstdint>
+
 namespace tandem {
 
 struct StreamTuning {
@@ -18,9 +20,15 @@ struct StreamTuning {
   // row at a time (one stream) instead of four side by side (AVX-512 kernels;
   // the AVX2 ones read two or four rows either way).
   bool float_single_row = false;
+  // The tiled kernels' repacked panels (q8_0, serving steps): prefetch this
+  // many bytes ahead when the first row group has at least this many rows
+  // (0 bytes: never).
+  int32_t panel_prefetch_bytes = 16384;
+  int32_t panel_prefetch_min_rows = 1;
 };
 
-// Detected once from CPUID; TANDEM_PREFETCH=0 or 1 overrides software_prefetch.
+// Detected once from CPUID; TANDEM_PREFETCH=0 turns every software prefetch
+// off, 1 turns them on (the panels' at this CPU's distance, or 16 KB).
 const StreamTuning& stream_tuning();
 
 // Tests: runs the kernels under another tuning while in scope. Every tuning
