@@ -75,7 +75,6 @@ MetricsSnapshot sample_metrics() {
   m.prefix_cache_queried_tokens = 1000;
   m.prefix_cache_hit_tokens = 250;
   m.preemptions = 4;
-  m.steps = 99;
   m.phases[static_cast<size_t>(Phase::kDecode)] = {80, 640, 1.5};
   m.phases[static_cast<size_t>(Phase::kPrefill)] = {4, 512, 0.25};
   m.phases[static_cast<size_t>(Phase::kMixed)] = {15, 1200, 0.75};
@@ -119,6 +118,7 @@ TEST(ServerPrometheus, EveryMetricWithItsType) {
   EXPECT_EQ(p.samples.at("tandem_kv_blocks_free"), 88);
   EXPECT_DOUBLE_EQ(p.samples.at("tandem_prefix_cache_hit_ratio"), 0.25);
   EXPECT_EQ(p.types.at("tandem_engine_phase_seconds_total"), "counter");
+  EXPECT_EQ(p.samples.at("tandem_engine_steps_total"), 99);  // the phases' sum
   EXPECT_EQ(p.samples.at("tandem_engine_phase_steps_total{phase=\"decode\"}"), 80);
   EXPECT_EQ(p.samples.at("tandem_engine_phase_steps_total{phase=\"mixed\"}"), 15);
   EXPECT_EQ(p.samples.at("tandem_engine_phase_rows_total{phase=\"prefill\"}"), 512);

@@ -297,7 +297,6 @@ bool Engine::Impl::step() {
   if (pacer) pacer->observe(t1 - t0, n_decode, n_prefill_rows);
   {
     std::lock_guard<std::mutex> lock(metrics_mu);
-    ++metrics.steps;
     metrics.prompt_tokens += n_prompt_rows;
     MetricsSnapshot::PhaseTotals& pt = metrics.phases[static_cast<size_t>(phase)];
     ++pt.steps;

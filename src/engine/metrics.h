@@ -36,7 +36,6 @@ struct MetricsSnapshot {
   uint64_t prompt_tokens = 0, generation_tokens = 0;
   uint64_t prefix_cache_queried_tokens = 0, prefix_cache_hit_tokens = 0;
   uint64_t preemptions = 0;
-  uint64_t steps = 0;
   // Forward steps by phase (indexed by Phase): how many, their wall time and
   // rows. Mean step time and rows per step say what the scheduler and pacer
   // made of a load, which the step count alone does not.
@@ -45,6 +44,11 @@ struct MetricsSnapshot {
     double seconds = 0;
   };
   std::array<PhaseTotals, 3> phases{};
+  uint64_t steps() const {
+    uint64_t n = 0;
+    for (const PhaseTotals& p : phases) n += p.steps;
+    return n;
+  }
   // latencies (seconds)
   Histogram ttft{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
   Histogram itl{{0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2}};

@@ -69,7 +69,7 @@ std::string render_prometheus(const MetricsSnapshot& m) {
          m.prefix_cache_hit_tokens);
   single(out, "tandem_prefix_cache_queried_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.",
          m.prefix_cache_queried_tokens);
-  single(out, "tandem_engine_steps_total", "counter", "Engine steps (batched forward passes).", m.steps);
+  single(out, "tandem_engine_steps_total", "counter", "Engine steps (batched forward passes).", m.steps());
   using PT = MetricsSnapshot::PhaseTotals;
   per_phase(out, "tandem_engine_phase_steps_total", "Engine steps by phase (decode-only, prefill-only, mixed).", m,
             [](const PT& t) { return t.steps; });
