@@ -35,7 +35,6 @@ StreamTuning detect() {
     }
     if (std::strcmp(e, "1") == 0) {
       t.software_prefetch = true;
-      if (t.panel_prefetch_bytes == 0) t.panel_prefetch_bytes = 16384;
       t.panel_prefetch_min_rows = 1;
     }
   }

@@ -28,7 +28,7 @@ struct StreamTuning {
 };
 
 // Detected once from CPUID; TANDEM_PREFETCH=0 turns every software prefetch
-// off, 1 turns them on (the panels' at this CPU's distance, or 16 KB).
+// off, 1 turns them on (the panels' at this CPU's distance, for any rows).
 const StreamTuning& stream_tuning();
 
 // Tests: runs the kernels under another tuning while in scope. Every tuning
