@@ -60,22 +60,29 @@ struct Matrix {
   // The same copies repacked into panels (kernels/prepack.h), made on demand.
   std::unique_ptr<uint8_t, decltype(&std::free)> packed{nullptr, &std::free};
   size_t packed_bytes = 0;
+  bool tiles = false;  // packed holds tiles, not panels
   WeightMatrix P(int i) const {
     WeightMatrix w = W(i);
-    w.packed = packed.get() + (i % copies) * packed_bytes;
+    (tiles ? w.tiles : w.packed) = packed.get() + (i % copies) * packed_bytes;
     return w;
   }
 };
 
-// Packs every copy of m once (false when its type is not prepacked).
+// Repacks every copy of m once as a model load would: panels (q8_0) or
+// tiles (q4_0, q4_K); false when its type is neither.
 bool ensure_packed(Matrix& m, ThreadPool& pool) {
   if (m.packed) return true;
-  const size_t pb = prepacked_bytes(m.w0, active_kernel_level());
-  if (pb == 0) return false;
-  const size_t stride = (pb + 63) / 64 * 64;
+  const KernelLevel level = active_kernel_level();
+  const size_t pb = prepacked_bytes(m.w0, level), tb = pb ? 0 : tiles_bytes(m.w0, level);
+  if (pb == 0 && tb == 0) return false;
+  const size_t stride = (std::max(pb, tb) + 63) / 64 * 64;
   m.packed.reset(static_cast<uint8_t*>(std::aligned_alloc(64, stride * m.copies)));
   m.packed_bytes = stride;
-  for (int c = 0; c < m.copies; ++c) prepack(m.W(c), active_kernel_level(), m.packed.get() + c * stride, pool);
+  m.tiles = tb != 0;
+  for (int c = 0; c < m.copies; ++c) {
+    if (m.tiles) write_tiles(m.W(c), m.packed.get() + c * stride, 0, m.w0.rows / 16, pool);
+    else prepack(m.W(c), level, m.packed.get() + c * stride, pool);
+  }
   return true;
 }
 
@@ -131,7 +138,8 @@ void old_matmul(const WeightMatrix& W, const float* x, int64_t n_rows, float* y,
   });
 }
 
-// args: type index, N, K, M, threads, mode (0: file layout, 1: old, 2: prepacked,
+// args: type index, N, K, M, threads, mode (0: file layout, 1: old, 2: as loaded
+// (q8_0 panels, q4_0 / q4_K tiles),
 // 3: file layout, always the same copy: from cache when it fits, the kernel's
 // compute speed without the memory stream)
 void BM_Gemm(benchmark::State& state) {
@@ -216,6 +224,10 @@ void gemv_args(benchmark::internal::Benchmark* b) {
   // K-quant row kernels with a few activation rows (decode of a few sequences).
   for (int ti : {1, 2, 4, 5})
     for (int m : {2, 3, 4, 6, 8, 16}) b->Args({ti, 5632, 2048, m, 2, 0});
+  // q4_0 and q4_K in their tiles, as a model loads them.
+  for (int ti : {1, 2})
+    for (int m : {1, 2, 3, 4, 6, 8, 16, 32, 64, 128}) b->Args({ti, 5632, 2048, m, 2, 2});
+  b->Args({2, 5632, 2048, 1, 1, 2});
   // Compute speed of the row kernels: 384 rows (1.5 MiB or less) read from L2.
   for (int ti = 0; ti < 7; ++ti) b->Args({ti, 384, 2048, 1, 1, 3});
 }

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"
+#include "kernels/k4_tiles.h"
 #include "kernels/matmul.h"
 #include "kernels/prepack.h"
 #include "kernels/stream_tuning.h"
@@ -36,12 +37,13 @@ WeightMatrix quantized(GgmlType type, int64_t rows, int64_t cols, std::mt19937& 
   return WeightMatrix{type, w.data(), cols, rows, rb};
 }
 
-// Products of W and of its repacked form R, bit for bit, for 1-17 activation rows.
+// Products of W and of its repacked form R, bit for bit, for 1-70 activation
+// rows (q4_K tiles take the row-wise path up to 64, then panels packed from the tiles).
 void expect_same_products(const WeightMatrix& W, const WeightMatrix& R, KernelLevel level, std::mt19937& rng,
                           ThreadPool& pool) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   Matmul file_layout(level), repacked(level);
-  for (int64_t n : {1, 2, 3, 8, 9, 17}) {
+  for (int64_t n : {1, 2, 3, 4, 5, 8, 9, 17, 70}) {
     std::vector<float> x(n * W.cols);
     for (auto& v : x) v = normal(rng);
     std::vector<float> ya(n * W.rows), yb(n * W.rows);
@@ -101,48 +103,74 @@ TEST(KernelsPrepack, PrepackedProductsEqualPackingOnTheFly) {
   }
 }
 
-// The q4_0 tiles layout: the same products and rows as the file's layout,
-// with the whole tiles' file bytes overwritten (so a read of them shows).
-TEST(KernelsPrepack, Q40TilesEqualTheFileLayout) {
+// The tiles layouts (q4_0, q4_K): the same products and rows as the file's
+// layout, with the whole tiles' file bytes overwritten (so a read of them shows).
+TEST(KernelsPrepack, TilesEqualTheFileLayout) {
   std::mt19937 rng(12);
   ThreadPool pool(2);
   int levels_with_tiles = 0;
-  for (KernelLevel level : kAllKernelLevels) {
-    if (!cpu_supports_level(level)) continue;
-    const std::pair<int64_t, int64_t> shapes[] = {{37, 96}, {16, 32}, {301, 256}, {5, 2080}, {48, 160}, {33, 2080}};
-    for (auto [rows, cols] : shapes) {
-      std::vector<uint8_t> w;
-      const WeightMatrix W = quantized(GgmlType::Q4_0, rows, cols, rng, w);
-      const size_t rb = W.row_stride;
-      const size_t bytes = q40_tiles_bytes(W, level);
-      if (bytes == 0) {
-        EXPECT_TRUE(rows < 16 || level < KernelLevel::kAvx512Vnni) << rows << " rows";
-        continue;
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_K}) {
+    const bool k4 = type == GgmlType::Q4_K;
+    const std::vector<std::pair<int64_t, int64_t>> shapes =
+        k4 ? std::vector<std::pair<int64_t, int64_t>>{{37, 256}, {16, 512}, {48, 1280}, {5, 256}, {33, 768}}
+           : std::vector<std::pair<int64_t, int64_t>>{{37, 96}, {16, 32}, {301, 256}, {5, 2080}, {48, 160}, {33, 2080}};
+    for (KernelLevel level : kAllKernelLevels) {
+      if (!cpu_supports_level(level)) continue;
+      for (auto [rows, cols] : shapes) {
+        std::vector<uint8_t> w;
+        const WeightMatrix W = quantized(type, rows, cols, rng, w);
+        const size_t rb = W.row_stride;
+        const size_t bytes = tiles_bytes(W, level);
+        if (bytes == 0) {
+          EXPECT_TRUE(rows < 16 || level < KernelLevel::kAvx512Vnni) << rows << " rows";
+          continue;
+        }
+        ++levels_with_tiles;
+        // q4_0: the file's bytes rearranged; q4_K: 2368 bytes per 16 rows x 256.
+        ASSERT_EQ(bytes, static_cast<size_t>(rows / 16) * (k4 ? 2368u * (cols / 256) : 16 * rb));
+        Packed buf(bytes);
+        write_tiles(W, buf.p, 0, rows / 16, pool);
+        std::vector<uint8_t> spoiled = w;
+        std::fill(spoiled.begin(), spoiled.begin() + static_cast<int64_t>(rows / 16 * 16 * rb), 0xFF);  // NaN scales
+        WeightMatrix T = W;
+        T.data = spoiled.data();
+        T.tiles = buf.p;
+        std::vector<float> raw_row(cols), tiled_row(cols);
+        for (int64_t r = 0; r < rows; ++r) {
+          dequantize_row(type, W.row(r), raw_row.data(), cols);
+          dequantize_prepacked_row(T, level, r, tiled_row.data());
+          ASSERT_EQ(raw_row, tiled_row) << "row " << r;
+        }
+        expect_same_products(W, T, level, rng, pool);
+        // Kernels that do not read the layout refuse it rather than read the spoiled rows.
+        Matmul scalar(KernelLevel::kScalar);
+        std::vector<float> x(cols, 1.0f), y(rows);
+        EXPECT_THROW(scalar.run(T, x.data(), cols, 1, y.data(), rows, pool), Error);
       }
-      ++levels_with_tiles;
-      ASSERT_EQ(bytes, static_cast<size_t>(rows / 16 * 16) * rb);
-      Packed buf(bytes);
-      write_q40_tiles(W, buf.p, 0, rows / 16, pool);
-      std::vector<uint8_t> spoiled = w;
-      std::fill(spoiled.begin(), spoiled.begin() + static_cast<int64_t>(rows / 16 * 16 * rb), 0xFF);  // NaN scales
-      WeightMatrix T = W;
-      T.data = spoiled.data();
-      T.tiles = buf.p;
-      std::vector<float> raw_row(cols), tiled_row(cols);
-      for (int64_t r = 0; r < rows; ++r) {
-        dequantize_row(GgmlType::Q4_0, W.row(r), raw_row.data(), cols);
-        dequantize_prepacked_row(T, level, r, tiled_row.data());
-        ASSERT_EQ(raw_row, tiled_row) << "row " << r;
-      }
-      expect_same_products(W, T, level, rng, pool);
-      // Kernels that do not read the layout refuse it rather than read the spoiled rows.
-      Matmul scalar(KernelLevel::kScalar);
-      std::vector<float> x(cols, 1.0f), y(rows);
-      EXPECT_THROW(scalar.run(T, x.data(), cols, 1, y.data(), rows, pool), Error);
     }
   }
   if (cpu_supports_level(KernelLevel::kAvx512Vnni)) {
     EXPECT_GT(levels_with_tiles, 0);
+  }
+}
+
+// A q4_K tile block gives back the file's 144 bytes of each of its rows.
+TEST(KernelsPrepack, K4TileBlocksRoundTrip) {
+  std::mt19937 rng(13);
+  std::vector<uint8_t> w;
+  const WeightMatrix W = quantized(GgmlType::Q4_K, 16, 512, rng, w);
+  // Extreme scales and mins too (6-bit 63 and 0), not only what quantizing normals gives.
+  for (int n = 0; n < 16; n += 5) std::fill_n(w.data() + n * W.row_stride + 4, 12, n % 2 ? 0xFF : 0x00);
+  const uint8_t* rows[16];
+  for (int n = 0; n < 16; ++n) rows[n] = W.row(n);
+  std::vector<uint8_t> tile(k4_tiles::kBlockBytes);
+  for (int64_t b = 0; b < 2; ++b) {
+    k4_tiles::write_block(rows, b, tile.data());
+    for (int n = 0; n < 16; ++n) {
+      uint8_t back[144];
+      k4_tiles::read_block(tile.data(), n, back);
+      EXPECT_TRUE(std::equal(back, back + 144, W.row(n) + b * 144)) << "row " << n << " block " << b;
+    }
   }
 }
 
@@ -153,7 +181,7 @@ TEST(KernelsPrepack, OnlyTypesWhosePanelsAreNotLarger) {
     if (!cpu_supports_level(level)) continue;  // e.g. avx2-vnni on AMD Zen 4
     EXPECT_EQ(prepacked_bytes(q4, level), 0u);
     // q4_0 is rearranged, not widened: 16 rows x 2 blocks x 18 bytes.
-    EXPECT_EQ(q40_tiles_bytes(q4, level), level >= KernelLevel::kAvx512Vnni ? 16u * 2u * 18u : 0u);
+    EXPECT_EQ(tiles_bytes(q4, level), level >= KernelLevel::kAvx512Vnni ? 16u * 2u * 18u : 0u);
   }
   const std::vector<uint8_t> w8(row_bytes(GgmlType::Q8_0, 64) * 17);
   const WeightMatrix q8{GgmlType::Q8_0, w8.data(), 64, 17, row_bytes(GgmlType::Q8_0, 64)};

@@ -17,6 +17,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm_avx512_conv.h"
 #include "kernels/gemm_pack.h"
+#include "kernels/k4_tiles.h"
 #include "kernels/q40_tiles.h"
 
 #define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
@@ -160,6 +161,28 @@ TD_FN void pack_q40_tile(const uint8_t* tile, int64_t nb, int64_t b0, int64_t b1
   }
 }
 
+// Panels from a q4_K tile (kernels/k4_tiles.h): already one lane per row,
+// so packing only widens the scales and splits the nibbles.
+TD_FN void pack_k4_tile(const uint8_t* tile, int64_t b0, int64_t b1, uint8_t* panel) {
+  using namespace k4_tiles;
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int64_t b = b0; b < b1; ++b, panel += K4Panel::kBytes) {
+    const uint8_t* t = tile + b * kBlockBytes;
+    _mm512_storeu_ps(panel + K4Panel::kD, _mm512_cvtph_ps(load256(t + kD)));
+    _mm512_storeu_ps(panel + K4Panel::kDmin, _mm512_cvtph_ps(load256(t + kDmin)));
+    for (int j = 0; j < 8; ++j)
+      _mm512_storeu_si512(panel + K4Panel::kSc + 64 * j,
+                          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + kSc + 16 * j))));
+    for (int e = 0; e < 4; ++e)
+      _mm512_storeu_si512(panel + K4Panel::kMins + 64 * e, _mm512_cvtepu8_epi16(load256(t + kMins + 32 * e)));
+    for (int p = 0; p < 32; ++p) {
+      const __m512i z = _mm512_loadu_si512(t + kQ + 64 * p);
+      _mm512_storeu_si512(panel + K4Panel::kQ + 64 * p, _mm512_and_si512(z, m4));
+      _mm512_storeu_si512(panel + K4Panel::kQ + 64 * (p + 32), _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
+    }
+  }
+}
+
 }  // namespace
 
 TD_ATTR void avx512_pack_q32(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
@@ -179,6 +202,7 @@ TD_ATTR void avx512_pack_q32(const WeightMatrix& W, int64_t o0, int64_t b0, int6
 
 TD_ATTR void avx512_pack_k4(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
   if (o0 + kGemmTile > W.rows) return pack_k4_ref(W, o0, b0, b1, panel);
+  if (W.tiles) return pack_k4_tile(W.tiles + (o0 / kGemmTile) * k4_tiles::tile_bytes(W.cols / kQKK), b0, b1, panel);
   const uint8_t* rows[16];
   row_pointers(W, o0, rows);
   if (W.type == GgmlType::Q5_K) return pack_k4_rows<BlockQ5K>(rows, b0, b1, panel);

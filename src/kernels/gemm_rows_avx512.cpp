@@ -26,6 +26,7 @@
 #include "core/blocks.h"
 #include "kernels/gemm_avx512_conv.h"
 #include "kernels/gemm_avx512_pack.h"
+#include "kernels/k4_tiles.h"
 #include "kernels/q40_tiles.h"
 #include "kernels/stream_tuning.h"
 #include "kernels/transpose_avx2.h"
@@ -448,6 +449,71 @@ TD_FN void k4_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, flo
   for (int m = 0; m < NA; ++m) y[m * ldy] = _mm_cvtss_f32(acc[m]);
 }
 
+// q4_K, 16 weight rows in the tiles layout (kernels/k4_tiles.h): lane n is
+// row n throughout. dpbusd against a broadcast of 4 activation quants gives
+// the 16 rows' partial sums at once, so the sub-block sums need no
+// reduction, the scales multiply whole vectors (one vpmulld per sub-block
+// for 16 rows) and the 16 float chains advance in one FMA per term. The
+// high nibbles are masked in place (0xF0), which makes their sums 16 times
+// too large; the scaled sums of the four high sub-blocks are divided back
+// once, exactly (each term is a multiple of 16, and |16 I| < 2^28). Same
+// integers I and M, same float steps as the kernels above: the same bits.
+template <int NA>
+TD_FN void k4_tile16(const uint8_t* tile, const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
+  using namespace k4_tiles;
+  const __m512i lo4 = _mm512_set1_epi8(0x0F), hi4 = _mm512_set1_epi8(static_cast<char>(0xF0));
+  __m512 acc[NA];
+  for (int m = 0; m < NA; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < A.nb; ++b) {
+    const uint8_t* blk = tile + b * kBlockBytes;
+    prefetch_ahead(blk, kBlockBytes, pf);
+    // In address order: Zen 4 streams worse when a block is read out of order.
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kD)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kDmin)));
+    const int8_t* a[NA];
+    __m512i M[NA], Ilo[NA], Ihi[NA];
+    for (int m = 0; m < NA; ++m) {
+      a[m] = A.qgroup(r + m) + b * kQKK;
+      M[m] = Ilo[m] = Ihi[m] = _mm512_setzero_si512();
+    }
+    for (int e = 0; e < 4; ++e) {
+      const __m512i mw = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kMins + 32 * e)));
+      for (int m = 0; m < NA; ++m) M[m] = _mm512_dpwssd_epi32(M[m], mw, _mm512_set1_epi32(A.egroup(r + m)[b * 4 + e]));
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      __m512i slo[NA], shi[NA];
+      for (int m = 0; m < NA; ++m) slo[m] = shi[m] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        const int p = 8 * j + i;
+        const __m512i z = _mm512_loadu_si512(blk + kQ + 64 * p);
+        const __m512i lo = _mm512_and_si512(z, lo4), hi = _mm512_and_si512(z, hi4);
+        for (int m = 0; m < NA; ++m) {
+          int32_t al, ah;
+          std::memcpy(&al, a[m] + 4 * p, 4);
+          std::memcpy(&ah, a[m] + 128 + 4 * p, 4);
+          slo[m] = _mm512_dpbusd_epi32(slo[m], lo, _mm512_set1_epi32(al));
+          shi[m] = _mm512_dpbusd_epi32(shi[m], hi, _mm512_set1_epi32(ah));
+        }
+      }
+      const __m512i sl = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kSc + 16 * j)));
+      const __m512i sh = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kSc + 16 * (j + 4))));
+      for (int m = 0; m < NA; ++m) {
+        Ilo[m] = _mm512_add_epi32(Ilo[m], _mm512_mullo_epi32(slo[m], sl));
+        Ihi[m] = _mm512_add_epi32(Ihi[m], _mm512_mullo_epi32(shi[m], sh));
+      }
+    }
+    for (int m = 0; m < NA; ++m) {
+      const __m512i I = _mm512_add_epi32(Ilo[m], _mm512_srai_epi32(Ihi[m], 4));
+      const __m512 da = _mm512_set1_ps(A.sgroup(r + m)[b]);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(d, da), acc[m]);
+      acc[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[m]), _mm512_mul_ps(dmin, da), acc[m]);
+    }
+  }
+  for (int m = 0; m < NA; ++m) _mm512_storeu_ps(y + m * ldy, acc[m]);
+}
+
 // The 256 quants of a q6_K super-block, +32 (0..63): q[c] holds elements
 // 64c .. 64c + 63 in order.
 TD_FN void k6_quants(const uint8_t* blk, __m512i q[4]) {
@@ -806,7 +872,24 @@ TD_ATTR void rows_q32(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmA
 template <typename Tile>
 TD_ATTR void rows_quant(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
                         float* y, int64_t ldy) {
-  quant_rows<Tile>(W, o0, o1, A, r0, r1, y, ldy);
+  if constexpr (std::is_same_v<Tile, K4Tile<BlockQ4K>>) {
+    if (W.tiles) {
+      // Whole tiles from W.tiles only (o0 is a tile's first row), one stream.
+      const size_t tb = k4_tiles::tile_bytes(A.nb);
+      const int64_t pf = stream_tuning().software_prefetch ? kPrefetchBytes : 0;
+      for (; o0 + 16 <= o1; o0 += 16) {
+        const uint8_t* tile = W.tiles + (o0 / 16) * tb;
+        for (int64_t r = r0; r < r1;) {
+          const int64_t left = r1 - r;
+          if (left >= 4) k4_tile16<4>(tile, A, r, y + r * ldy + o0, ldy, pf), r += 4;
+          else if (left == 3) k4_tile16<3>(tile, A, r, y + r * ldy + o0, ldy, pf), r += 3;
+          else if (left == 2) k4_tile16<2>(tile, A, r, y + r * ldy + o0, ldy, pf), r += 2;
+          else k4_tile16<1>(tile, A, r, y + r * ldy + o0, ldy, pf), r += 1;
+        }
+      }
+    }
+  }
+  if (o0 < o1) quant_rows<Tile>(W, o0, o1, A, r0, r1, y, ldy);
 }
 
 // ---- float class ----

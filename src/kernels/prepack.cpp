@@ -2,11 +2,13 @@
 
 #include <cstring>
 
+#include "core/blocks.h"
 #include "core/error.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_pack.h"
+#include "kernels/k4_tiles.h"
 #include "kernels/q40_tiles.h"
 
 namespace tandem {
@@ -36,12 +38,29 @@ void prepack_tiles(const WeightMatrix& W, KernelLevel level, uint8_t* out, int64
   });
 }
 
-size_t q40_tiles_bytes(const WeightMatrix& W, KernelLevel level) {
-  if (W.type != GgmlType::Q4_0 || W.rows < kGemmTile || !gemm_kernel(W.type, level).reads_tiles) return 0;
-  return static_cast<size_t>(q40_tiles::whole_tiles(W.rows)) * q40_tiles::tile_bytes(W.cols / kQK);
+size_t tiles_bytes(const WeightMatrix& W, KernelLevel level) {
+  if (W.rows < kGemmTile || !gemm_kernel(W.type, level).reads_tiles) return 0;
+  const int64_t tiles = W.rows / kGemmTile;
+  switch (W.type) {
+    case GgmlType::Q4_0: return static_cast<size_t>(tiles) * q40_tiles::tile_bytes(W.cols / kQK);
+    case GgmlType::Q4_K: return static_cast<size_t>(tiles) * k4_tiles::tile_bytes(W.cols / kQKK);
+    default: return 0;
+  }
 }
 
-void write_q40_tiles(const WeightMatrix& W, uint8_t* out, int64_t t0, int64_t t1, ThreadPool& pool) {
+void write_tiles(const WeightMatrix& W, uint8_t* out, int64_t t0, int64_t t1, ThreadPool& pool) {
+  if (W.type == GgmlType::Q4_K) {
+    const int64_t nb = W.cols / kQKK;
+    pool.parallel_for(t1 - t0, 16, [&](int64_t a, int64_t b) {
+      for (int64_t t = t0 + a; t < t0 + b; ++t) {
+        const uint8_t* rows[k4_tiles::kRows];
+        for (int n = 0; n < k4_tiles::kRows; ++n) rows[n] = W.row(t * k4_tiles::kRows + n);
+        for (int64_t blk = 0; blk < nb; ++blk)
+          k4_tiles::write_block(rows, blk, out + t * k4_tiles::tile_bytes(nb) + blk * k4_tiles::kBlockBytes);
+      }
+    });
+    return;
+  }
   using namespace q40_tiles;
   const int64_t nb = W.cols / kQK, steps = (nb + kStepBlocks - 1) / kStepBlocks;
   pool.parallel_for(t1 - t0, 16, [&](int64_t a, int64_t b) {
@@ -56,9 +75,17 @@ void write_q40_tiles(const WeightMatrix& W, uint8_t* out, int64_t t0, int64_t t1
 void dequantize_prepacked_row(const WeightMatrix& W, KernelLevel level, int64_t r, float* out) {
   using gemm_detail::Q32Panel;
   if (!W.packed) {
+    if (!W.tiles || r >= W.rows / kGemmTile * kGemmTile) return dequantize_row(W.type, W.row(r), out, W.cols);
+    if (W.type == GgmlType::Q4_K) {
+      const int64_t nb = W.cols / kQKK;
+      uint8_t blk[sizeof(BlockQ4K)];
+      for (int64_t b = 0; b < nb; ++b) {
+        k4_tiles::read_block(k4_tiles::block(W.tiles, nb, r, b), static_cast<int>(r % k4_tiles::kRows), blk);
+        dequantize_row(W.type, blk, out + b * kQKK, kQKK);
+      }
+      return;
+    }
     const int64_t nb = W.cols / kQK;
-    if (!W.tiles || r >= q40_tiles::whole_tiles(W.rows) * q40_tiles::kRows)
-      return dequantize_row(W.type, W.row(r), out, W.cols);
     for (int64_t b = 0; b < nb; ++b) dequantize_row(W.type, q40_tiles::block(W.tiles, nb, r, b), out + b * kQK, kQK);
     return;
   }

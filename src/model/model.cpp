@@ -59,7 +59,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, PrepackMode prepack)
 void Model::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
 // Repacks the matrices `mode` names (kernels/prepack.h): with kAuto those
-// whose panels are no larger than the file's bytes, and q4_0 ones into tiles
+// whose panels are no larger than the file's bytes, and q4_0 / q4_K ones into tiles
 // where the kernels read them. Drops the file's pages of what was copied.
 // TANDEM_PREPACK=0 keeps every weight in the file (for comparisons).
 void Model::prepack_weights(PrepackMode mode) {
@@ -71,15 +71,15 @@ void Model::prepack_weights(PrepackMode mode) {
     for (WeightMatrix* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) all.push_back(W);
   std::unique_ptr<ThreadPool> pool;
   for (WeightMatrix* W : all) {
-    // Panels for every row (q8_0; any type under kAll), else q4_0 tiles for
-    // the whole 16-row tiles.
+    // Panels for every row (q8_0; any type under kAll), else q4_0 / q4_K
+    // tiles for the whole 16-row tiles.
     const size_t panels = prepacked_bytes(*W, level, mode);
-    const size_t bytes = panels ? panels : q40_tiles_bytes(*W, level);
+    const size_t bytes = panels ? panels : tiles_bytes(*W, level);
     if (bytes == 0) continue;
     // Embedding lookups read q32 panels and tiles (dequantize_prepacked_row);
-    // a tied embedding in a K-quant keeps its file rows for them.
+    // a tied embedding in K-quant panels keeps its file rows for them.
     const bool tied = w_.tok_embd.data == W->data;
-    const bool lookups_in_panels = gemm_class(W->type) == GemmClass::kQ32;
+    const bool lookups_in_panels = !panels || gemm_class(W->type) == GemmClass::kQ32;
     if (!pool) pool = std::make_unique<ThreadPool>(0);
     uint8_t* buf = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
     if (!buf) fail(ErrorKind::kResource, "out of memory repacking {} bytes of weights", bytes);
@@ -91,7 +91,7 @@ void Model::prepack_weights(PrepackMode mode) {
     for (int64_t t0 = 0; t0 < tiles; t0 += kSliceTiles) {
       const int64_t t1 = std::min(tiles, t0 + kSliceTiles);
       if (panels) prepack_tiles(*W, level, buf, t0, t1, *pool);
-      else write_q40_tiles(*W, buf, t0, t1, *pool);
+      else write_tiles(*W, buf, t0, t1, *pool);
       const int64_t r0 = t0 * kGemmTile, r1 = std::min(W->rows, t1 * kGemmTile);
       if (!tied || lookups_in_panels)
         file_->release_pages(W->row(r0), static_cast<size_t>(r1 - r0) * W->row_stride);
