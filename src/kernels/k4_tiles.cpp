@@ -20,10 +20,15 @@ void write_block(const uint8_t* const rows[kRows], int64_t b, uint8_t* out) {
       out[kMins + 32 * (j / 2) + 2 * n + j % 2] = m;
     }
     // File: qs[32c + l] holds element 64c + l (low nibble) and 64c + 32 + l (high).
-    auto element = [&x](int k) { return (x.qs[32 * (k / 64) + k % 32] >> (4 * ((k / 32) % 2))) & 0xF; };
+    uint8_t e[256];
+    for (int c = 0; c < 4; ++c)
+      for (int l = 0; l < 32; ++l) {
+        e[64 * c + l] = x.qs[32 * c + l] & 0xF;
+        e[64 * c + 32 + l] = x.qs[32 * c + l] >> 4;
+      }
     for (int p = 0; p < 32; ++p)
       for (int i = 0; i < 4; ++i)
-        out[kQ + 64 * p + 4 * n + i] = static_cast<uint8_t>(element(4 * p + i) | (element(128 + 4 * p + i) << 4));
+        out[kQ + 64 * p + 4 * n + i] = static_cast<uint8_t>(e[4 * p + i] | (e[128 + 4 * p + i] << 4));
   }
 }
 
