@@ -227,7 +227,7 @@ void gemv_args(benchmark::internal::Benchmark* b) {
   // q4_0 and q4_K in their tiles, as a model loads them.
   for (int ti : {1, 2})
     for (int m : {1, 2, 3, 4, 6, 8, 16, 32, 64, 128}) b->Args({ti, 5632, 2048, m, 2, 2});
-  b->Args({2, 5632, 2048, 1, 1, 2});
+  for (int ti : {1, 2}) b->Args({ti, 5632, 2048, 1, 1, 2});
   // Compute speed of the row kernels: 384 rows (1.5 MiB or less) read from L2.
   for (int ti = 0; ti < 7; ++ti) b->Args({ti, 384, 2048, 1, 1, 3});
 }

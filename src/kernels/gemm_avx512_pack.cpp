@@ -139,25 +139,26 @@ TD_FN void row_pointers(const WeightMatrix& W, int64_t o0, const uint8_t* rows[1
   for (int n = 0; n < 16; ++n) rows[n] = W.row(o0 + n);
 }
 
-// Blocks [b0, b1) of the tile at `tile` in the q4_0 tiles layout: per step,
-// row pointers placed so that rows[n] + b * 18 is block b of row n.
-// The file's 16 rows are 16 streams that the hardware prefetchers run ahead
-// on while the kernel works on a chunk; the tiles are one, which they do
-// not run as far ahead (prefill at P = 64 lost ~12% until this), so each
-// step fetches the step one chunk ahead (the next chunk or tile) into L2.
+// Panels from a q4_0 tile (kernels/q40_tiles.h), blocks [b0, b1): already
+// one lane per row, so packing copies the scales and splits the nibbles.
+// The tile is one stream, which the hardware prefetchers do not run as far
+// ahead as the file's 16 rows (prefill at P = 64 lost ~12% that way), so
+// each step fetches the one a chunk ahead into L2.
 TD_FN void pack_q40_tile(const uint8_t* tile, int64_t nb, int64_t b0, int64_t b1, uint8_t* panel) {
   using namespace q40_tiles;
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
   const int64_t ahead = (b1 - b0) * kRows * static_cast<int64_t>(sizeof(BlockQ4_0));
-  for (int64_t b = b0; b < b1;) {
-    const int64_t s = b / kStepBlocks, e = std::min(b1, (s + 1) * kStepBlocks);
-    for (size_t i = 0; i < kStepBytes; i += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(tile + step_offset(s) + ahead + i), _MM_HINT_T1);
-    const uint8_t* rows[16];
-    for (int n = 0; n < 16; ++n)
-      rows[n] = tile + step_offset(s) + n * step_row_bytes(nb, s) - s * kStepBlocks * sizeof(BlockQ4_0);
-    pack_q32_rows<Q4_0Conv>(rows, b, e, panel);
-    panel += (e - b) * Q32Panel::kBytes;
-    b = e;
+  for (int64_t b = b0; b < b1; ++b, panel += Q32Panel::kBytes) {
+    if (b == b0 || b % kStepBlocks == 0)
+      for (size_t i = 0; i < kStepBytes; i += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(tile + d_offset(b) + ahead + i), _MM_HINT_T1);
+    std::memcpy(panel + Q32Panel::kD, tile + d_offset(b), 32);
+    const uint8_t* q = tile + q_offset(nb, b);
+    for (int c = 0; c < 4; ++c) {
+      const __m512i z = _mm512_loadu_si512(q + 64 * c);
+      _mm512_storeu_si512(panel + Q32Panel::kQ + 64 * c, _mm512_and_si512(z, m4));
+      _mm512_storeu_si512(panel + Q32Panel::kQ + 64 * (c + 4), _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
+    }
   }
 }
 

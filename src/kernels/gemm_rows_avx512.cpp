@@ -777,10 +777,9 @@ TD_FN void q40_step16(const uint8_t* w, size_t stride, const int8_t* const aq[NA
   }
 }
 
-// 16 weight rows x NA activation rows r.. of a q4_0 matrix: the file's rows
-// src + i * stride, or (kTiles) one tile of the tiles layout at src
-// (kernels/q40_tiles.h), whose steps are read as one stream.
-template <int NA, bool kTiles>
+// 16 weight rows x NA activation rows r.. of a q4_0 matrix in the file's
+// rows src + i * stride.
+template <int NA>
 TD_FN void q40_tile16(const uint8_t* src, size_t stride, const GemmActs& A, int64_t r, float* y, int64_t ldy,
                       int64_t pf) {
   constexpr size_t kB = sizeof(BlockQ4_0);
@@ -797,13 +796,7 @@ TD_FN void q40_tile16(const uint8_t* src, size_t stride, const GemmActs& A, int6
       da[m] = A.sgroup(r + m) + b;
       ex[m] = A.egroup(r + m) + b;
     }
-    if constexpr (kTiles) {
-      const uint8_t* w = src + q40_tiles::step_offset(b / 4);
-      prefetch_ahead(w, q40_tiles::kStepBytes, pf);
-      q40_step16<NA, false>(w, q40_tiles::kRowStepBytes, aq, da, ex, 4, 0, acc);
-    } else {
-      q40_step16<NA, true>(src + b * kB, stride, aq, da, ex, 4, pf, acc);
-    }
+    q40_step16<NA, true>(src + b * kB, stride, aq, da, ex, 4, pf, acc);
   }
   if (b < nb) {
     // The last n < 4 blocks through zero-padded copies (no reads past the rows).
@@ -813,10 +806,7 @@ TD_FN void q40_tile16(const uint8_t* src, size_t stride, const GemmActs& A, int6
     // Scales and extras too: the step loads four of each.
     alignas(16) float dt[NA][4] = {};
     alignas(16) int32_t et[NA][4] = {};
-    for (int i = 0; i < 16; ++i) {
-      const uint8_t* row = kTiles ? src + q40_tiles::step_offset(b / 4) + i * n * kB : src + i * stride + b * kB;
-      std::memcpy(wt[i], row, n * kB);
-    }
+    for (int i = 0; i < 16; ++i) std::memcpy(wt[i], src + i * stride + b * kB, n * kB);
     for (int m = 0; m < NA; ++m) {
       std::memcpy(at[m], A.qgroup(r + m) + b * kQK, n * kQK);
       std::memcpy(dt[m], A.sgroup(r + m) + b, n * sizeof(float));
@@ -830,6 +820,51 @@ TD_FN void q40_tile16(const uint8_t* src, size_t stride, const GemmActs& A, int6
   for (int m = 0; m < NA; ++m) _mm512_storeu_ps(y + m * ldy, acc[m]);
 }
 
+// 16 weight rows x NA activation rows r.. of a q4_0 matrix from one tile of
+// the tiles layout (kernels/q40_tiles.h), lane n = row n, as k4_tile16 does
+// for q4_K: per block, 8 dpbusd for the 16 rows (the high nibbles masked in
+// place, their sum divided by 16 exactly), then S + extra and one 16-lane
+// FMA. The same integers and float steps as the kernels above.
+template <int NA>
+TD_FN void q40_lane16(const uint8_t* tile, const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
+  using namespace q40_tiles;
+  const int64_t nb = A.nb;
+  const __m512i lo4 = _mm512_set1_epi8(0x0F), hi4 = _mm512_set1_epi8(static_cast<char>(0xF0));
+  __m512 acc[NA];
+  for (int m = 0; m < NA; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t s = 0; s * kStepBlocks < nb; ++s) {
+    const int64_t n = step_blocks(nb, s);
+    const uint8_t* step = tile + s * kStepBytes;
+    prefetch_ahead(step, kStepBytes, pf);
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t b = s * kStepBlocks + k;
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(step + kBlockD * k)));
+      const uint8_t* q = step + kBlockD * n + kBlockQ * k;
+      __m512i slo[NA], shi[NA];
+      for (int m = 0; m < NA; ++m) slo[m] = shi[m] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const __m512i z = _mm512_loadu_si512(q + 64 * c);
+        const __m512i lo = _mm512_and_si512(z, lo4), hi = _mm512_and_si512(z, hi4);
+        for (int m = 0; m < NA; ++m) {
+          const int8_t* a = A.qgroup(r + m) + b * kQK;
+          int32_t al, ah;
+          std::memcpy(&al, a + 4 * c, 4);
+          std::memcpy(&ah, a + 16 + 4 * c, 4);
+          slo[m] = _mm512_dpbusd_epi32(slo[m], lo, _mm512_set1_epi32(al));
+          shi[m] = _mm512_dpbusd_epi32(shi[m], hi, _mm512_set1_epi32(ah));
+        }
+      }
+      for (int m = 0; m < NA; ++m) {
+        const __m512i sum = _mm512_add_epi32(_mm512_add_epi32(slo[m], _mm512_srai_epi32(shi[m], 4)),
+                                             _mm512_set1_epi32(A.egroup(r + m)[b]));
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(A.sgroup(r + m)[b])), acc[m]);
+      }
+    }
+  }
+  for (int m = 0; m < NA; ++m) _mm512_storeu_ps(y + m * ldy, acc[m]);
+}
+
 // q32 matrices: q4_0 16 weight rows at a time while they last (above); then
 // 8 rows at a time (one FMA per block for all 8 chains), then the 2-row tiles.
 template <typename Conv>
@@ -839,23 +874,25 @@ TD_ATTR void rows_q32(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmA
   if constexpr (std::is_same_v<Conv, Q4_0Conv>) {
     if (W.tiles) {
       // Whole tiles come from W.tiles only (their file pages may be gone);
-      // o0 is a tile's first row (GemmKernel::rows). One stream, 4 KB ahead:
-      // 1.1B decode 72-73 tok/s at 16 KB, 76 at 4 KB, 66-71 with none.
+      // o0 is a tile's first row (GemmKernel::rows). One stream, 4 KB ahead
+      // where the CPU wants software prefetch; activation rows four at a time.
       const size_t tb = q40_tiles::tile_bytes(A.nb);
       const int64_t pft = stream_tuning().software_prefetch ? kPrefetchBytes : 0;
       for (; o + 16 <= o1; o += 16) {
         const uint8_t* tile = W.tiles + (o / 16) * tb;
-        for (int64_t r = r0; r < r1; r += 2) {
-          if (r + 1 < r1) q40_tile16<2, true>(tile, 0, A, r, y + r * ldy + o, ldy, pft);
-          else q40_tile16<1, true>(tile, 0, A, r, y + r * ldy + o, ldy, pft);
-        }
+        float* yo = y + o;
+        int64_t r = r0;
+        for (; r + 4 <= r1; r += 4) q40_lane16<4>(tile, A, r, yo + r * ldy, ldy, pft);
+        if (r1 - r == 3) q40_lane16<3>(tile, A, r, yo + r * ldy, ldy, pft);
+        if (r1 - r == 2) q40_lane16<2>(tile, A, r, yo + r * ldy, ldy, pft);
+        if (r1 - r == 1) q40_lane16<1>(tile, A, r, yo + r * ldy, ldy, pft);
       }
     }
     const int64_t pf16 = prefetch_distance(W.row_stride, 16);
     for (; o + 16 <= o1; o += 16)
       for (int64_t r = r0; r < r1; r += 2) {
-        if (r + 1 < r1) q40_tile16<2, false>(W.row(o), W.row_stride, A, r, y + r * ldy + o, ldy, pf16);
-        else q40_tile16<1, false>(W.row(o), W.row_stride, A, r, y + r * ldy + o, ldy, pf16);
+        if (r + 1 < r1) q40_tile16<2>(W.row(o), W.row_stride, A, r, y + r * ldy + o, ldy, pf16);
+        else q40_tile16<1>(W.row(o), W.row_stride, A, r, y + r * ldy + o, ldy, pf16);
       }
   }
   const int64_t pf = prefetch_distance(W.row_stride, 8);

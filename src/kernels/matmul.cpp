@@ -22,11 +22,14 @@ constexpr size_t kPanelBytes = 32 * 1024;
 // 1219 / 846; q6_K 4: 604 / 1189, 6: 1215 / 1281. q4_0 and q5_0 already tie at 3.
 constexpr int64_t kRowwiseMaxRows = 2;
 constexpr int64_t kRowwiseMaxRowsKQuant = 5;
-// q4_K in its tiles (kernels/k4_tiles.h): the tile kernel does 16 rows' work
-// per dot product and stays ahead of packing panels from the tiles up to
-// ~128 rows (5632 x 2048, two Zen 4 cores: 16 rows 727-782 / 969-1062 us, 48:
-// 1919-1927 / 2318-2579, 64: 2520 / 3234, 128: 5478 / 5827); a 512-row
-// prefill measured 2-5% faster through the panels.
+// Weights in their tiles (q4_0, q4_K: kernels/q40_tiles.h, k4_tiles.h): the
+// tile kernels do 16 rows' work per dot product and stay ahead of packing
+// panels from the tiles up to about these many rows (5632 x 2048, two Zen 4
+// cores, tile kernel / panels: q4_K 16 rows 727-782 / 969-1062 us, 64: 2520
+// / 3234, 128: 5478 / 5827; q4_0 8 rows 495-540 / 663-678, 16: 813-939 /
+// 897-919, 32: 1443-1559 / 1382-1417). A 512-row q4_K prefill measured 2-5%
+// faster through the panels.
+constexpr int64_t kRowwiseMaxRowsQ40Tiles = 16;
 constexpr int64_t kRowwiseMaxRowsK4Tiles = 64;
 
 // Weight rows per range in the fallback path.
@@ -94,9 +97,9 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
   bool prepacked = kern.run != nullptr;
   for (const WeightMatrix* W : Ws) prepacked &= W->packed != nullptr;
   const GemmClass cls = gemm_class(W0.type);
-  bool k4_tiles = W0.type == GgmlType::Q4_K;
-  for (const WeightMatrix* W : Ws) k4_tiles &= W->tiles != nullptr;
-  const int64_t rowwise_max = k4_tiles                                          ? kRowwiseMaxRowsK4Tiles
+  bool tiles = true;
+  for (const WeightMatrix* W : Ws) tiles &= W->tiles != nullptr;
+  const int64_t rowwise_max = tiles ? (W0.type == GgmlType::Q4_0 ? kRowwiseMaxRowsQ40Tiles : kRowwiseMaxRowsK4Tiles)
                               : cls == GemmClass::kK4 || cls == GemmClass::kK6 ? kRowwiseMaxRowsKQuant
                                                                                : kRowwiseMaxRows;
   const bool packed = prepacked || (kern.run != nullptr && n_rows > rowwise_max);

@@ -61,14 +61,13 @@ void write_tiles(const WeightMatrix& W, uint8_t* out, int64_t t0, int64_t t1, Th
     });
     return;
   }
-  using namespace q40_tiles;
-  const int64_t nb = W.cols / kQK, steps = (nb + kStepBlocks - 1) / kStepBlocks;
+  const int64_t nb = W.cols / kQK;
   pool.parallel_for(t1 - t0, 16, [&](int64_t a, int64_t b) {
-    for (int64_t t = t0 + a; t < t0 + b; ++t)
-      for (int64_t s = 0; s < steps; ++s)
-        for (int j = 0; j < kRows; ++j)
-          std::memcpy(out + t * tile_bytes(nb) + step_offset(s) + j * step_row_bytes(nb, s),
-                      W.row(t * kRows + j) + s * kRowStepBytes, step_row_bytes(nb, s));
+    for (int64_t t = t0 + a; t < t0 + b; ++t) {
+      const uint8_t* rows[q40_tiles::kRows];
+      for (int n = 0; n < q40_tiles::kRows; ++n) rows[n] = W.row(t * q40_tiles::kRows + n);
+      q40_tiles::write_tile(rows, nb, out + t * q40_tiles::tile_bytes(nb));
+    }
   });
 }
 
@@ -86,7 +85,12 @@ void dequantize_prepacked_row(const WeightMatrix& W, KernelLevel level, int64_t 
       return;
     }
     const int64_t nb = W.cols / kQK;
-    for (int64_t b = 0; b < nb; ++b) dequantize_row(W.type, q40_tiles::block(W.tiles, nb, r, b), out + b * kQK, kQK);
+    const uint8_t* tile = W.tiles + (r / q40_tiles::kRows) * q40_tiles::tile_bytes(nb);
+    uint8_t blk[sizeof(BlockQ4_0)];
+    for (int64_t b = 0; b < nb; ++b) {
+      q40_tiles::read_block(tile, nb, static_cast<int>(r % q40_tiles::kRows), b, blk);
+      dequantize_row(W.type, blk, out + b * kQK, kQK);
+    }
     return;
   }
   const GemmKernel k = gemm_kernel(W.type, level);
