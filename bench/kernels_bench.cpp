@@ -69,7 +69,7 @@ struct Matrix {
 };
 
 // Repacks every copy of m once as a model load would: panels (q8_0) or
-// tiles (q4_0, q4_K); false when its type is neither.
+// tiles (q4_0, q5_0, q4_K); false when its type is neither.
 bool ensure_packed(Matrix& m, ThreadPool& pool) {
   if (m.packed) return true;
   const KernelLevel level = active_kernel_level();
@@ -224,10 +224,12 @@ void gemv_args(benchmark::internal::Benchmark* b) {
   // K-quant row kernels with a few activation rows (decode of a few sequences).
   for (int ti : {1, 2, 4, 5})
     for (int m : {2, 3, 4, 6, 8, 16}) b->Args({ti, 5632, 2048, m, 2, 0});
-  // q4_0 and q4_K in their tiles, as a model loads them.
-  for (int ti : {1, 2})
+  // q4_0, q5_0 and q4_K in their tiles, as a model loads them; q5_0 also in
+  // Gemma 3's shapes (K = 640: 20 blocks).
+  for (int ti : {1, 4, 2})
     for (int m : {1, 2, 3, 4, 6, 8, 16, 32, 64, 128}) b->Args({ti, 5632, 2048, m, 2, 2});
-  for (int ti : {1, 2}) b->Args({ti, 5632, 2048, 1, 1, 2});
+  for (int ti : {1, 4, 2}) b->Args({ti, 5632, 2048, 1, 1, 2});
+  for (int m : {1, 16}) b->Args({4, 2048, 640, m, 2, 2});
   // Compute speed of the row kernels: 384 rows (1.5 MiB or less) read from L2.
   for (int ti = 0; ti < 7; ++ti) b->Args({ti, 384, 2048, 1, 1, 3});
 }

@@ -103,13 +103,13 @@ TEST(KernelsPrepack, PrepackedProductsEqualPackingOnTheFly) {
   }
 }
 
-// The tiles layouts (q4_0, q4_K): the same products and rows as the file's
+// The tiles layouts (q4_0, q5_0, q4_K): the same products and rows as the file's
 // layout, with the whole tiles' file bytes overwritten (so a read of them shows).
 TEST(KernelsPrepack, TilesEqualTheFileLayout) {
   std::mt19937 rng(12);
   ThreadPool pool(2);
   int levels_with_tiles = 0;
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_K}) {
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K}) {
     const bool k4 = type == GgmlType::Q4_K;
     const std::vector<std::pair<int64_t, int64_t>> shapes =
         k4 ? std::vector<std::pair<int64_t, int64_t>>{{37, 256}, {16, 512}, {48, 1280}, {5, 256}, {33, 768}}
@@ -126,7 +126,7 @@ TEST(KernelsPrepack, TilesEqualTheFileLayout) {
           continue;
         }
         ++levels_with_tiles;
-        // q4_0: the file's bytes rearranged; q4_K: 2368 bytes per 16 rows x 256.
+        // q4_0, q5_0: the file's bytes rearranged; q4_K: 2368 bytes per 16 rows x 256.
         ASSERT_EQ(bytes, static_cast<size_t>(rows / 16) * (k4 ? 2368u * (cols / 256) : 16 * rb));
         Packed buf(bytes);
         write_tiles(W, buf.p, 0, rows / 16, pool);

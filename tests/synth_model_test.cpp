@@ -195,7 +195,7 @@ TEST(SynthModel, EveryTypeLoadsBackWithItsTensorTypes) {
   }
 }
 
-// Weights rearranged at load (q8_0 panels, q4_0 and q4_K tiles; kernels/prepack.h)
+// Weights rearranged at load (q8_0 panels, q4_0, q5_0 and q4_K tiles; kernels/prepack.h)
 // give the logits of the file's layout bit for bit, in prefill and decode,
 // with a separate output matrix (llama) and a tied one (qwen2: the embedding
 // lookup reads the new layout too).
@@ -235,7 +235,7 @@ TEST(SynthModel, RepackedWeightsGiveTheFileLayoutsLogits) {
       EXPECT_EQ(unpacked, 0u);
       if (cpu_supports_level(KernelLevel::kAvx512Vnni)) {
         EXPECT_GT(all, 0u);
-        if (s.type == "q8_0" || s.type == "q4_0" || s.type == "q4_k_m") {
+        if (s.type == "q8_0" || s.type == "q4_0" || s.type == "q5_0" || s.type == "q4_k_m") {
           EXPECT_GT(packed, 0u);
         }
       }

@@ -18,8 +18,8 @@ struct WeightMatrix {
   // The same weights already in the tiled kernels' panel layout (see
   // kernels/prepack.h), or null. When set, products read only these.
   const uint8_t* packed = nullptr;
-  // The same q4_0 / q4_K weights rearranged in 16-row tiles for the decode
-  // kernels (kernels/q40_tiles.h, kernels/k4_tiles.h), or null. When set,
+  // The same q4_0 / q5_0 / q4_K weights rearranged in 16-row tiles for the decode
+  // kernels (kernels/q32_tiles.h, kernels/k4_tiles.h), or null. When set,
   // products read the whole 16-row tiles from here and only the rows past
   // them from data.
   const uint8_t* tiles = nullptr;

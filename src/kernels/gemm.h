@@ -139,7 +139,7 @@ struct GemmKernel {
   // [o0, o1) and activation rows r in [r0, r1), weights read in place.
   void (*rows)(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& acts, int64_t r0, int64_t r1,
                float* y, int64_t ldy) = nullptr;
-  // pack and rows also read W.tiles (kernels/q40_tiles.h) when it is set;
+  // pack and rows also read W.tiles (kernels/prepack.h) when it is set;
   // then o0 must be a multiple of kGemmTile, as Matmul's ranges are.
   bool reads_tiles = false;
   explicit operator bool() const { return rows != nullptr; }

@@ -20,6 +20,12 @@ namespace tandem::gemm_detail::avx512 {
 #define TD_CONV_FN __attribute__((target(TD_GEMM_AVX512))) inline
 
 TD_CONV_FN __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+// The 64-bit byte mask stored at p (q5_0 tiles' fifth bits).
+TD_CONV_FN __mmask64 mask64_at(const uint8_t* p) {
+  uint64_t m;
+  std::memcpy(&m, p, 8);
+  return m;
+}
 
 // 16 packed nibble bytes to 32 bytes: low nibbles, then high nibbles.
 TD_CONV_FN __m256i nibbles32(const uint8_t* qs) {

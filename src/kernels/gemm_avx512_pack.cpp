@@ -18,7 +18,7 @@
 #include "kernels/gemm_avx512_conv.h"
 #include "kernels/gemm_pack.h"
 #include "kernels/k4_tiles.h"
-#include "kernels/q40_tiles.h"
+#include "kernels/q32_tiles.h"
 
 #define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
 #define TD_FN TD_ATTR inline
@@ -139,25 +139,32 @@ TD_FN void row_pointers(const WeightMatrix& W, int64_t o0, const uint8_t* rows[1
   for (int n = 0; n < 16; ++n) rows[n] = W.row(o0 + n);
 }
 
-// Panels from a q4_0 tile (kernels/q40_tiles.h), blocks [b0, b1): already
-// one lane per row, so packing copies the scales and splits the nibbles.
-// The tile is one stream, which the hardware prefetchers do not run as far
-// ahead as the file's 16 rows (prefill at P = 64 lost ~12% that way), so
-// each step fetches the one a chunk ahead into L2.
-TD_FN void pack_q40_tile(const uint8_t* tile, int64_t nb, int64_t b0, int64_t b1, uint8_t* panel) {
-  using namespace q40_tiles;
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const int64_t ahead = (b1 - b0) * kRows * static_cast<int64_t>(sizeof(BlockQ4_0));
+// Panels from a q4_0 / q5_0 tile (kernels/q32_tiles.h), blocks [b0, b1):
+// already one lane per row, so packing copies the scales and splits the
+// nibbles (q5_0: adds the fifth bits). The tile is one stream, which the
+// hardware prefetchers do not run as far ahead as the file's 16 rows
+// (prefill at P = 64 lost ~12% that way), so each step fetches the one a
+// chunk ahead into L2.
+TD_FN void pack_q32_tile(const uint8_t* tile, int64_t nb, bool q5, int64_t b0, int64_t b1, uint8_t* panel) {
+  using namespace q32_tiles;
+  const __m512i m4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
+  const int64_t ahead = (b1 - b0) * static_cast<int64_t>(block_bytes(q5));
   for (int64_t b = b0; b < b1; ++b, panel += Q32Panel::kBytes) {
     if (b == b0 || b % kStepBlocks == 0)
-      for (size_t i = 0; i < kStepBytes; i += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(tile + d_offset(b) + ahead + i), _MM_HINT_T1);
-    std::memcpy(panel + Q32Panel::kD, tile + d_offset(b), 32);
-    const uint8_t* q = tile + q_offset(nb, b);
+      for (size_t i = 0; i < step_bytes(q5); i += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(tile + d_offset(b, q5) + ahead + i), _MM_HINT_T1);
+    std::memcpy(panel + Q32Panel::kD, tile + d_offset(b, q5), 32);
+    const uint8_t* q = tile + q_offset(nb, b, q5);
     for (int c = 0; c < 4; ++c) {
       const __m512i z = _mm512_loadu_si512(q + 64 * c);
-      _mm512_storeu_si512(panel + Q32Panel::kQ + 64 * c, _mm512_and_si512(z, m4));
-      _mm512_storeu_si512(panel + Q32Panel::kQ + 64 * (c + 4), _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
+      __m512i lo = _mm512_and_si512(z, m4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+      if (q5) {
+        const uint8_t* h = tile + h_offset(nb, b);
+        lo = _mm512_mask_add_epi8(lo, mask64_at(h + 8 * c), lo, bit4);
+        hi = _mm512_mask_add_epi8(hi, mask64_at(h + 8 * (c + 4)), hi, bit4);
+      }
+      _mm512_storeu_si512(panel + Q32Panel::kQ + 64 * c, lo);
+      _mm512_storeu_si512(panel + Q32Panel::kQ + 64 * (c + 4), hi);
     }
   }
 }
@@ -190,7 +197,8 @@ TD_ATTR void avx512_pack_q32(const WeightMatrix& W, int64_t o0, int64_t b0, int6
   if (o0 + kGemmTile > W.rows) return pack_q32_ref(W, o0, b0, b1, panel);
   if (W.tiles) {
     const int64_t nb = W.cols / kQK;
-    return pack_q40_tile(W.tiles + (o0 / kGemmTile) * q40_tiles::tile_bytes(nb), nb, b0, b1, panel);
+    const bool q5 = W.type == GgmlType::Q5_0;
+    return pack_q32_tile(W.tiles + (o0 / kGemmTile) * q32_tiles::tile_bytes(nb, q5), nb, q5, b0, b1, panel);
   }
   const uint8_t* rows[16];
   row_pointers(W, o0, rows);

@@ -27,7 +27,7 @@
 #include "kernels/gemm_avx512_conv.h"
 #include "kernels/gemm_avx512_pack.h"
 #include "kernels/k4_tiles.h"
-#include "kernels/q40_tiles.h"
+#include "kernels/q32_tiles.h"
 #include "kernels/stream_tuning.h"
 #include "kernels/transpose_avx2.h"
 
@@ -820,32 +820,42 @@ TD_FN void q40_tile16(const uint8_t* src, size_t stride, const GemmActs& A, int6
   for (int m = 0; m < NA; ++m) _mm512_storeu_ps(y + m * ldy, acc[m]);
 }
 
-// 16 weight rows x NA activation rows r.. of a q4_0 matrix from one tile of
-// the tiles layout (kernels/q40_tiles.h), lane n = row n, as k4_tile16 does
-// for q4_K: per block, 8 dpbusd for the 16 rows (the high nibbles masked in
-// place, their sum divided by 16 exactly), then S + extra and one 16-lane
-// FMA. The same integers and float steps as the kernels above.
-template <int NA>
-TD_FN void q40_lane16(const uint8_t* tile, const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
-  using namespace q40_tiles;
+// 16 weight rows x NA activation rows r.. of a q4_0 / q5_0 (kQ5) matrix from
+// one tile of the tiles layout (kernels/q32_tiles.h), lane n = row n, as
+// k4_tile16 does for q4_K: per block, 8 dpbusd for the 16 rows, then S +
+// extra and one 16-lane FMA. q4_0's high nibbles are masked in place (their
+// sum divided by 16 exactly); q5_0's fifth bits come as byte masks. The same
+// integers and float steps as the kernels above.
+template <int NA, bool kQ5>
+TD_FN void q32_lane16(const uint8_t* tile, const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
+  using namespace q32_tiles;
   const int64_t nb = A.nb;
   const __m512i lo4 = _mm512_set1_epi8(0x0F), hi4 = _mm512_set1_epi8(static_cast<char>(0xF0));
+  const __m512i bit4 = _mm512_set1_epi8(0x10);
   __m512 acc[NA];
   for (int m = 0; m < NA; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t s = 0; s * kStepBlocks < nb; ++s) {
     const int64_t n = step_blocks(nb, s);
-    const uint8_t* step = tile + s * kStepBytes;
-    prefetch_ahead(step, kStepBytes, pf);
+    const uint8_t* step = tile + s * step_bytes(kQ5);
+    prefetch_ahead(step, step_bytes(kQ5), pf);
     for (int64_t k = 0; k < n; ++k) {
       const int64_t b = s * kStepBlocks + k;
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(step + kBlockD * k)));
       const uint8_t* q = step + kBlockD * n + kBlockQ * k;
+      const uint8_t* h = step + (kBlockD + kBlockQ) * n + kBlockH * k;
       __m512i slo[NA], shi[NA];
       for (int m = 0; m < NA; ++m) slo[m] = shi[m] = _mm512_setzero_si512();
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
         const __m512i z = _mm512_loadu_si512(q + 64 * c);
-        const __m512i lo = _mm512_and_si512(z, lo4), hi = _mm512_and_si512(z, hi4);
+        __m512i lo = _mm512_and_si512(z, lo4), hi;
+        if constexpr (kQ5) {
+          hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), lo4);
+          lo = _mm512_mask_add_epi8(lo, mask64_at(h + 8 * c), lo, bit4);
+          hi = _mm512_mask_add_epi8(hi, mask64_at(h + 8 * (c + 4)), hi, bit4);
+        } else {
+          hi = _mm512_and_si512(z, hi4);
+        }
         for (int m = 0; m < NA; ++m) {
           const int8_t* a = A.qgroup(r + m) + b * kQK;
           int32_t al, ah;
@@ -856,8 +866,8 @@ TD_FN void q40_lane16(const uint8_t* tile, const GemmActs& A, int64_t r, float* 
         }
       }
       for (int m = 0; m < NA; ++m) {
-        const __m512i sum = _mm512_add_epi32(_mm512_add_epi32(slo[m], _mm512_srai_epi32(shi[m], 4)),
-                                             _mm512_set1_epi32(A.egroup(r + m)[b]));
+        const __m512i high = kQ5 ? shi[m] : _mm512_srai_epi32(shi[m], 4);
+        const __m512i sum = _mm512_add_epi32(_mm512_add_epi32(slo[m], high), _mm512_set1_epi32(A.egroup(r + m)[b]));
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(A.sgroup(r + m)[b])), acc[m]);
       }
     }
@@ -865,29 +875,33 @@ TD_FN void q40_lane16(const uint8_t* tile, const GemmActs& A, int64_t r, float* 
   for (int m = 0; m < NA; ++m) _mm512_storeu_ps(y + m * ldy, acc[m]);
 }
 
-// q32 matrices: q4_0 16 weight rows at a time while they last (above); then
-// 8 rows at a time (one FMA per block for all 8 chains), then the 2-row tiles.
+// q32 matrices: q4_0 / q5_0 tiles, then q4_0 16 weight rows at a time
+// while they last (above); then 8 rows at a time (one FMA per block for all 8
+// chains), then the 2-row tiles.
 template <typename Conv>
 TD_ATTR void rows_q32(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
                       float* y, int64_t ldy) {
   int64_t o = o0;
-  if constexpr (std::is_same_v<Conv, Q4_0Conv>) {
+  constexpr bool kQ5 = std::is_same_v<Conv, Q5_0Conv>;
+  if constexpr (kQ5 || std::is_same_v<Conv, Q4_0Conv>) {
     if (W.tiles) {
       // Whole tiles come from W.tiles only (their file pages may be gone);
       // o0 is a tile's first row (GemmKernel::rows). One stream, 4 KB ahead
       // where the CPU wants software prefetch; activation rows four at a time.
-      const size_t tb = q40_tiles::tile_bytes(A.nb);
+      const size_t tb = q32_tiles::tile_bytes(A.nb, kQ5);
       const int64_t pft = stream_tuning().software_prefetch ? kPrefetchBytes : 0;
       for (; o + 16 <= o1; o += 16) {
         const uint8_t* tile = W.tiles + (o / 16) * tb;
         float* yo = y + o;
         int64_t r = r0;
-        for (; r + 4 <= r1; r += 4) q40_lane16<4>(tile, A, r, yo + r * ldy, ldy, pft);
-        if (r1 - r == 3) q40_lane16<3>(tile, A, r, yo + r * ldy, ldy, pft);
-        if (r1 - r == 2) q40_lane16<2>(tile, A, r, yo + r * ldy, ldy, pft);
-        if (r1 - r == 1) q40_lane16<1>(tile, A, r, yo + r * ldy, ldy, pft);
+        for (; r + 4 <= r1; r += 4) q32_lane16<4, kQ5>(tile, A, r, yo + r * ldy, ldy, pft);
+        if (r1 - r == 3) q32_lane16<3, kQ5>(tile, A, r, yo + r * ldy, ldy, pft);
+        if (r1 - r == 2) q32_lane16<2, kQ5>(tile, A, r, yo + r * ldy, ldy, pft);
+        if (r1 - r == 1) q32_lane16<1, kQ5>(tile, A, r, yo + r * ldy, ldy, pft);
       }
     }
+  }
+  if constexpr (std::is_same_v<Conv, Q4_0Conv>) {
     const int64_t pf16 = prefetch_distance(W.row_stride, 16);
     for (; o + 16 <= o1; o += 16)
       for (int64_t r = r0; r < r1; r += 2) {

@@ -22,15 +22,15 @@ constexpr size_t kPanelBytes = 32 * 1024;
 // 1219 / 846; q6_K 4: 604 / 1189, 6: 1215 / 1281. q4_0 and q5_0 already tie at 3.
 constexpr int64_t kRowwiseMaxRows = 2;
 constexpr int64_t kRowwiseMaxRowsKQuant = 5;
-// Weights in their tiles (q4_0, q4_K: kernels/q40_tiles.h, k4_tiles.h): the
-// tile kernels do 16 rows' work per dot product and stay ahead of packing
-// panels from the tiles up to about these many rows (5632 x 2048, two Zen 4
-// cores, tile kernel / panels: q4_K 16 rows 727-782 / 969-1062 us, 64: 2520
-// / 3234, 128: 5478 / 5827; q4_0 8 rows 495-540 / 663-678, 16: 813-939 /
-// 897-919, 32: 1443-1559 / 1382-1417). A 512-row q4_K prefill measured 2-5%
-// faster through the panels.
-constexpr int64_t kRowwiseMaxRowsQ40Tiles = 16;
-constexpr int64_t kRowwiseMaxRowsK4Tiles = 64;
+// Weights in their tiles (q4_0, q5_0, q4_K: kernels/q32_tiles.h, k4_tiles.h):
+// the tile kernels do 16 rows' work per dot product and stay ahead of
+// packing panels from the tiles up to about these many rows (5632 x 2048,
+// two Zen 4 cores, tile kernel / panels: q4_K 16 rows 727-782 / 969-1062 us,
+// 64: 2520 / 3234, 128: 5478 / 5827; q4_0 8 rows 495-540 / 663-678, 16:
+// 813-939 / 897-919, 32: 1443-1559 / 1382-1417; q5_0 4 rows 571-615 /
+// 638-691, 8: 772-774 / 763-817, 16: 1135-1225 / 1031-1081). A 512-row q4_K
+// prefill measured 2-5% faster through the panels.
+int64_t tiles_rowwise_max(GgmlType t) { return t == GgmlType::Q4_K ? 64 : t == GgmlType::Q4_0 ? 16 : 8; }
 
 // Weight rows per range in the fallback path.
 constexpr int64_t kFallbackRows = 16;
@@ -99,7 +99,7 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
   const GemmClass cls = gemm_class(W0.type);
   bool tiles = true;
   for (const WeightMatrix* W : Ws) tiles &= W->tiles != nullptr;
-  const int64_t rowwise_max = tiles ? (W0.type == GgmlType::Q4_0 ? kRowwiseMaxRowsQ40Tiles : kRowwiseMaxRowsK4Tiles)
+  const int64_t rowwise_max = tiles ? tiles_rowwise_max(W0.type)
                               : cls == GemmClass::kK4 || cls == GemmClass::kK6 ? kRowwiseMaxRowsKQuant
                                                                                : kRowwiseMaxRows;
   const bool packed = prepacked || (kern.run != nullptr && n_rows > rowwise_max);

@@ -9,7 +9,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm_pack.h"
 #include "kernels/k4_tiles.h"
-#include "kernels/q40_tiles.h"
+#include "kernels/q32_tiles.h"
 
 namespace tandem {
 
@@ -42,7 +42,8 @@ size_t tiles_bytes(const WeightMatrix& W, KernelLevel level) {
   if (W.rows < kGemmTile || !gemm_kernel(W.type, level).reads_tiles) return 0;
   const int64_t tiles = W.rows / kGemmTile;
   switch (W.type) {
-    case GgmlType::Q4_0: return static_cast<size_t>(tiles) * q40_tiles::tile_bytes(W.cols / kQK);
+    case GgmlType::Q4_0: return static_cast<size_t>(tiles) * q32_tiles::tile_bytes(W.cols / kQK, false);
+    case GgmlType::Q5_0: return static_cast<size_t>(tiles) * q32_tiles::tile_bytes(W.cols / kQK, true);
     case GgmlType::Q4_K: return static_cast<size_t>(tiles) * k4_tiles::tile_bytes(W.cols / kQKK);
     default: return 0;
   }
@@ -62,11 +63,12 @@ void write_tiles(const WeightMatrix& W, uint8_t* out, int64_t t0, int64_t t1, Th
     return;
   }
   const int64_t nb = W.cols / kQK;
+  const bool q5 = W.type == GgmlType::Q5_0;
   pool.parallel_for(t1 - t0, 16, [&](int64_t a, int64_t b) {
     for (int64_t t = t0 + a; t < t0 + b; ++t) {
-      const uint8_t* rows[q40_tiles::kRows];
-      for (int n = 0; n < q40_tiles::kRows; ++n) rows[n] = W.row(t * q40_tiles::kRows + n);
-      q40_tiles::write_tile(rows, nb, out + t * q40_tiles::tile_bytes(nb));
+      const uint8_t* rows[q32_tiles::kRows];
+      for (int n = 0; n < q32_tiles::kRows; ++n) rows[n] = W.row(t * q32_tiles::kRows + n);
+      q32_tiles::write_tile(rows, nb, q5, out + t * q32_tiles::tile_bytes(nb, q5));
     }
   });
 }
@@ -85,10 +87,11 @@ void dequantize_prepacked_row(const WeightMatrix& W, KernelLevel level, int64_t 
       return;
     }
     const int64_t nb = W.cols / kQK;
-    const uint8_t* tile = W.tiles + (r / q40_tiles::kRows) * q40_tiles::tile_bytes(nb);
-    uint8_t blk[sizeof(BlockQ4_0)];
+    const bool q5 = W.type == GgmlType::Q5_0;
+    const uint8_t* tile = W.tiles + (r / q32_tiles::kRows) * q32_tiles::tile_bytes(nb, q5);
+    uint8_t blk[sizeof(BlockQ5_0)];
     for (int64_t b = 0; b < nb; ++b) {
-      q40_tiles::read_block(tile, nb, static_cast<int>(r % q40_tiles::kRows), b, blk);
+      q32_tiles::read_block(tile, nb, q5, static_cast<int>(r % q32_tiles::kRows), b, blk);
       dequantize_row(W.type, blk, out + b * kQK, kQK);
     }
     return;

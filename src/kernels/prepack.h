@@ -11,15 +11,13 @@
 // 5-bit types a panel is twice their file size (quants unpacked to bytes),
 // which would double what decode reads; they stay in the file.
 //
-// q4_0 and q4_K get a cheaper rearrangement instead where the kernels read
-// it (AVX-512), the "tiles" layouts:
-// - q4_0 (kernels/q40_tiles.h): the file's bytes in the order the 16-row
-//   decode kernel walks them, so decode reads one stream per thread, as from
-//   the q8_0 panels, rather than 16 rows 1-3 KB apart (Q4_0 decode of the
-//   1.1B model read ~74% of the machine's bandwidth that way, Q8_0 ~99%);
-// - q4_K (kernels/k4_tiles.h): 16 rows with one SIMD lane per row, nibbles
-//   kept (+2.8% bytes), so decode does 16 rows' work per dot product instead
-//   of one row's plus a reduction (its row-wise kernel was compute-bound).
+// q4_0, q5_0 and q4_K get a cheaper rearrangement instead where the kernels
+// read it (AVX-512), the "tiles" layouts (kernels/q32_tiles.h, k4_tiles.h):
+// 16 rows with one SIMD lane per row, quants kept at their width (the
+// file's size; q4_K +2.8%), one stream per thread as from the q8_0 panels.
+// Decode then does 16 rows' work per dot product instead of one row's plus
+// a reduction (the row-wise q4_K kernel was compute-bound at ~14 GB/s a
+// core), and batched steps of up to 16-64 rows need no panels packed.
 // Prefill packs its panels from the tiles as it did from the rows.
 #pragma once
 
@@ -36,8 +34,8 @@ class ThreadPool;
 
 // Which matrices a model repacks at load:
 //   kOff:  none (every weight read from the file);
-//   kAuto: those whose new layout is no larger than the file (q8_0 panels,
-//          q4_0 tiles): faster, no more memory;
+//   kAuto: those whose new layout is no larger than the file, or barely
+//          (q8_0 panels; q4_0, q5_0, q4_K tiles): faster, no more memory;
 //   kAll:  also every other type with panels (q4_0/q5_0 at twice/1.5x their
 //          file size, the K-quants at 1.5-2.2x): batched decode (serving)
 //          stops packing on every step, for more memory and more bytes per
@@ -61,8 +59,8 @@ void dequantize_prepacked_row(const WeightMatrix& W, KernelLevel level, int64_t 
 // a caller can release the file's pages of a large matrix as it goes.
 void prepack_tiles(const WeightMatrix& W, KernelLevel level, uint8_t* out, int64_t t0, int64_t t1, ThreadPool& pool);
 
-// Bytes of W's whole 16-row tiles in its tiles layout (q4_0:
-// kernels/q40_tiles.h, q4_K: kernels/k4_tiles.h) when the kernels at
+// Bytes of W's whole 16-row tiles in its tiles layout (q4_0, q5_0:
+// kernels/q32_tiles.h, q4_K: kernels/k4_tiles.h) when the kernels at
 // `level` read it; 0 otherwise (other types, fewer than 16 rows).
 size_t tiles_bytes(const WeightMatrix& W, KernelLevel level);
 // Writes tiles [t0, t1) of W (whole tiles only) in that layout to out.
