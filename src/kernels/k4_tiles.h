@@ -39,7 +39,6 @@ inline constexpr size_t kQ = kMins + 4 * 16 * 2;   // 320 (64-byte aligned)
 inline constexpr size_t kBlockBytes = kQ + 32 * 64;  // 2368
 
 inline size_t tile_bytes(int64_t nb) { return static_cast<size_t>(nb) * kBlockBytes; }
-inline int64_t whole_tiles(int64_t rows) { return rows / kRows; }
 
 // Tile block b of the tile holding row r.
 inline const uint8_t* block(const uint8_t* tiles, int64_t nb, int64_t r, int64_t b) {
