@@ -139,7 +139,7 @@ void old_matmul(const WeightMatrix& W, const float* x, int64_t n_rows, float* y,
 }
 
 // args: type index, N, K, M, threads, mode (0: file layout, 1: old, 2: as loaded
-// (q8_0 panels, q4_0 / q4_K tiles),
+// (q8_0 panels, q4_0 / q5_0 / q4_K tiles),
 // 3: file layout, always the same copy: from cache when it fits, the kernel's
 // compute speed without the memory stream)
 void BM_Gemm(benchmark::State& state) {

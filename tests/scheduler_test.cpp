@@ -127,7 +127,7 @@ TEST(PrefillPacer, SizesPromptWorkByMeasuredCost) {
   // A burst: 12 prompts waiting beside 4 decoders: 8 + 1.5 * 12 beats
   // tripling the allowance (24).
   EXPECT_EQ(p.budget(4, 12), 26);
-  // 40 waiting beside 4: ten times the allowance (80), more than the 12 + 1.5 * 40.
+  // 40 waiting beside 4: ten times the allowance (80), more than 8 + 1.5 * 40 (68).
   EXPECT_EQ(p.budget(4, 40), 80);
 }
 

@@ -155,11 +155,11 @@ TD_FN void pack_q32_tile(const uint8_t* tile, int64_t nb, bool q5, int64_t b0, i
         _mm_prefetch(reinterpret_cast<const char*>(tile + d_offset(b, q5) + ahead + i), _MM_HINT_T1);
     std::memcpy(panel + Q32Panel::kD, tile + d_offset(b, q5), 32);
     const uint8_t* q = tile + q_offset(nb, b, q5);
+    const uint8_t* h = q5 ? tile + h_offset(nb, b) : nullptr;
     for (int c = 0; c < 4; ++c) {
       const __m512i z = _mm512_loadu_si512(q + 64 * c);
       __m512i lo = _mm512_and_si512(z, m4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
       if (q5) {
-        const uint8_t* h = tile + h_offset(nb, b);
         lo = _mm512_mask_add_epi8(lo, mask64_at(h + 8 * c), lo, bit4);
         hi = _mm512_mask_add_epi8(hi, mask64_at(h + 8 * (c + 4)), hi, bit4);
       }

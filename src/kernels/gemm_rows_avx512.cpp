@@ -467,7 +467,8 @@ TD_FN void k4_tile16(const uint8_t* tile, const GemmActs& A, int64_t r, float* y
   for (int64_t b = 0; b < A.nb; ++b) {
     const uint8_t* blk = tile + b * kBlockBytes;
     prefetch_ahead(blk, kBlockBytes, pf);
-    // In address order: Zen 4 streams worse when a block is read out of order.
+    // d and dmin, at the block's start, first: Zen 4 streamed q6_K worse
+    // when a block's end was read before its quants.
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kD)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kDmin)));
     const int8_t* a[NA];
@@ -925,18 +926,18 @@ TD_ATTR void rows_quant(const WeightMatrix& W, int64_t o0, int64_t o1, const Gem
                         float* y, int64_t ldy) {
   if constexpr (std::is_same_v<Tile, K4Tile<BlockQ4K>>) {
     if (W.tiles) {
-      // Whole tiles from W.tiles only (o0 is a tile's first row), one stream.
+      // Whole tiles from W.tiles only (o0 is a tile's first row), one
+      // stream; activation rows four at a time, as rows_q32 does.
       const size_t tb = k4_tiles::tile_bytes(A.nb);
       const int64_t pf = stream_tuning().software_prefetch ? kPrefetchBytes : 0;
       for (; o0 + 16 <= o1; o0 += 16) {
         const uint8_t* tile = W.tiles + (o0 / 16) * tb;
-        for (int64_t r = r0; r < r1;) {
-          const int64_t left = r1 - r;
-          if (left >= 4) k4_tile16<4>(tile, A, r, y + r * ldy + o0, ldy, pf), r += 4;
-          else if (left == 3) k4_tile16<3>(tile, A, r, y + r * ldy + o0, ldy, pf), r += 3;
-          else if (left == 2) k4_tile16<2>(tile, A, r, y + r * ldy + o0, ldy, pf), r += 2;
-          else k4_tile16<1>(tile, A, r, y + r * ldy + o0, ldy, pf), r += 1;
-        }
+        float* yo = y + o0;
+        int64_t r = r0;
+        for (; r + 4 <= r1; r += 4) k4_tile16<4>(tile, A, r, yo + r * ldy, ldy, pf);
+        if (r1 - r == 3) k4_tile16<3>(tile, A, r, yo + r * ldy, ldy, pf);
+        if (r1 - r == 2) k4_tile16<2>(tile, A, r, yo + r * ldy, ldy, pf);
+        if (r1 - r == 1) k4_tile16<1>(tile, A, r, yo + r * ldy, ldy, pf);
       }
     }
   }

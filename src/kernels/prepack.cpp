@@ -50,25 +50,19 @@ size_t tiles_bytes(const WeightMatrix& W, KernelLevel level) {
 }
 
 void write_tiles(const WeightMatrix& W, uint8_t* out, int64_t t0, int64_t t1, ThreadPool& pool) {
-  if (W.type == GgmlType::Q4_K) {
-    const int64_t nb = W.cols / kQKK;
-    pool.parallel_for(t1 - t0, 16, [&](int64_t a, int64_t b) {
-      for (int64_t t = t0 + a; t < t0 + b; ++t) {
-        const uint8_t* rows[k4_tiles::kRows];
-        for (int n = 0; n < k4_tiles::kRows; ++n) rows[n] = W.row(t * k4_tiles::kRows + n);
-        for (int64_t blk = 0; blk < nb; ++blk)
-          k4_tiles::write_block(rows, blk, out + t * k4_tiles::tile_bytes(nb) + blk * k4_tiles::kBlockBytes);
-      }
-    });
-    return;
-  }
-  const int64_t nb = W.cols / kQK;
-  const bool q5 = W.type == GgmlType::Q5_0;
+  const bool k4 = W.type == GgmlType::Q4_K, q5 = W.type == GgmlType::Q5_0;
+  const int64_t nb = W.cols / (k4 ? kQKK : kQK);
+  const size_t tile_bytes = k4 ? k4_tiles::tile_bytes(nb) : q32_tiles::tile_bytes(nb, q5);
   pool.parallel_for(t1 - t0, 16, [&](int64_t a, int64_t b) {
     for (int64_t t = t0 + a; t < t0 + b; ++t) {
-      const uint8_t* rows[q32_tiles::kRows];
-      for (int n = 0; n < q32_tiles::kRows; ++n) rows[n] = W.row(t * q32_tiles::kRows + n);
-      q32_tiles::write_tile(rows, nb, q5, out + t * q32_tiles::tile_bytes(nb, q5));
+      const uint8_t* rows[kGemmTile];
+      for (int n = 0; n < kGemmTile; ++n) rows[n] = W.row(t * kGemmTile + n);
+      uint8_t* tile = out + t * tile_bytes;
+      if (!k4) {
+        q32_tiles::write_tile(rows, nb, q5, tile);
+        continue;
+      }
+      for (int64_t blk = 0; blk < nb; ++blk) k4_tiles::write_block(rows, blk, tile + blk * k4_tiles::kBlockBytes);
     }
   });
 }
