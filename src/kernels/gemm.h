@@ -119,6 +119,9 @@ struct GemmAcc {
   // group just read it into cache, or where prefetching does not pay
   // (kernels/stream_tuning.h).
   int32_t prefetch_bytes = 0;
+  // The prefetches go to L2 rather than L1: they fetch the next panel chunk
+  // while this call reads one already in L1, which they must not evict.
+  bool prefetch_to_l2 = false;
 };
 
 // One instruction-set level's implementation of one weight type.

@@ -62,9 +62,14 @@ TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64
   load_acc<R>(acc, f);
   for (int64_t i = 0; i < nblk; ++i) {
     if (acc.prefetch_bytes > 0) {
+      const char* ahead = reinterpret_cast<const char*>(panel + acc.prefetch_bytes);
+      if (acc.prefetch_to_l2) {
 #pragma GCC unroll 9
-      for (size_t l = 0; l < Q32Panel::kBytes; l += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(panel + acc.prefetch_bytes + l), _MM_HINT_T0);
+        for (size_t l = 0; l < Q32Panel::kBytes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T1);
+      } else {
+#pragma GCC unroll 9
+        for (size_t l = 0; l < Q32Panel::kBytes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+      }
     }
     // Integer sums are exact in any order: with few rows, C independent
     // chains per row hide dpbusd's latency.

@@ -32,6 +32,7 @@ StreamTuning detect() {
     if (std::strcmp(e, "0") == 0) {
       t.software_prefetch = false;
       t.panel_prefetch_bytes = 0;
+      t.panel_prefetch_next = false;
     }
     if (std::strcmp(e, "1") == 0) {
       t.software_prefetch = true;

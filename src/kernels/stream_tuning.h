@@ -25,6 +25,9 @@ struct StreamTuning {
   // (0 bytes: never).
   int32_t panel_prefetch_bytes = 16384;
   int32_t panel_prefetch_min_rows = 1;
+  // Products of more than one row group: the last group, reading the panel
+  // chunk from L1, prefetches the next chunk into L2 for the first group.
+  bool panel_prefetch_next = true;
 };
 
 // Detected once from CPUID; TANDEM_PREFETCH=0 turns every software prefetch
