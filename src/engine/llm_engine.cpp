@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <exception>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -54,11 +55,19 @@ struct Engine::Impl {
   Batch batch;
   std::vector<SeqKv> seq_kv;
   std::vector<SeqKv*> seq_kv_ptrs;
-  std::vector<float> logits;
+  std::vector<float> logits;  // sized for the largest step so far, reused
+  struct Sampled {
+    Sequence* seq;
+    const float* logits;
+    int32_t token = -1;
+    std::exception_ptr error;
+  };
+  std::vector<Sampled> sampled;
 
   bool step();
   void drain_inbox();
-  void handle_logits(Sequence* seq, const float* logits);
+  // Accepts `token`, sampled from `logits` (and forks the other choices of an n > 1 request).
+  void handle_logits(Sequence* seq, const float* logits, int32_t token);
   void accept_token(Sequence* seq, int32_t token, const float* logits);
   void finish(Sequence* seq, const std::string& reason, const std::string& error = "");
   void emit(Sequence* seq, RequestEvent ev);
@@ -237,7 +246,7 @@ void Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
   }
 }
 
-void Engine::Impl::handle_logits(Sequence* seq, const float* lg) {
+void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
   const int32_t nv = model.config().n_vocab;
   if (seq->fork_pending) {
     // n > 1: the prompt ran once; the other choices share its blocks and
@@ -252,11 +261,9 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg) {
       child->blocks = blocks->fork(seq->blocks);
       Sequence* raw = child.get();
       sched->add_running(std::move(child));
-      const int32_t t = raw->sampler->sample(std::span<const float>(lg, nv), raw->tokens);
-      accept_token(raw, t, lg);
+      accept_token(raw, raw->sampler->sample(std::span<const float>(lg, nv), raw->tokens), lg);
     }
   }
-  const int32_t t = seq->sampler->sample(std::span<const float>(lg, nv), seq->tokens);
   accept_token(seq, t, lg);
 }
 
@@ -288,9 +295,12 @@ bool Engine::Impl::step() {
     else n_prefill_rows += n;
   }
 
+  const int32_t nv = model.config().n_vocab;
+  size_t n_out = 0;
+  for (const BatchRow& row : batch) n_out += row.logits;
+  if (logits.size() < n_out * nv) logits.resize(n_out * nv);
   const double t0 = steps.now();
-  logits.clear();
-  model.forward(batch, seq_kv_ptrs, *kv, pool, logits);
+  model.forward(batch, seq_kv_ptrs, *kv, pool, std::span<float>(logits));
   const double t1 = steps.now();
   const Phase phase = n_prefill_rows == 0 ? Phase::kDecode : (n_decode == 0 ? Phase::kPrefill : Phase::kMixed);
   steps.add({phase, t0, t1, static_cast<int32_t>(batch.size()), static_cast<int32_t>(sched_batch.size())});
@@ -304,13 +314,36 @@ bool Engine::Impl::step() {
     pt.seconds += t1 - t0;
   }
 
-  const int32_t nv = model.config().n_vocab;
-  size_t li = 0;
+  // Sample every sequence whose logits came out, on all threads: each
+  // sampler (its own RNG) reads only its own logits and history, so the
+  // tokens do not depend on which thread draws them. Then, in batch order on
+  // this thread, commit blocks and accept the tokens (events, stops, forks).
+  // A 262k vocabulary makes a greedy pick ~50 us a sequence.
+  sampled.clear();
+  for (const ScheduledSeq& ss : sched_batch)
+    if (ss.seq->n_computed() + ss.n_tokens == static_cast<int32_t>(ss.seq->tokens.size()))
+      sampled.push_back({ss.seq, logits.data() + sampled.size() * nv, -1, nullptr});
+  auto sample = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      Sampled& x = sampled[i];
+      try {
+        x.token = x.seq->sampler->sample(std::span<const float>(x.logits, nv), x.seq->tokens);
+      } catch (...) {
+        x.error = std::current_exception();
+      }
+    }
+  };
+  if (sampled.size() > 1) pool.parallel_for(static_cast<int64_t>(sampled.size()), 1, sample);
+  else sample(0, static_cast<int64_t>(sampled.size()));
+  size_t si = 0;
   for (const ScheduledSeq& ss : sched_batch) {
     Sequence* s = ss.seq;
     const int32_t end = s->n_computed() + ss.n_tokens;
     blocks->commit(s->blocks, s->tokens, end);
-    if (end == static_cast<int32_t>(s->tokens.size())) handle_logits(s, logits.data() + (li++) * nv);
+    if (end != static_cast<int32_t>(s->tokens.size())) continue;
+    const Sampled& x = sampled[si++];
+    if (x.error) std::rethrow_exception(x.error);
+    handle_logits(s, x.logits, x.token);
   }
   return true;
 }

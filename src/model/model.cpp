@@ -108,6 +108,15 @@ void Model::prepack_weights(PrepackMode mode) {
 
 void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
                     std::vector<float>& logits) {
+  size_t n_out = 0;
+  for (const BatchRow& row : batch) n_out += row.logits;
+  const size_t base = logits.size();
+  logits.resize(base + n_out * static_cast<size_t>(cfg_.n_vocab));
+  forward(batch, seqs, kv, pool, std::span<float>(logits).subspan(base));
+}
+
+void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
+                    std::span<float> out) {
   const ModelConfig& c = cfg_;
   const int64_t R = static_cast<int64_t>(batch.size());
   if (R == 0) return;
@@ -123,6 +132,11 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
     if (r > 0 && batch[r - 1].seq == row.seq && batch[r - 1].pos + 1 != row.pos)
       fail(ErrorKind::kInvalidArgument, "rows of sequence {} are not at consecutive positions", row.seq);
   }
+
+  size_t n_out = 0;
+  for (const BatchRow& row : batch) n_out += row.logits;
+  if (out.size() < n_out * static_cast<size_t>(c.n_vocab))
+    fail(ErrorKind::kInvalidArgument, "forward: {} rows want logits but the buffer holds {} floats", n_out, out.size());
 
   Scratch& s = *s_;
   const int64_t E = c.n_embd;
@@ -149,9 +163,7 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
     if (batch[r].logits) want.push_back(r);
   for (size_t i = 0; i < want.size(); ++i)
     rms_norm(s.x.data() + want[i] * E, w_.output_norm.data(), E, c.rms_eps, s.xn.data() + i * E);
-  const size_t base = logits.size();
-  logits.resize(base + want.size() * c.n_vocab);
-  s.mm.run(w_.output, s.xn.data(), E, static_cast<int64_t>(want.size()), logits.data() + base, c.n_vocab, pool);
+  s.mm.run(w_.output, s.xn.data(), E, static_cast<int64_t>(want.size()), out.data(), c.n_vocab, pool);
 
   for (int64_t r = 0; r < R; ++r) {
     SeqKv& sk = *seqs[batch[r].seq];

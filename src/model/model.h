@@ -53,6 +53,12 @@ class Model {
   // n_vocab logits to `logits` in row order.
   void forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
                std::vector<float>& logits);
+  // The same, writing the logits to `out`, which must hold n_vocab floats per
+  // row that asks for them (a serving step's buffer is reused as it is:
+  // growing a vector from empty zero-fills it, 16 MiB a step for 16 rows of
+  // a 262k vocabulary).
+  void forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
+               std::span<float> out);
 
   // The two phases as the engine calls them.
   // Prefill: the N prompt tokens of one sequence from position seq.n_tokens;
