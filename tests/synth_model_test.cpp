@@ -227,6 +227,15 @@ TEST(SynthModel, RepackedWeightsGiveTheFileLayoutsLogits) {
           const int32_t one[] = {t};
           m->decode(seqs, one, kv, pool, out);
         }
+        // forward() into a caller's buffer (the serving engine's): the same
+        // logits; one float short is an error, before any K/V is written.
+        Batch b = {{2, 11, 0, true}};
+        std::vector<float> buf(c.n_vocab);
+        SeqKv* seqs[] = {&seq};
+        EXPECT_THROW(m->forward(b, seqs, kv, pool, std::span<float>(buf).first(c.n_vocab - 1)), Error);
+        EXPECT_EQ(seq.n_tokens, 11);
+        m->forward(b, seqs, kv, pool, std::span<float>(buf));
+        out.insert(out.end(), buf.begin(), buf.end());
         return out;
       };
       size_t packed = 0, all = 0, unpacked = 0;

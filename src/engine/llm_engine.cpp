@@ -296,9 +296,8 @@ bool Engine::Impl::step() {
   }
 
   const int32_t nv = model.config().n_vocab;
-  size_t n_out = 0;
-  for (const BatchRow& row : batch) n_out += row.logits;
-  if (logits.size() < n_out * nv) logits.resize(n_out * nv);
+  const size_t n_out = rows_with_logits(batch) * static_cast<size_t>(nv);
+  if (logits.size() < n_out) logits.resize(n_out);
   const double t0 = steps.now();
   model.forward(batch, seq_kv_ptrs, *kv, pool, std::span<float>(logits));
   const double t1 = steps.now();

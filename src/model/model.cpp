@@ -108,10 +108,8 @@ void Model::prepack_weights(PrepackMode mode) {
 
 void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
                     std::vector<float>& logits) {
-  size_t n_out = 0;
-  for (const BatchRow& row : batch) n_out += row.logits;
   const size_t base = logits.size();
-  logits.resize(base + n_out * static_cast<size_t>(cfg_.n_vocab));
+  logits.resize(base + rows_with_logits(batch) * static_cast<size_t>(cfg_.n_vocab));
   forward(batch, seqs, kv, pool, std::span<float>(logits).subspan(base));
 }
 
@@ -133,8 +131,7 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
       fail(ErrorKind::kInvalidArgument, "rows of sequence {} are not at consecutive positions", row.seq);
   }
 
-  size_t n_out = 0;
-  for (const BatchRow& row : batch) n_out += row.logits;
+  const size_t n_out = rows_with_logits(batch);
   if (out.size() < n_out * static_cast<size_t>(c.n_vocab))
     fail(ErrorKind::kInvalidArgument, "forward: {} rows want logits but the buffer holds {} floats", n_out, out.size());
 

@@ -35,6 +35,13 @@ struct BatchRow {
 // Rows of one sequence must be adjacent and at consecutive positions.
 using Batch = std::vector<BatchRow>;
 
+// Rows of `b` that ask for logits: forward() produces n_vocab floats for each.
+inline size_t rows_with_logits(const Batch& b) {
+  size_t n = 0;
+  for (const BatchRow& row : b) n += row.logits;
+  return n;
+}
+
 class Model {
  public:
   // Maps the file, binds everything and repacks weights per `prepack`
