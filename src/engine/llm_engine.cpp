@@ -318,10 +318,13 @@ bool Engine::Impl::step() {
   // tokens do not depend on which thread draws them. Then, in batch order on
   // this thread, commit blocks and accept the tokens (events, stops, forks).
   // A 262k vocabulary makes a greedy pick ~50 us a sequence.
+  // A sequence has logits when this step computed its last token.
+  auto has_logits = [](const ScheduledSeq& ss) {
+    return ss.seq->n_computed() + ss.n_tokens == static_cast<int32_t>(ss.seq->tokens.size());
+  };
   sampled.clear();
   for (const ScheduledSeq& ss : sched_batch)
-    if (ss.seq->n_computed() + ss.n_tokens == static_cast<int32_t>(ss.seq->tokens.size()))
-      sampled.push_back({ss.seq, logits.data() + sampled.size() * nv, -1, nullptr});
+    if (has_logits(ss)) sampled.push_back({ss.seq, logits.data() + sampled.size() * nv, -1, nullptr});
   auto sample = [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       Sampled& x = sampled[i];
@@ -332,14 +335,13 @@ bool Engine::Impl::step() {
       }
     }
   };
-  if (sampled.size() > 1) pool.parallel_for(static_cast<int64_t>(sampled.size()), 1, sample);
-  else sample(0, static_cast<int64_t>(sampled.size()));
+  pool.parallel_for(static_cast<int64_t>(sampled.size()), 1, sample);  // inline for one sequence
   size_t si = 0;
   for (const ScheduledSeq& ss : sched_batch) {
     Sequence* s = ss.seq;
-    const int32_t end = s->n_computed() + ss.n_tokens;
-    blocks->commit(s->blocks, s->tokens, end);
-    if (end != static_cast<int32_t>(s->tokens.size())) continue;
+    const bool last = has_logits(ss);  // before commit moves n_computed
+    blocks->commit(s->blocks, s->tokens, s->n_computed() + ss.n_tokens);
+    if (!last) continue;
     const Sampled& x = sampled[si++];
     if (x.error) std::rethrow_exception(x.error);
     handle_logits(s, x.logits, x.token);
