@@ -230,7 +230,8 @@ GemmKernel avx512_kernel(GgmlType w, bool /*bf16*/) {
     case GemmClass::kNone: break;
   }
   k = avx512_rows_kernel(w, k);
-  k.reads_tiles = w == GgmlType::Q4_0 || w == GgmlType::Q5_0 || w == GgmlType::Q4_K;
+  k.reads_tiles = w == GgmlType::Q4_0 || w == GgmlType::Q5_0 || w == GgmlType::Q4_K || w == GgmlType::F16 ||
+                  w == GgmlType::BF16;
   return k;
 }
 

@@ -7,6 +7,7 @@
 #include "core/quant.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
+#include "kernels/float_tiles.h"
 #include "kernels/gemm_pack.h"
 #include "kernels/k4_tiles.h"
 #include "kernels/q32_tiles.h"
@@ -45,11 +46,26 @@ size_t tiles_bytes(const WeightMatrix& W, KernelLevel level) {
     case GgmlType::Q4_0: return static_cast<size_t>(tiles) * q32_tiles::tile_bytes(W.cols / kQK, false);
     case GgmlType::Q5_0: return static_cast<size_t>(tiles) * q32_tiles::tile_bytes(W.cols / kQK, true);
     case GgmlType::Q4_K: return static_cast<size_t>(tiles) * k4_tiles::tile_bytes(W.cols / kQKK);
+    case GgmlType::F16:
+    case GgmlType::BF16:
+      if (W.cols % float_tiles::kChunk != 0) return 0;
+      return static_cast<size_t>(tiles) * kGemmTile * static_cast<size_t>(W.cols) * 2;
     default: return 0;
   }
 }
 
 void write_tiles(const WeightMatrix& W, uint8_t* out, int64_t t0, int64_t t1, ThreadPool& pool) {
+  if (W.type == GgmlType::F16 || W.type == GgmlType::BF16) {
+    constexpr int64_t kGroups = kGemmTile / float_tiles::kGroupRows;
+    pool.parallel_for(t1 - t0, 16, [&](int64_t a, int64_t b) {
+      for (int64_t g = (t0 + a) * kGroups; g < (t0 + b) * kGroups; ++g) {
+        const uint8_t* rows[float_tiles::kGroupRows];
+        for (int i = 0; i < float_tiles::kGroupRows; ++i) rows[i] = W.row(g * float_tiles::kGroupRows + i);
+        float_tiles::write_group<2>(rows, W.cols, out, g);
+      }
+    });
+    return;
+  }
   const bool k4 = W.type == GgmlType::Q4_K, q5 = W.type == GgmlType::Q5_0;
   const int64_t nb = W.cols / (k4 ? kQKK : kQK);
   const size_t tile_bytes = k4 ? k4_tiles::tile_bytes(nb) : q32_tiles::tile_bytes(nb, q5);
@@ -71,6 +87,12 @@ void dequantize_prepacked_row(const WeightMatrix& W, KernelLevel level, int64_t 
   using gemm_detail::Q32Panel;
   if (!W.packed) {
     if (!W.tiles || r >= W.rows / kGemmTile * kGemmTile) return dequantize_row(W.type, W.row(r), out, W.cols);
+    if (W.type == GgmlType::F16 || W.type == GgmlType::BF16) {
+      const uint8_t* p = float_tiles::row_start(W.tiles, W.cols, 2, r);
+      for (int64_t c = 0; c < W.cols / float_tiles::kChunk; ++c, p += float_tiles::group_step(2))
+        dequantize_row(W.type, p, out + c * float_tiles::kChunk, float_tiles::kChunk);
+      return;
+    }
     if (W.type == GgmlType::Q4_K) {
       const int64_t nb = W.cols / kQKK;
       uint8_t blk[sizeof(BlockQ4K)];

@@ -19,6 +19,12 @@
 // a reduction (the row-wise q4_K kernel was compute-bound at ~14 GB/s a
 // core), and batched steps of up to 16-64 rows need no panels packed.
 // Prefill packs its panels from the tiles as it did from the rows.
+//
+// f16 and bf16 matrices get tiles too (kernels/float_tiles.h): four rows
+// interleaved in 16-element chunks, the file's size, so a decode thread
+// reads one stream into four FMA chains instead of one row's single chain,
+// which the FMA latency held below memory speed. The arithmetic is the
+// file layout's, so products are bit-identical either way.
 #pragma once
 
 #include <cstddef>
@@ -35,7 +41,8 @@ class ThreadPool;
 // Which matrices a model repacks at load:
 //   kOff:  none (every weight read from the file);
 //   kAuto: those whose new layout is no larger than the file, or barely
-//          (q8_0 panels; q4_0, q5_0, q4_K tiles): faster, no more memory;
+//          (q8_0 panels; q4_0, q5_0, q4_K, f16, bf16 tiles): faster, no
+//          more memory, but a longer load (fresh memory is written);
 //   kAll:  also every other type with panels (q4_0/q5_0 at twice/1.5x their
 //          file size, the K-quants at 1.5-2.2x): batched decode (serving)
 //          stops packing on every step, for more memory and more bytes per
@@ -60,7 +67,8 @@ void dequantize_prepacked_row(const WeightMatrix& W, KernelLevel level, int64_t 
 void prepack_tiles(const WeightMatrix& W, KernelLevel level, uint8_t* out, int64_t t0, int64_t t1, ThreadPool& pool);
 
 // Bytes of W's whole 16-row tiles in its tiles layout (q4_0, q5_0:
-// kernels/q32_tiles.h, q4_K: kernels/k4_tiles.h) when the kernels at
+// kernels/q32_tiles.h, q4_K: kernels/k4_tiles.h, f16 / bf16 of a width
+// that is a multiple of 16: kernels/float_tiles.h) when the kernels at
 // `level` read it; 0 otherwise (other types, fewer than 16 rows).
 size_t tiles_bytes(const WeightMatrix& W, KernelLevel level);
 // Writes tiles [t0, t1) of W (whole tiles only) in that layout to out.

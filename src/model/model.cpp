@@ -59,8 +59,8 @@ std::unique_ptr<Model> Model::load(const std::string& path, PrepackMode prepack)
 void Model::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
 // Repacks the matrices `mode` names (kernels/prepack.h): with kAuto those
-// whose panels are no larger than the file's bytes, and q4_0 / q5_0 / q4_K ones into tiles
-// where the kernels read them. Drops the file's pages of what was copied.
+// whose panels are no larger than the file's bytes, and q4_0 / q5_0 / q4_K /
+// f16 / bf16 ones into tiles where the kernels read them. Drops the file's pages of what was copied.
 // TANDEM_PREPACK=0 keeps every weight in the file (for comparisons).
 void Model::prepack_weights(PrepackMode mode) {
   const char* env = std::getenv("TANDEM_PREPACK");
@@ -71,8 +71,8 @@ void Model::prepack_weights(PrepackMode mode) {
     for (WeightMatrix* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) all.push_back(W);
   std::unique_ptr<ThreadPool> pool;
   for (WeightMatrix* W : all) {
-    // Panels for every row (q8_0; any type under kAll), else q4_0 / q5_0 / q4_K
-    // tiles for the whole 16-row tiles.
+    // Panels for every row (q8_0; any type under kAll), else q4_0 / q5_0 / q4_K /
+    // f16 / bf16 tiles for the whole 16-row tiles.
     const size_t panels = prepacked_bytes(*W, level, mode);
     const size_t bytes = panels ? panels : tiles_bytes(*W, level);
     if (bytes == 0) continue;
