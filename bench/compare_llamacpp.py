@@ -333,15 +333,19 @@ def markdown(report: dict) -> str:
         # One thread: process CPU time is the work itself, little disturbed by
         # other processes (no spin-waits are counted: there is nobody to wait for).
         lines += ["", "The same runs, per second of process CPU time:", ""] + speed_table(report, True)
+    # "beside": each repetition's decode against a plain read of the same
+    # weights right after it (the machine's bandwidth drifts within minutes).
     detail = ["| model | Tandem load s | Tandem peak RSS MiB | file + KV MiB | decode GB/s (of read BW) "
-              "| prefill GOP/s (of peak) | llama.cpp load s | llama.cpp peak RSS MiB |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| decode / read beside | prefill GOP/s (of peak) | llama.cpp load s | llama.cpp peak RSS MiB |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for res in report["results"]:
         t, l = res["runs"]["tandem"], res["runs"]["llama"]
         name = Path(res["model"]).name
         mib = 1024 * 1024
         gb = statistics.median([x["decode_gb_s"] for x in t])
         gbf = statistics.median([x["decode_bandwidth_fraction"] for x in t])
+        beside = statistics.median([x["decode_bandwidth_fraction_beside"] for x in t])
+        read = statistics.median([v for x in t for v in x["read_gb_s_beside"]])
         gop = statistics.median([x["prefill_gop_s"] for x in t])
         gopf = statistics.median([x["prefill_peak_fraction"] for x in t])
         detail.append(
@@ -349,6 +353,7 @@ def markdown(report: dict) -> str:
             f"| {max(x['peak_rss_bytes'] for x in t) / mib:.0f} "
             f"| {(t[0]['file_bytes'] + t[0]['kv_cache_bytes']) / mib:.0f} "
             f"| {gb:.1f} ({100 * gbf:.0f}% of {t[0]['roofline']['read_gb_s']['value']:.1f}) "
+            f"| {100 * beside:.0f}% of {read:.1f} "
             f"| {gop:.0f} ({100 * gopf:.0f}% of {t[0]['prefill_peak_gop_s']:.0f} {t[0]['prefill_compute_family']}) "
             f"| {statistics.median([x['load_s'] for x in l]):.3f} "
             f"| {max(x['peak_rss_bytes'] for x in l) / mib:.0f} |")

@@ -67,6 +67,11 @@ TEST(PerfBenchCli, JsonFieldsAreSane) {
   EXPECT_FALSE(std::filesystem::exists(cache));
   EXPECT_NEAR(j["decode_bandwidth_fraction"].get<double>(),
               j["decode_gb_s"].get<double>() / j["roofline"]["read_gb_s"]["value"].get<double>(), 1e-12);
+  // Beside every repetition, a read of the same weights.
+  ASSERT_EQ(j["read_gb_s_beside"].size(), 3u);
+  EXPECT_GT(j["decode_bandwidth_fraction_beside"].get<double>(), 0);
+  EXPECT_LE(j["decode_bandwidth_fraction_beside_min"].get<double>(), j["decode_bandwidth_fraction_beside"].get<double>());
+  EXPECT_LE(j["decode_bandwidth_fraction_beside"].get<double>(), j["decode_bandwidth_fraction_beside_max"].get<double>());
 }
 
 TEST(PerfBenchCli, UsesTheCachedRoofline) {

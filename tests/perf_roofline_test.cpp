@@ -59,6 +59,22 @@ TEST(PerfMicrobench, IsaNamesFollowTheLevel) {
   EXPECT_NE(measure_bf16_dot_peak(pool, 1000, 1, KernelLevel::kScalar).isa.find("widened"), std::string::npos);
 }
 
+// The read over memory the caller owns: unaligned starts and odd sizes are
+// trimmed to what the kernels read, regions too small for one step are
+// skipped, and nothing to read is an error.
+TEST(PerfMicrobench, ReadsTheCallersRegions) {
+  ThreadPool pool(2);
+  std::vector<uint8_t> a((size_t{3} << 20) + 777, 1), b(100, 2), c((size_t{1} << 20) + 3, 3);
+  const std::span<const uint8_t> regions[] = {{a.data() + 5, a.size() - 5}, {b.data(), b.size()}, {c.data(), c.size()}};
+  for (KernelLevel level : kAllKernelLevels) {
+    if (!cpu_supports_level(level)) continue;
+    SCOPED_TRACE(kernel_level_name(level));
+    EXPECT_TRUE(plausible(measure_read_bandwidth_of(pool, regions, 2, level)));
+  }
+  EXPECT_THROW(measure_read_bandwidth_of(pool, std::span(regions).subspan(1, 1), 1, KernelLevel::kScalar), Error);
+  EXPECT_THROW(measure_read_bandwidth_of(pool, regions, 0, KernelLevel::kScalar), Error);
+}
+
 TEST(PerfMicrobench, RejectsEmptyWork) {
   ThreadPool pool(1);
   EXPECT_THROW(measure_read_bandwidth(pool, 0, 1, KernelLevel::kScalar), Error);
@@ -186,6 +202,10 @@ TEST(PerfModelCost, StoriesWeightsMatchTheFileTensors) {
   uint64_t by_type = 0;
   for (const auto& [name, b] : mc.bytes_by_type) by_type += b;
   EXPECT_EQ(by_type, mc.decode_weight_bytes);
+  // The memory a decode streams is those bytes (f32: nothing repacked).
+  uint64_t region_bytes = 0;
+  for (std::span<const uint8_t> r : m->decode_weight_regions()) region_bytes += r.size();
+  EXPECT_EQ(region_bytes, mc.decode_weight_bytes);
   EXPECT_EQ(mc.n_layer, m->config().n_layer);
   EXPECT_EQ(mc.family, compute_family(mc.prefill_type));
   EXPECT_EQ(file_type_name(15), "q4_k_m");
@@ -257,8 +277,19 @@ TEST(PerfBench, RunsStoriesInProcess) {
   EXPECT_GT(r.peak_rss_bytes, 0u);
   EXPECT_TRUE(r.kv_elem_bytes == 2 || r.kv_elem_bytes == 4) << r.kv_elem_bytes;
 
+  // A read of the decode's weights after each repetition, and the decode's
+  // GB/s in that repetition over it.
+  ASSERT_EQ(r.read_gb_s_beside.size(), 3u);
+  ASSERT_EQ(r.decode_frac_beside.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_GT(r.read_gb_s_beside[i], 0);
+    EXPECT_NEAR(r.decode_frac_beside[i], r.cost.decode_weight_bytes * 3 / r.decode_s[i] / 1e9 / r.read_gb_s_beside[i],
+                1e-9 * r.decode_frac_beside[i]);
+  }
+
   const Roofline roof = sample_roofline(2);
   const RooflineUse u = roofline_use(r, roof);
+  EXPECT_DOUBLE_EQ(u.decode_frac_beside.median, Stats::of(r.decode_frac_beside).median);
   EXPECT_DOUBLE_EQ(u.decode_gb_s, r.cost.decode_weight_bytes * r.decode_tok_s.median / 1e9);
   EXPECT_DOUBLE_EQ(u.decode_frac, u.decode_gb_s / 12.5);
   EXPECT_EQ(u.prefill_peak_gop_s, r.cost.family == ComputeFamily::kInt8 ? 400 : r.cost.family == ComputeFamily::kBf16 ? 200 : 100);

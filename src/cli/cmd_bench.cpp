@@ -52,9 +52,14 @@ void print_table(const BenchResult& r, const Roofline& roof) {
                      roof.kernel_level);
   out += fmt::format("  weights read per decode token: {:.1f} MiB ({}; linear layers + output matrix)\n",
                      mib(mc.decode_weight_bytes), types);
-  if (r.opts.n_gen > 0)
+  if (r.opts.n_gen > 0) {
     out += fmt::format("  decode   {:8.2f} GB/s  of {:8.2f} GB/s read bandwidth ({})  = {:5.1f}%\n", u.decode_gb_s,
                        roof.read_gb_s.value, roof.read_gb_s.isa, 100 * u.decode_frac);
+    out += fmt::format("           against a read of the same weights after each repetition ({:.2f} GB/s median):"
+                       " {:5.1f}% ({:.1f}-{:.1f}%)\n",
+                       u.read_gb_s_beside, 100 * u.decode_frac_beside.median, 100 * u.decode_frac_beside.min,
+                       100 * u.decode_frac_beside.max);
+  }
   out += fmt::format("  prefill  {:8.2f} GOP/s of {:8.2f} GOP/s {} peak ({}, for {} weights)  = {:5.1f}%\n",
                      u.prefill_gop_s, u.prefill_peak_gop_s, compute_family_name(mc.family), u.prefill_peak_isa,
                      type_traits(mc.prefill_type).name, 100 * u.prefill_frac);

@@ -97,6 +97,7 @@ void Model::prepack_weights(PrepackMode mode) {
         file_->release_pages(W->row(r0), static_cast<size_t>(r1 - r0) * W->row_stride);
     }
     (panels ? W->packed : W->tiles) = buf;
+    packed_sizes_.push_back(bytes);
     packed_bytes_ += bytes;
     // The tied embedding looks its rows up in the new layout too.
     if (tied && lookups_in_panels) {
@@ -104,6 +105,29 @@ void Model::prepack_weights(PrepackMode mode) {
       w_.tok_embd.tiles = W->tiles;
     }
   }
+}
+
+std::vector<std::span<const uint8_t>> Model::decode_weight_regions() const {
+  auto size_of = [&](const uint8_t* buf) {
+    for (size_t i = 0; i < packed_.size(); ++i)
+      if (packed_[i].get() == buf) return packed_sizes_[i];
+    return size_t{0};
+  };
+  std::vector<std::span<const uint8_t>> out;
+  auto add = [&](const WeightMatrix& W) {
+    if (W.packed) return out.emplace_back(W.packed, size_of(W.packed)), void();
+    if (!W) return;
+    int64_t r0 = 0;
+    if (W.tiles) {
+      out.emplace_back(W.tiles, size_of(W.tiles));
+      r0 = W.rows / kGemmTile * kGemmTile;
+    }
+    if (r0 < W.rows) out.emplace_back(W.row(r0), static_cast<size_t>(W.rows - r0) * W.row_stride);
+  };
+  add(w_.output);
+  for (const LayerWeights& L : w_.layers)
+    for (const WeightMatrix* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) add(*W);
+  return out;
 }
 
 void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,

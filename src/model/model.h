@@ -92,6 +92,7 @@ class Model {
     void operator()(uint8_t* p) const;
   };
   std::vector<std::unique_ptr<uint8_t, FreeDeleter>> packed_;  // see kernels/prepack.h
+  std::vector<size_t> packed_sizes_;                           // bytes of each
   size_t packed_bytes_ = 0;
 
   void prepack_weights(PrepackMode mode);
@@ -99,6 +100,10 @@ class Model {
  public:
   // Bytes of weights held repacked in memory (instead of the file's pages).
   size_t packed_bytes() const { return packed_bytes_; }
+  // The memory a decode step streams: every linear layer's and the output
+  // matrix's bytes, where they are (repacked buffers, tiles, the mapping),
+  // so a benchmark can time a plain read of the very same pages.
+  std::vector<std::span<const uint8_t>> decode_weight_regions() const;
 };
 
 }  // namespace tandem

@@ -13,8 +13,10 @@
 #include "core/thread_pool.h"
 #include "gguf/gguf.h"
 #include "kernels/dot.h"
+#include "kernels/dot_impl.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "perf/microbench.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tandem {
@@ -168,9 +170,16 @@ BenchResult run_bench(const BenchOptions& opts) {
   for (int32_t i = 0; i < opts.warmup; ++i) one_rep(*model, kv, pool, r.tokens, P, N, B);
   r.warmup_s = since(tw);
 
+  const auto regions = model->decode_weight_regions();
   std::vector<double> prefill_tps, decode_tps;
   for (int32_t i = 0; i < opts.reps; ++i) {
     const RepTimes t = one_rep(*model, kv, pool, r.tokens, P, N, B);
+    if (N > 0) {
+      const double read = measure_read_bandwidth_of(pool, regions, 2, active_kernel_level()).value;
+      const double decode = static_cast<double>(r.cost.decode_weight_bytes) * N / t.decode_s / 1e9;
+      r.read_gb_s_beside.push_back(read);
+      r.decode_frac_beside.push_back(decode / read);
+    }
     r.prefill_s.push_back(t.prefill_s);
     r.decode_s.push_back(t.decode_s);
     r.prefill_cpu_s.push_back(t.prefill_cpu_s);
@@ -189,6 +198,8 @@ RooflineUse roofline_use(const BenchResult& r, const Roofline& roof) {
   // A decode step reads the weights once for all B rows.
   u.decode_gb_s = static_cast<double>(r.cost.decode_weight_bytes) * r.decode_tok_s.median / r.opts.batch / 1e9;
   u.decode_frac = roof.read_gb_s.value > 0 ? u.decode_gb_s / roof.read_gb_s.value : 0;
+  u.read_gb_s_beside = Stats::of(r.read_gb_s_beside).median;
+  u.decode_frac_beside = Stats::of(r.decode_frac_beside);
   const int64_t P = r.opts.n_prompt;
   // Median time per prefill = P / median tok/s.
   if (r.prefill_tok_s.median > 0)
@@ -242,6 +253,10 @@ nlohmann::json bench_to_json(const BenchResult& r, const Roofline& roof) {
       {"decode_kv_bytes_per_token", mc.kv_read_bytes_per_step(P, N, r.kv_elem_bytes)},
       {"decode_gb_s", u.decode_gb_s},
       {"decode_bandwidth_fraction", u.decode_frac},
+      {"read_gb_s_beside", r.read_gb_s_beside},
+      {"decode_bandwidth_fraction_beside", u.decode_frac_beside.median},
+      {"decode_bandwidth_fraction_beside_min", u.decode_frac_beside.min},
+      {"decode_bandwidth_fraction_beside_max", u.decode_frac_beside.max},
       {"prefill_ops", 2 * mc.prefill_macs(P)},
       {"prefill_gop_s", u.prefill_gop_s},
       {"prefill_compute_family", compute_family_name(mc.family)},

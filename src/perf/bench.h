@@ -50,6 +50,12 @@ struct BenchResult {
   // one thread a measure that other processes on the machine barely disturb.
   std::vector<double> prefill_cpu_s, decode_cpu_s;
   Stats prefill_tok_s, decode_tok_s;  // tokens of all sequences per second
+  // After each repetition's decode, a plain read of the very bytes decode
+  // streams (Model::decode_weight_regions), in GB/s: the machine's read
+  // bandwidth at that moment, for these pages. This machine's bandwidth
+  // drifts by 1.5x within minutes, so a ceiling measured apart says little.
+  std::vector<double> read_gb_s_beside;
+  std::vector<double> decode_frac_beside;  // each repetition's decode GB/s over its read
   uint64_t peak_rss_bytes = 0;  // getrusage high-water mark, whole process
   uint64_t kv_cache_bytes = 0;
   int kv_elem_bytes = 0;  // 2: f16, 4: f32
@@ -70,6 +76,8 @@ BenchResult run_bench(const BenchOptions& opts);
 struct RooflineUse {
   double decode_gb_s = 0;        // weight bytes per token * median decode tok/s
   double decode_frac = 0;        // of the read bandwidth
+  double read_gb_s_beside = 0;   // median of BenchResult::read_gb_s_beside
+  Stats decode_frac_beside;      // of the reads beside each repetition
   double prefill_gop_s = 0;      // 2 * prefill MACs / median prefill time
   double prefill_peak_gop_s = 0; // the peak of the model's compute family
   std::string prefill_peak_isa;

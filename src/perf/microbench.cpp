@@ -106,6 +106,23 @@ __attribute__((target("avx512f"))) uint64_t read_avx512(const uint8_t* p, size_t
 }
 #endif
 
+using ReadFn = uint64_t (*)(const uint8_t*, size_t);
+// The widest read kernel of `level` (64-byte aligned data, lengths in 256-byte steps).
+ReadFn reader(KernelLevel level, std::string& isa) {
+#if defined(__x86_64__)
+  if (is_avx512(level)) {
+    isa = "avx512 512-bit loads";
+    return read_avx512;
+  }
+  if (is_avx2(level)) {
+    isa = "avx2 256-bit loads";
+    return read_avx2;
+  }
+#endif
+  isa = "scalar 64-bit loads";
+  return read_scalar;
+}
+
 // ---- compute ------------------------------------------------------------
 // Each loop iteration issues one instruction per accumulator; accumulators
 // are independent so the loop runs at the units' throughput. Inputs depend on
@@ -250,6 +267,49 @@ __attribute__((target("avx512f,avx512bf16"))) float bf16_avx512(int64_t iters) {
 
 }  // namespace
 
+PeakMeasure measure_read_bandwidth_of(ThreadPool& pool, std::span<const std::span<const uint8_t>> regions, int passes,
+                                      KernelLevel level) {
+  check_level(level);
+  if (passes < 1) fail(ErrorKind::kInvalidArgument, "read bandwidth: passes must be at least 1, got {}", passes);
+  // The read kernels want 64-byte aligned starts and lengths in 256-byte
+  // steps: each region is trimmed to that (a few hundred bytes at most).
+  constexpr size_t kStep = 256;
+  struct Piece {
+    const uint8_t* p;
+    size_t n;
+  };
+  std::vector<Piece> pieces;
+  size_t total = 0;
+  for (std::span<const uint8_t> r : regions) {
+    const uintptr_t b = reinterpret_cast<uintptr_t>(r.data()), e = b + r.size();
+    const uintptr_t a = (b + 63) & ~uintptr_t{63};
+    if (e <= a || (e - a) < kStep) continue;
+    const size_t n = (e - a) / kStep * kStep;
+    pieces.push_back({reinterpret_cast<const uint8_t*>(a), n});
+    total += n;
+  }
+  if (total == 0) fail(ErrorKind::kInvalidArgument, "read bandwidth: no memory to read");
+  PeakMeasure m;
+  const ReadFn read = reader(level, m.isa);
+  const int nt = pool.size();
+  // Thread t reads bytes [start(t), start(t + 1)) of the pieces laid end to end.
+  auto start = [&](int t) { return t == nt ? total : total / kStep * t / nt * kStep; };
+  const double s = best_parallel_seconds(pool, passes, [&](int t) {
+    const size_t b = start(t), e = start(t + 1);
+    uint64_t sum = 0;
+    size_t off = 0;
+    for (const Piece& pc : pieces) {
+      const size_t lo = std::max(b, off), hi = std::min(e, off + pc.n);
+      if (lo < hi) sum += read(pc.p + (lo - off), hi - lo);
+      off += pc.n;
+      if (off >= e) break;
+    }
+    return static_cast<double>(sum);
+  });
+  m.value = static_cast<double>(total) / s / 1e9;
+  return m;
+}
+
 PeakMeasure measure_read_bandwidth(ThreadPool& pool, size_t bytes, int passes, KernelLevel level) {
   check_args("read bandwidth", static_cast<int64_t>(bytes), passes);
   check_level(level);
@@ -274,17 +334,7 @@ PeakMeasure measure_read_bandwidth(ThreadPool& pool, size_t bytes, int passes, K
   });
 
   PeakMeasure m;
-  uint64_t (*read)(const uint8_t*, size_t) = read_scalar;
-  m.isa = "scalar 64-bit loads";
-#if defined(__x86_64__)
-  if (is_avx512(level)) {
-    read = read_avx512;
-    m.isa = "avx512 512-bit loads";
-  } else if (is_avx2(level)) {
-    read = read_avx2;
-    m.isa = "avx2 256-bit loads";
-  }
-#endif
+  const ReadFn read = reader(level, m.isa);
   const double s = best_parallel_seconds(pool, passes, [&](int t) {
     size_t off, len;
     slice(t, off, len);

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "kernels/dot_impl.h"
@@ -26,6 +27,11 @@ struct PeakMeasure {
 // over the threads, `passes` times; the best pass counts. The buffer must be
 // far larger than the last-level cache for the result to mean DRAM bandwidth.
 PeakMeasure measure_read_bandwidth(ThreadPool& pool, size_t bytes, int passes, KernelLevel level);
+// The same over memory the caller owns (e.g. a model's weights, whose pages
+// and page sizes are then those a decode reads): the regions' bytes split in
+// equal contiguous shares over the threads.
+PeakMeasure measure_read_bandwidth_of(ThreadPool& pool, std::span<const std::span<const uint8_t>> regions, int passes,
+                                      KernelLevel level);
 
 // Independent accumulator chains, so the result is throughput, not latency.
 // `iters` loop iterations per thread per trial; the best of `trials` counts.
