@@ -219,10 +219,13 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
                             {&s.rope_sin, int64_t{half}}, {&s.attn, OW}})
     if (static_cast<int64_t>(buf->size()) < n * width) buf->resize(n * width);
 
-  const float* xn = s.xn.data() + c0 * E;
-  s.mm.run(L.wq, xn, E, n, s.q.data(), QW, pool);
-  s.mm.run(L.wk, xn, E, n, s.k.data(), KW, pool);
-  s.mm.run(L.wv, xn, E, n, s.v.data(), VW, pool);
+  // One parallel region for the three projections: one barrier instead of
+  // three, and K and V (a few tiles each) are no longer products too small
+  // to split evenly.
+  const WeightMatrix* qkv[] = {&L.wq, &L.wk, &L.wv};
+  float* const qkv_out[] = {s.q.data(), s.k.data(), s.v.data()};
+  const int64_t qkv_ld[] = {QW, KW, VW};
+  s.mm.run_many(qkv, s.xn.data() + c0 * E, E, n, qkv_out, qkv_ld, pool);
 
   pool.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -333,8 +336,10 @@ void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, 
   s.up.resize(CR * F);
   for (int64_t c0 = 0; c0 < R; c0 += CR) {
     const int64_t n = std::min(CR, R - c0);
-    s.mm.run(L.w_gate, s.xn.data() + c0 * E, E, n, s.gate.data(), F, pool);
-    s.mm.run(L.w_up, s.xn.data() + c0 * E, E, n, s.up.data(), F, pool);
+    const WeightMatrix* gate_up[] = {&L.w_gate, &L.w_up};
+    float* const gate_up_out[] = {s.gate.data(), s.up.data()};
+    const int64_t gate_up_ld[] = {F, F};
+    s.mm.run_many(gate_up, s.xn.data() + c0 * E, E, n, gate_up_out, gate_up_ld, pool);
     pool.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) gated_activation(c.act, s.gate.data() + r * F, s.up.data() + r * F, F);
     });
