@@ -1066,8 +1066,8 @@ TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const Gem
       const int64_t pf = r == r0 ? pf4 : 0;
       int64_t o = ob;
       for (; o < std::min(oe, tiled); o += 4) {
-        const uint8_t* g = float_tiles::row_start(W.tiles, K, Load::kBytes, o);
-        const uint8_t* w[4] = {g, g + kRowStep, g + 2 * kRowStep, g + 3 * kRowStep};
+        const uint8_t* w[4];
+        for (int i = 0; i < 4; ++i) w[i] = float_tiles::row_start(W.tiles, K, Load::kBytes, o + i);
         float_tile_n<Load, 4>(na, w, kTileStep, a, K, y + r * ldy + o, ldy, pf);
       }
       if (na == 1 && single_row)
