@@ -80,6 +80,35 @@ TEST(KernelsMatmulPool, ParallelChunksNeverShareASlot) {
   EXPECT_EQ(covered.load(), 997 * 500);
 }
 
+// The tapering ranges cover [0, n) once, never shorter than the grain but at
+// the end, each no longer than 1/(2 x threads) of what was left (but the
+// grain), and never run on one slot twice at once.
+TEST(KernelsMatmulPool, GuidedChunksTaperAndCoverOnce) {
+  std::mt19937 rng(2);
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    std::vector<std::atomic<int>> busy(pool.size());
+    for (int trial = 0; trial < 300; ++trial) {
+      const int64_t n = rng() % 3000, grain = 1 + rng() % 40;
+      std::vector<std::atomic<int>> hit(n);
+      std::atomic<int64_t> bad{0};
+      pool.parallel_chunks_guided(n, grain, [&](int t, int64_t b, int64_t e) {
+        ASSERT_EQ(busy[t].fetch_add(1), 0) << "slot " << t << " in use twice at once";
+        ASSERT_LE(0, b);
+        ASSERT_LT(b, e);
+        ASSERT_LE(e, n);
+        const bool whole = threads == 1 || n <= grain;
+        if (!whole && e - b > std::max(grain, (n - b) / (2 * threads))) bad.fetch_add(1);
+        if (e - b < grain && e != n) bad.fetch_add(1);
+        for (int64_t i = b; i < e; ++i) hit[i].fetch_add(1);
+        busy[t].fetch_sub(1);
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hit[i].load(), 1) << "n=" << n << " grain=" << grain << " i=" << i;
+      EXPECT_EQ(bad.load(), 0) << "n=" << n << " grain=" << grain;
+    }
+  }
+}
+
 // Workers sleep after an idle spell longer than their hot period; the next
 // job must wake them (a lost wake-up would hang here).
 TEST(KernelsMatmulPool, WakesSleepingWorkers) {

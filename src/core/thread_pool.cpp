@@ -167,6 +167,28 @@ void ThreadPool::parallel_chunks(int64_t n, int64_t grain, FnRef<void(int, int64
   });
 }
 
+void ThreadPool::parallel_chunks_guided(int64_t n, int64_t grain, FnRef<void(int, int64_t, int64_t)> fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  if (n <= grain || n_threads_ == 1) {
+    fn(0, 0, n);
+    return;
+  }
+  next_.store(0, std::memory_order_relaxed);
+  run([&](int t, int nt) {
+    int64_t b = next_.load(std::memory_order_relaxed);
+    for (;;) {
+      int64_t e;
+      do {
+        if (b >= n) return;
+        e = std::min(n, b + std::max(grain, (n - b) / (2 * nt)));
+      } while (!next_.compare_exchange_weak(b, e, std::memory_order_relaxed));
+      fn(t, b, e);
+      b = next_.load(std::memory_order_relaxed);
+    }
+  });
+}
+
 void ThreadPool::parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int64_t)> fn) {
   parallel_chunks(n, grain, [&](int, int64_t b, int64_t e) { fn(b, e); });
 }

@@ -66,6 +66,14 @@ class ThreadPool {
   // fn(thread, begin, end), thread in [0, size()).
   void parallel_chunks(int64_t n, int64_t grain, FnRef<void(int, int64_t, int64_t)> fn);
 
+  // As parallel_chunks, but the ranges taper: each claim takes 1/(2 x
+  // threads) of what is left (at least `grain`), so the threads stream long
+  // contiguous runs first and finish within one small range of each other.
+  // The range boundaries depend on timing: fn's result for an index must not
+  // depend on the range it came in (true of matmul tiles, whose outputs are
+  // disjoint and computed alike whatever range holds them).
+  void parallel_chunks_guided(int64_t n, int64_t grain, FnRef<void(int, int64_t, int64_t)> fn);
+
   static int default_threads();  // physical cores
 
  private:
