@@ -39,7 +39,8 @@ inline constexpr size_t group_step(size_t elem_bytes) { return kGroupRows * chun
 // Where row r's first chunk is: its later chunks follow every group_step bytes.
 inline const uint8_t* row_start(const uint8_t* tiles, int64_t cols, size_t elem_bytes, int64_t r) {
   const int64_t g = r / kGroupRows, i = r % kGroupRows;
-  return tiles + static_cast<size_t>(g) * kGroupRows * cols * elem_bytes + static_cast<size_t>(i) * chunk_bytes(elem_bytes);
+  return tiles + static_cast<size_t>(g) * kGroupRows * cols * elem_bytes +
+         static_cast<size_t>(i) * chunk_bytes(elem_bytes);
 }
 
 // Writes group g (rows 4g .. 4g + 3 of rows, in file layout) to its place.

@@ -60,7 +60,8 @@ void Model::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
 // Repacks the matrices `mode` names (kernels/prepack.h): with kAuto those
 // whose panels are no larger than the file's bytes, and q4_0 / q5_0 / q4_K /
-// f16 / bf16 ones into tiles where the kernels read them. Drops the file's pages of what was copied.
+// f16 / bf16 ones into tiles where the kernels read them. Drops the file's
+// pages of what was copied.
 // TANDEM_PREPACK=0 keeps every weight in the file (for comparisons).
 void Model::prepack_weights(PrepackMode mode) {
   const char* env = std::getenv("TANDEM_PREPACK");
