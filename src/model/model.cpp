@@ -93,7 +93,7 @@ void Model::prepack_weights(PrepackMode mode) {
   const KernelLevel level = s_->mm.level();
   std::vector<WeightMatrix*> all = {&w_.output};
   for (LayerWeights& L : w_.layers)
-    for (WeightMatrix* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) all.push_back(W);
+    for (WeightMatrix* W : L.matrices()) all.push_back(W);
   std::unique_ptr<ThreadPool> pool;
   for (WeightMatrix* W : all) {
     // Panels for every row (q8_0; any type under kAll), else q4_0 / q5_0 / q4_K /
@@ -107,7 +107,7 @@ void Model::prepack_weights(PrepackMode mode) {
     const bool lookups_in_panels = !panels || gemm_class(W->type) == GemmClass::kQ32;
     if (!pool) pool = std::make_unique<ThreadPool>(0);
     uint8_t* buf = alloc_weights(bytes);
-    packed_.emplace_back(buf);
+    packed_.push_back({std::unique_ptr<uint8_t, FreeDeleter>(buf), bytes});
     // In slices, releasing each slice's file pages once written, so that a
     // large matrix (Gemma's 178 MB embedding) is not held twice at the peak.
     const int64_t tiles = panels ? (W->rows + kGemmTile - 1) / kGemmTile : W->rows / kGemmTile;
@@ -121,8 +121,6 @@ void Model::prepack_weights(PrepackMode mode) {
         file_->release_pages(W->row(r0), static_cast<size_t>(r1 - r0) * W->row_stride);
     }
     (panels ? W->packed : W->tiles) = buf;
-    packed_sizes_.push_back(bytes);
-    packed_bytes_ += bytes;
     // The tied embedding looks its rows up in the new layout too.
     if (tied && lookups_in_panels) {
       w_.tok_embd.packed = W->packed;
@@ -131,10 +129,16 @@ void Model::prepack_weights(PrepackMode mode) {
   }
 }
 
+size_t Model::packed_bytes() const {
+  size_t n = 0;
+  for (const Repacked& p : packed_) n += p.bytes;
+  return n;
+}
+
 std::vector<std::span<const uint8_t>> Model::decode_weight_regions() const {
   auto size_of = [&](const uint8_t* buf) {
-    for (size_t i = 0; i < packed_.size(); ++i)
-      if (packed_[i].get() == buf) return packed_sizes_[i];
+    for (const Repacked& p : packed_)
+      if (p.buf.get() == buf) return p.bytes;
     return size_t{0};
   };
   std::vector<std::span<const uint8_t>> out;
@@ -150,7 +154,7 @@ std::vector<std::span<const uint8_t>> Model::decode_weight_regions() const {
   };
   add(w_.output);
   for (const LayerWeights& L : w_.layers)
-    for (const WeightMatrix* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) add(*W);
+    for (const WeightMatrix* W : L.matrices()) add(*W);
   return out;
 }
 

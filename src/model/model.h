@@ -91,15 +91,17 @@ class Model {
   struct FreeDeleter {
     void operator()(uint8_t* p) const;
   };
-  std::vector<std::unique_ptr<uint8_t, FreeDeleter>> packed_;  // see kernels/prepack.h
-  std::vector<size_t> packed_sizes_;                           // bytes of each
-  size_t packed_bytes_ = 0;
+  struct Repacked {  // see kernels/prepack.h
+    std::unique_ptr<uint8_t, FreeDeleter> buf;
+    size_t bytes;
+  };
+  std::vector<Repacked> packed_;
 
   void prepack_weights(PrepackMode mode);
 
  public:
   // Bytes of weights held repacked in memory (instead of the file's pages).
-  size_t packed_bytes() const { return packed_bytes_; }
+  size_t packed_bytes() const;
   // The memory a decode step streams: every linear layer's and the output
   // matrix's bytes, where they are (repacked buffers, tiles, the mapping),
   // so a benchmark can time a plain read of the very same pages.

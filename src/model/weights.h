@@ -2,6 +2,7 @@
 // pass walks. Weights stay in the mapped file in their stored format.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -24,6 +25,10 @@ struct LayerWeights {
   WeightVector ffn_norm;
   WeightMatrix w_gate, w_up, w_down;
   WeightVector post_ffn_norm;       // gemma3
+
+  // The seven linear layers, in forward order.
+  std::array<WeightMatrix*, 7> matrices() { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
+  std::array<const WeightMatrix*, 7> matrices() const { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
 };
 
 struct ModelWeights {

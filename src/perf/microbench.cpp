@@ -318,30 +318,15 @@ PeakMeasure measure_read_bandwidth(ThreadPool& pool, size_t bytes, int passes, K
   std::unique_ptr<uint8_t, decltype(&std::free)> buf(static_cast<uint8_t*>(std::aligned_alloc(kPage, bytes)),
                                                      &std::free);
   if (!buf) fail(ErrorKind::kResource, "read bandwidth: cannot allocate {} bytes", bytes);
-  // Slices are whole pages, so every kernel's unrolled step divides them.
+  // Each thread faults in the pages it will read (about: the reads below
+  // split the bytes evenly, in 256-byte steps rather than pages).
   const size_t pages = bytes / kPage;
-  const int n = pool.size();
-  auto slice = [&](int t, size_t& off, size_t& len) {
+  pool.run([&](int t, int n) {
     const size_t p0 = pages * t / n, p1 = pages * (t + 1) / n;
-    off = p0 * kPage;
-    len = (p1 - p0) * kPage;
-  };
-  // Each thread faults in the slice it will read.
-  pool.run([&](int t, int) {
-    size_t off, len;
-    slice(t, off, len);
-    std::memset(buf.get() + off, t + 1, len);
+    std::memset(buf.get() + p0 * kPage, t + 1, (p1 - p0) * kPage);
   });
-
-  PeakMeasure m;
-  const ReadFn read = reader(level, m.isa);
-  const double s = best_parallel_seconds(pool, passes, [&](int t) {
-    size_t off, len;
-    slice(t, off, len);
-    return static_cast<double>(read(buf.get() + off, len));
-  });
-  m.value = static_cast<double>(bytes) / s / 1e9;
-  return m;
+  const std::span<const uint8_t> all[] = {{buf.get(), bytes}};
+  return measure_read_bandwidth_of(pool, all, passes, level);
 }
 
 PeakMeasure measure_fp32_fma_peak(ThreadPool& pool, int64_t iters, int trials, KernelLevel level) {

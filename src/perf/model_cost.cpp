@@ -87,7 +87,7 @@ ModelCost model_cost(const Model& m) {
     if (per_token) macs_by_type[x.type] += matrix_macs(x);
   };
   for (const LayerWeights& L : w.layers)
-    for (const WeightMatrix* x : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) add(*x, true);
+    for (const WeightMatrix* x : L.matrices()) add(*x, true);
   add(w.output, false);
 
   uint64_t best = 0;
