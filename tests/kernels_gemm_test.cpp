@@ -166,7 +166,8 @@ TEST(KernelsGemm, EveryLevelBitExactAndBatchInvariant) {
 }
 
 // Every stream tuning (kernels/stream_tuning.h: prefetch or not, float
-// decode one weight row at a time or four) gives the scalar level's bits, so
+// decode one weight row at a time or four, one or two panels per kernel
+// call from 1 or 9 rows or never) gives the scalar level's bits, so
 // a result never depends on which CPU chose which tuning.
 TEST(KernelsGemm, EveryStreamTuningGivesTheSameBits) {
   ThreadPool pool(2);
@@ -177,20 +178,23 @@ TEST(KernelsGemm, EveryStreamTuningGivesTheSameBits) {
     const std::vector<float> x = random_acts(9, p.cols, rng);
     const std::vector<float> ref = matmul(p, x, 9, KernelLevel::kScalar, pool);
     for (bool prefetch : {false, true})
-      for (bool single : {false, true}) {
-        const ScopedStreamTuning tuning({.software_prefetch = prefetch,
-                                         .float_single_row = single,
-                                         .panel_prefetch_bytes = prefetch ? 2048 : 0,
-                                         .panel_prefetch_min_rows = 1});
-        for (KernelLevel level : levels())
-          for (int64_t n : {1, 2, 9}) {
-            const std::vector<float> y = matmul(p, x, n, level, pool);
-            for (int64_t i = 0; i < n * p.rows; ++i)
-              ASSERT_TRUE(same_bits(y[i], ref[i])) << name(t) << " " << kernel_level_name(level) << " n=" << n
-                                                   << " prefetch=" << prefetch << " single_row=" << single << " at "
-                                                   << i << ": " << y[i] << " vs scalar " << ref[i];
-          }
-      }
+      for (bool single : {false, true})
+        for (int64_t pair_rows : {0, 1, 9}) {
+          const ScopedStreamTuning tuning({.software_prefetch = prefetch,
+                                           .float_single_row = single,
+                                           .panel_prefetch_bytes = prefetch ? 2048 : 0,
+                                           .panel_prefetch_min_rows = 1,
+                                           .panel_pair_min_rows = pair_rows});
+          for (KernelLevel level : levels())
+            for (int64_t n : {1, 2, 9}) {
+              const std::vector<float> y = matmul(p, x, n, level, pool);
+              for (int64_t i = 0; i < n * p.rows; ++i)
+                ASSERT_TRUE(same_bits(y[i], ref[i]))
+                    << name(t) << " " << kernel_level_name(level) << " n=" << n << " prefetch=" << prefetch
+                    << " single_row=" << single << " pair_rows=" << pair_rows << " at " << i << ": " << y[i]
+                    << " vs scalar " << ref[i];
+            }
+        }
   }
 }
 

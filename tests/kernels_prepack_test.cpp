@@ -50,16 +50,19 @@ void expect_same_products(const WeightMatrix& W, const WeightMatrix& R, KernelLe
     file_layout.run(W, x.data(), W.cols, n, ya.data(), W.rows, pool);
     // The repacked layout streamed with and without software prefetch (17 and
     // 70 rows: several row groups, the last prefetching the next chunk).
-    for (bool prefetch : {false, true}) {
-      const ScopedStreamTuning tuning({.software_prefetch = prefetch,
-                                       .float_single_row = stream_tuning().float_single_row,
-                                       .panel_prefetch_bytes = prefetch ? 2048 : 0,
-                                       .panel_prefetch_min_rows = 1,
-                                       .panel_prefetch_next = prefetch});
-      repacked.run(R, x.data(), W.cols, n, yb.data(), W.rows, pool);
-      EXPECT_EQ(ya, yb) << type_traits(W.type).name << " level " << static_cast<int>(level) << " " << W.rows << "x"
-                        << W.cols << " n=" << n << " prefetch=" << prefetch;
-    }
+    // Two panels per kernel call or one, on either side.
+    for (bool prefetch : {false, true})
+      for (int64_t pair_rows : {0, 1}) {
+        const ScopedStreamTuning tuning({.software_prefetch = prefetch,
+                                         .float_single_row = stream_tuning().float_single_row,
+                                         .panel_prefetch_bytes = prefetch ? 2048 : 0,
+                                         .panel_prefetch_min_rows = 1,
+                                         .panel_prefetch_next = prefetch,
+                                         .panel_pair_min_rows = pair_rows});
+        repacked.run(R, x.data(), W.cols, n, yb.data(), W.rows, pool);
+        EXPECT_EQ(ya, yb) << type_traits(W.type).name << " level " << static_cast<int>(level) << " " << W.rows
+                          << "x" << W.cols << " n=" << n << " prefetch=" << prefetch << " pair_rows=" << pair_rows;
+      }
   }
 }
 

@@ -138,6 +138,11 @@ struct GemmKernel {
   // ..), from acc.in (or from +0) to acc.out; see GemmAcc.
   void (*run)(const uint8_t* panel, int64_t nblk, const GemmActs& acts, int64_t G, int R, int64_t b0,
               const GemmAcc& acc) = nullptr;
+  // Optional: run over two panels (32 weight rows) at once, panel i with
+  // acc[i]; the same results as two run calls, in less time where each
+  // activation broadcast then feeds two dot products (AVX-512 q32).
+  void (*run2)(const uint8_t* const* panels, int64_t nblk, const GemmActs& acts, int64_t G, int R, int64_t b0,
+               const GemmAcc* acc) = nullptr;
   // Row-wise path (acts.slots == 1): y[r * ldy + o] for weight rows o in
   // [o0, o1) and activation rows r in [r0, r1), weights read in place.
   void (*rows)(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& acts, int64_t r0, int64_t r1,

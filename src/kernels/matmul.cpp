@@ -145,69 +145,88 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
   const int64_t n_chunks = prepacked && A.groups == 1 ? 1 : (nb + max_chunk - 1) / max_chunk;
   const int64_t chunk = (nb + n_chunks - 1) / n_chunks;
   const int64_t panel_lines = (chunk * static_cast<int64_t>(kern.panel_block_bytes) + 63) / 64;
+  const StreamTuning& tuning = stream_tuning();
+  // Two tiles per kernel call (32 weight rows) where the kernel can: each
+  // activation broadcast then feeds two dot products.
+  const bool pairs = kern.run2 != nullptr && tuning.panel_pair_min_rows > 0 && n_rows >= tuning.panel_pair_min_rows;
+  const int span_max = pairs ? 2 : 1;
   if (scratch_.size() < static_cast<size_t>(pool.size())) scratch_.resize(pool.size());
+  const size_t acc_floats = static_cast<size_t>(A.groups * A.slots * kGemmTile);
   for (ThreadScratch& s : scratch_) {
-    if (s.panel.size() < static_cast<size_t>(panel_lines)) s.panel.resize(panel_lines);
-    if (s.acc.size() < static_cast<size_t>(A.groups * A.slots * kGemmTile))
-      s.acc.resize(A.groups * A.slots * kGemmTile);
+    if (s.panel.size() < static_cast<size_t>(span_max * panel_lines)) s.panel.resize(span_max * panel_lines);
+    if (s.acc.size() < span_max * acc_floats) s.acc.resize(span_max * acc_floats);
   }
 
   // Prefetch on the first pass over prepacked panels (one packed just now is
   // in L1). With several row groups, the last one reads the chunk from L1
   // while the memory system is idle: it prefetches the bytes that follow
-  // (the next chunk, or the next tile's first) into L2, and the first group
+  // (the next chunk, or the next unit's first) into L2, and the first group
   // of the next call, finding them there, prefetches nothing. Gemma 3's
   // 262144 x 640 output matrix with 16 rows (kernels_bench, two threads):
   // 11.4-12.7 -> 9.0-9.4 ms.
-  const StreamTuning& tuning = stream_tuning();
+  const int64_t pbb = static_cast<int64_t>(kern.panel_block_bytes);
   auto run_tiles = [&](int t, int64_t t0, int64_t t1) {
     ThreadScratch& s = scratch_[t];
-    uint8_t* panel = s.panel.data()->bytes;
-    float* acc = s.acc.data();
     const uint8_t* prefetched = nullptr;  // where the last call's prefetches ended
     size_t m = 0;
-    for (int64_t tile = t0; tile < t1; ++tile) {
+    int span = 1;
+    for (int64_t tile = t0; tile < t1; tile += span) {
       while (tile >= first_tile[m + 1]) ++m;
       const WeightMatrix& W = *Ws[m];
       const int64_t o0 = (tile - first_tile[m]) * kGemmTile;
       const int64_t width = std::min<int64_t>(kGemmTile, W.rows - o0);
+      // A pair: two whole tiles of one matrix, both in this range.
+      span = pairs && tile + 1 < t1 && tile + 1 < first_tile[m + 1] && o0 + 2 * kGemmTile <= W.rows ? 2 : 1;
       float* y = ys[m] + o0;
       for (int64_t c0 = 0; c0 < nb; c0 += chunk) {
         const int64_t c1 = std::min(nb, c0 + chunk);
-        const uint8_t* p = panel;
-        const int64_t chunk_bytes = (c1 - c0) * static_cast<int64_t>(kern.panel_block_bytes);
-        if (W.packed)
-          p = W.packed + ((tile - first_tile[m]) * nb + c0) * static_cast<int64_t>(kern.panel_block_bytes);
-        else
-          kern.pack(W, o0, c0, c1, panel);
-        const bool in_l2 = W.packed && p == prefetched;
+        const int64_t chunk_bytes = (c1 - c0) * pbb;
+        const uint8_t* p[2];
+        for (int i = 0; i < span; ++i) {
+          if (W.packed) {
+            p[i] = W.packed + ((tile + i - first_tile[m]) * nb + c0) * pbb;
+          } else {
+            uint8_t* dst = s.panel.data()->bytes + i * panel_lines * 64;
+            kern.pack(W, o0 + i * kGemmTile, c0, c1, dst);
+            p[i] = dst;
+          }
+        }
+        const bool in_l2 = W.packed && p[0] == prefetched;
         prefetched = nullptr;
+        // The last group's prefetch: each panel's next chunk, or after the
+        // last chunk the next unit's first (span tiles further on).
+        const int64_t next_bytes = c1 == nb ? (span * nb - c0) * pbb : chunk_bytes;
         // Chains start from +0 in the first chunk, pass through the scratch
         // rows between chunks, and a full tile's last chunk writes y itself.
         const bool first = c0 == 0, last = c1 == nb;
         for (int64_t g = 0; g < A.groups; ++g) {
           const int R = static_cast<int>(std::min<int64_t>(A.slots, n_rows - g * A.slots));
-          float* scratch_rows = acc + g * A.slots * kGemmTile;
-          GemmAcc io;
-          io.in = first ? nullptr : scratch_rows;
-          if (W.packed && g == 0 && !in_l2 && R >= tuning.panel_prefetch_min_rows)
-            io.prefetch_bytes = tuning.panel_prefetch_bytes;
-          if (W.packed && g > 0 && g == A.groups - 1 && tuning.panel_prefetch_next) {
-            io.prefetch_bytes = static_cast<int32_t>(chunk_bytes);
-            io.prefetch_to_l2 = true;
-            prefetched = p + chunk_bytes;
+          GemmAcc io[2];
+          for (int i = 0; i < span; ++i) {
+            float* scratch_rows = s.acc.data() + i * acc_floats + g * A.slots * kGemmTile;
+            io[i].in = first ? nullptr : scratch_rows;
+            if (W.packed && g == 0 && !in_l2 && R >= tuning.panel_prefetch_min_rows)
+              io[i].prefetch_bytes = tuning.panel_prefetch_bytes;
+            if (W.packed && g > 0 && g == A.groups - 1 && tuning.panel_prefetch_next) {
+              io[i].prefetch_bytes = span == 1 ? static_cast<int32_t>(chunk_bytes) : static_cast<int32_t>(next_bytes);
+              io[i].prefetch_to_l2 = true;
+              prefetched = p[0] + (span == 1 ? chunk_bytes : next_bytes);
+            }
+            if (last && width == kGemmTile) {
+              io[i].out = y + i * kGemmTile + g * A.slots * ldys[m];
+              io[i].ld_out = ldys[m];
+            } else {
+              io[i].out = scratch_rows;
+            }
           }
-          if (last && width == kGemmTile) {
-            io.out = y + g * A.slots * ldys[m];
-            io.ld_out = ldys[m];
-          } else {
-            io.out = scratch_rows;
-          }
-          kern.run(p, c1 - c0, A, g, R, c0, io);
+          if (span == 2)
+            kern.run2(p, c1 - c0, A, g, R, c0, io);
+          else
+            kern.run(p[0], c1 - c0, A, g, R, c0, io[0]);
         }
       }
       if (width < kGemmTile)
-        for (int64_t r = 0; r < n_rows; ++r) std::copy_n(acc + r * kGemmTile, width, y + r * ldys[m]);
+        for (int64_t r = 0; r < n_rows; ++r) std::copy_n(s.acc.data() + r * kGemmTile, width, y + r * ldys[m]);
     }
   };
   if (guided) pool.parallel_chunks_guided(n_tiles, 1, run_tiles);

@@ -39,6 +39,7 @@ StreamTuning detect() {
       t.panel_prefetch_min_rows = 1;
     }
   }
+  if (const char* e = std::getenv("TANDEM_PANEL_PAIRS")) t.panel_pair_min_rows = std::atoi(e);
   return t;
 }
 

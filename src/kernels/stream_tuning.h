@@ -28,6 +28,10 @@ struct StreamTuning {
   // Products of more than one row group: the last group, reading the panel
   // chunk from L1, prefetches the next chunk into L2 for the first group.
   bool panel_prefetch_next = true;
+  // Products of at least this many rows run two panels (32 weight rows) per
+  // kernel call where the kernel has run2 (0: never). Not a streaming
+  // choice, but one the tests flip the same way: the same bits either way.
+  int64_t panel_pair_min_rows = 9;
 };
 
 // Detected once from CPUID; TANDEM_PREFETCH=0 turns every software prefetch
