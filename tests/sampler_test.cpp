@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,48 @@ TEST(SamplerTest, GreedyMatchesMaxElementOnLargeVocab) {
     ASSERT_EQ(expected, 777);
     EXPECT_EQ(greedy_pick(logits, {}, plain(0.0f)), expected);
   }
+}
+
+// Greedy without penalties has its own scan (block maxima, then one block):
+// the same pick as a plain scan of clean() values (NaN never, +inf equal to
+// the largest float, lowest id on ties, -0 equal to +0), at sizes around its
+// 1024-logit blocks and 16-lane steps, with the specials anywhere.
+TEST(SamplerTest, GreedyScanMatchesPlainScan) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  auto plain_pick = [](const std::vector<float>& v) {
+    int32_t best = -1;
+    float bv = -kInf;
+    for (size_t i = 0; i < v.size(); ++i) {
+      float c = std::isnan(v[i]) ? -kInf : v[i] == kInf ? kMax : v[i];
+      if (c > bv) {
+        bv = c;
+        best = static_cast<int32_t>(i);
+      }
+    }
+    return best;
+  };
+  std::mt19937 rng(5);
+  const float specials[] = {kNaN, kInf, -kInf, kMax, 0.0f, -0.0f, 7.5f};
+  int checked = 0;
+  for (size_t n : {1, 2, 15, 16, 17, 1023, 1024, 1025, 2049, 5000, 262151}) {
+    for (int trial = 0; trial < 12; ++trial) {
+      std::vector<float> v = random_logits(n, static_cast<uint32_t>(n * 31 + trial));
+      if (trial % 3 == 1) for (float& x : v) x = std::round(x);  // many ties
+      if (trial % 4 == 2) for (float& x : v) x = -std::abs(x) - 1.0f;  // all negative, then zeros below
+      const int k = static_cast<int>(rng() % 5);
+      for (int j = 0; j < k; ++j) v[rng() % n] = specials[rng() % std::size(specials)];
+      if (trial == 11) std::fill(v.begin(), v.end(), kNaN);
+      const int32_t want = plain_pick(v);
+      Sampler s(plain(0.0f));
+      if (want < 0) {
+        EXPECT_THROW(s.sample(v, {}), Error) << "n=" << n << " trial " << trial;
+      } else {
+        EXPECT_EQ(s.sample(v, {}), want) << "n=" << n << " trial " << trial;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
 }
 
 TEST(SamplerTest, TinyTemperatureIsGreedy) {
