@@ -80,6 +80,29 @@ uint8_t* alloc_weights(size_t bytes) {
   return buf;
 }
 
+// Faults in [p, p + n) on the pool's threads before the repacking writes it
+// (MADV_POPULATE_WRITE, Linux 5.14+; elsewhere the writes fault as before).
+// On our VM faulting fresh memory is most of the load: 1.1 GB took 0.38-0.40
+// s to fault by writing it from two threads, 0.24-0.25 s to populate from
+// two; the 1.1B Q8_0 load went from 0.54-0.62 s to 0.49-0.59 s (8 rounds).
+void populate(uint8_t* p, size_t n, ThreadPool& pool) {
+#ifdef MADV_POPULATE_WRITE
+  constexpr uintptr_t kPage = 4096, kPiece = uintptr_t{2} << 20;
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + kPage - 1) / kPage * kPage;
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) / kPage * kPage;
+  if (b <= a) return;
+  const auto pieces = static_cast<int64_t>((b - a + kPiece - 1) / kPiece);
+  pool.parallel_for(pieces, 1, [&](int64_t i0, int64_t i1) {
+    const uintptr_t s = a + static_cast<uintptr_t>(i0) * kPiece;
+    const uintptr_t e = std::min(b, a + static_cast<uintptr_t>(i1) * kPiece);
+    // Advice only: on failure (an old kernel) the writes fault the pages in.
+    ::madvise(reinterpret_cast<void*>(s), e - s, MADV_POPULATE_WRITE);
+  });
+#else
+  (void)p, (void)n, (void)pool;
+#endif
+}
+
 }  // namespace
 
 // Repacks the matrices `mode` names (kernels/prepack.h): with kAuto those
@@ -114,6 +137,9 @@ void Model::prepack_weights(PrepackMode mode) {
     constexpr int64_t kSliceTiles = 256;
     for (int64_t t0 = 0; t0 < tiles; t0 += kSliceTiles) {
       const int64_t t1 = std::min(tiles, t0 + kSliceTiles);
+      // Tiles take equal bytes; the slice's only, so the peak stays one slice.
+      const size_t b0 = bytes * static_cast<size_t>(t0) / static_cast<size_t>(tiles);
+      populate(buf + b0, bytes * static_cast<size_t>(t1) / static_cast<size_t>(tiles) - b0, *pool);
       if (panels) prepack_tiles(*W, level, buf, t0, t1, *pool);
       else write_tiles(*W, buf, t0, t1, *pool);
       const int64_t r0 = t0 * kGemmTile, r1 = std::min(W->rows, t1 * kGemmTile);
