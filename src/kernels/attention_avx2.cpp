@@ -44,6 +44,13 @@ struct Ops {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
+  // maxps returns its second operand unless the first is greater (NaN: never).
+  TD_FN static V max(V x, V m) { return _mm256_max_ps(x, m); }
+  TD_FN static float reduce_max(V v) {
+    const __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(q, _mm_movehdup_ps(q)));
+  }
   TD_FN static V exp(V x) { return simd::exp_ps(x); }  // kernels/exp_simd.h
 };
 

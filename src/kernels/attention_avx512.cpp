@@ -68,6 +68,9 @@ struct Ops {
     for (int r = 0; r < 4; ++r)
       for (int j = 0; j < 4 && j < kn; ++j) s[r][j] = out[4 * r + j];
   }
+  // maxps returns its second operand unless the first is greater (NaN: never).
+  TD_FN static V max(V x, V m) { return _mm512_max_ps(x, m); }
+  TD_FN static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
   TD_FN static V exp(V x) { return simd::exp_ps(x); }  // kernels/exp_simd.h
 };
 

@@ -7,8 +7,9 @@
 // float*), load(const uint16_t*) (f16 -> f32), load_part(p, n) for both
 // (lanes >= n are zero), store(float*, V), store_part(float*, V, n),
 // add(V, V), sub(V, V), fma(a, b, c) = a*b+c, reduce(V) (fixed lane order),
-// exp(V); tile sizes QR x QK for scores (rows x keys) and PR x PD for the
-// value sum (rows x vectors); kReduce4x4 and, where true, reduce_4x4(acc, s,
+// max(x, m) = lane-wise x > m ? x : m, reduce_max(V), exp(V); tile sizes
+// QR x QK for scores (rows x keys) and PR x PD for the value sum (rows x
+// vectors); kReduce4x4 and, where true, reduce_4x4(acc, s,
 // kn): the 16 reductions of a 4 x 4 score tile at once, bit for bit reduce()'s.
 //
 // Why the results do not depend on the tiling: every score is one
@@ -114,8 +115,19 @@ TD_FN void qk_rows(const ChunkJob& job, int32_t r0, const T* const* kp, int32_t 
 // function of (a, b) and the scores alone.
 TD_FN float softmax_row(float* s, int32_t a, int32_t b, int32_t za, int32_t zb, float* m_out) {
   using V = typename Ops::V;
+  // m = s[a], then m = s[i] > m ? s[i] : m in any order: the same maximum
+  // (a NaN first stays, later NaNs are skipped; which of two equal zeros
+  // is kept does not change exp(s - m)). A scalar chain here was 10% of
+  // prefill attention, one max latency per score.
   float m = s[a];
-  for (int32_t i = a + 1; i < b; ++i) m = s[i] > m ? s[i] : m;
+  if (b - a - 1 >= Ops::W) {
+    V mv = Ops::bcast(m);
+    for (int32_t i = a + 1; i + Ops::W <= b; i += Ops::W) mv = Ops::max(Ops::load(s + i), mv);
+    mv = Ops::max(Ops::load(s + b - Ops::W), mv);  // the last W again: max is idempotent
+    m = Ops::reduce_max(mv);
+  } else {
+    for (int32_t i = a + 1; i < b; ++i) m = s[i] > m ? s[i] : m;
+  }
   const int32_t a0 = a / Ops::W * Ops::W, b1 = (b + Ops::W - 1) / Ops::W * Ops::W;
   const V mv = Ops::bcast(m);
   for (int32_t i = a0; i < b1; i += Ops::W) Ops::store(s + i, Ops::exp(Ops::sub(Ops::load(s + i), mv)));

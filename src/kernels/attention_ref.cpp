@@ -30,6 +30,8 @@ struct Ops {
   // not matter for the invariants: every schedule runs this same code.
   static V fma(V a, V b, V c) { return a * b + c; }
   static float reduce(V v) { return v; }
+  static V max(V x, V m) { return x > m ? x : m; }
+  static float reduce_max(V v) { return v; }
   static V exp(V x) { return std::exp(x); }
 };
 
