@@ -194,7 +194,8 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
         const bool in_l2 = W.packed && p[0] == prefetched;
         prefetched = nullptr;
         // The last group's prefetch: each panel's next chunk, or after the
-        // last chunk the next unit's first (span tiles further on).
+        // last chunk the next unit's first, span tiles on (for one tile the
+        // same as chunk_bytes ahead).
         const int64_t next_bytes = c1 == nb ? (span * nb - c0) * pbb : chunk_bytes;
         // Chains start from +0 in the first chunk, pass through the scratch
         // rows between chunks, and a full tile's last chunk writes y itself.
@@ -208,9 +209,9 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
             if (W.packed && g == 0 && !in_l2 && R >= tuning.panel_prefetch_min_rows)
               io[i].prefetch_bytes = tuning.panel_prefetch_bytes;
             if (W.packed && g > 0 && g == A.groups - 1 && tuning.panel_prefetch_next) {
-              io[i].prefetch_bytes = span == 1 ? static_cast<int32_t>(chunk_bytes) : static_cast<int32_t>(next_bytes);
+              io[i].prefetch_bytes = static_cast<int32_t>(next_bytes);
               io[i].prefetch_to_l2 = true;
-              prefetched = p[0] + (span == 1 ? chunk_bytes : next_bytes);
+              prefetched = p[0] + next_bytes;
             }
             if (last && width == kGemmTile) {
               io[i].out = y + i * kGemmTile + g * A.slots * ldys[m];
