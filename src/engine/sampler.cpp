@@ -132,9 +132,9 @@ void collect_top_k(std::span<const float> logits, const std::vector<Penalized>& 
 // The greedy pick without penalties: the lowest id of the best clean()
 // logit, or -1 when every logit is NaN or -inf. Block maxima first, in a loop
 // the compiler turns into vector max instructions (x > m ? x : m skips NaN
-// exactly as they do), then one block is searched for the first id. About 5x
-// faster than the general scan on Gemma 3's 262,144 logits, which a serving
-// step of 16 sequences scans 16 times.
+// exactly as they do), then one block is searched for the first id. About 2x
+// faster than the general scan on Gemma 3's 262,144 logits (107-138 -> 52-61
+// us), which a serving step of 16 sequences scans 16 times.
 int32_t greedy_argmax(std::span<const float> logits) {
   constexpr size_t kBlock = 1024, kLanes = 16;
   const size_t n = logits.size();

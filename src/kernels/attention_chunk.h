@@ -9,8 +9,8 @@
 // add(V, V), sub(V, V), fma(a, b, c) = a*b+c, reduce(V) (fixed lane order),
 // max(x, m) = lane-wise x > m ? x : m, reduce_max(V), exp(V); tile sizes
 // QR x QK for scores (rows x keys) and PR x PD for the value sum (rows x
-// vectors); kReduce4x4 and, where true, reduce_4x4(acc, s,
-// kn): the 16 reductions of a 4 x 4 score tile at once, bit for bit reduce()'s.
+// vectors); kReduce4x4 and, where true, reduce_4x4(acc, s, kn): the 16
+// reductions of a 4 x 4 score tile at once, bit for bit reduce()'s.
 //
 // Why the results do not depend on the tiling: every score is one
 // accumulator chain over head_dim in fixed steps, reduced the same way; the

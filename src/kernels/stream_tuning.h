@@ -35,7 +35,8 @@ struct StreamTuning {
 };
 
 // Detected once from CPUID; TANDEM_PREFETCH=0 turns every software prefetch
-// off, 1 turns them on (the panels' at this CPU's distance, for any rows).
+// off, 1 turns them on (the panels' at this CPU's distance, for any rows);
+// TANDEM_PANEL_PAIRS=N sets panel_pair_min_rows (0: one panel per call).
 const StreamTuning& stream_tuning();
 
 // Tests: runs the kernels under another tuning while in scope. Every tuning
