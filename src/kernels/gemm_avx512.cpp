@@ -130,10 +130,16 @@ TD_FN void q32_rows(const uint8_t* const* panels, int64_t nblk, const GemmActs& 
   for (int v = 0; v < V; ++v) store_acc<R>(acc[v], f[v]);
 }
 
+// q32_rows for one panel (GemmKernel::run) and for two (run2).
 template <int R>
 TD_FN void q32_rows1(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0,
                      const GemmAcc& acc) {
   q32_rows<R, 1>(&panel, nblk, A, G, b0, &acc);
+}
+template <int R>
+TD_FN void q32_rows2(const uint8_t* const* panels, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0,
+                     const GemmAcc* acc) {
+  q32_rows<R, 2>(panels, nblk, A, G, b0, acc);
 }
 
 template <int R>
@@ -221,9 +227,10 @@ TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_
   store_acc<R>(acc, f);
 }
 
-#define TD_DISPATCH_ROWS(name, rows_fn)                                                                         \
-  TD_ATTR void name(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0,        \
-                    const GemmAcc& acc) {                                                                       \
+// name(panel, ..., R, ..., acc) calls rows_fn<R>: one panel (Panel = const
+// uint8_t*, Acc = const GemmAcc&) or two (const uint8_t* const*, const GemmAcc*).
+#define TD_DISPATCH_ROWS(name, rows_fn, Panel, Acc)                                                             \
+  TD_ATTR void name(Panel panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0, Acc acc) {     \
     switch (R) {                                                                                                \
       case 1: return rows_fn<1>(panel, nblk, A, G, b0, acc);                                                    \
       case 2: return rows_fn<2>(panel, nblk, A, G, b0, acc);                                                    \
@@ -236,24 +243,11 @@ TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_
     }                                                                                                           \
   }
 
-TD_DISPATCH_ROWS(run_q32, q32_rows1)
-TD_DISPATCH_ROWS(run_k4, k4_rows)
-TD_DISPATCH_ROWS(run_k6, k6_rows)
+TD_DISPATCH_ROWS(run_q32, q32_rows1, const uint8_t*, const GemmAcc&)
+TD_DISPATCH_ROWS(run2_q32, q32_rows2, const uint8_t* const*, const GemmAcc*)
+TD_DISPATCH_ROWS(run_k4, k4_rows, const uint8_t*, const GemmAcc&)
+TD_DISPATCH_ROWS(run_k6, k6_rows, const uint8_t*, const GemmAcc&)
 #undef TD_DISPATCH_ROWS
-
-TD_ATTR void run2_q32(const uint8_t* const* panels, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0,
-                      const GemmAcc* acc) {
-  switch (R) {
-    case 1: return q32_rows<1, 2>(panels, nblk, A, G, b0, acc);
-    case 2: return q32_rows<2, 2>(panels, nblk, A, G, b0, acc);
-    case 3: return q32_rows<3, 2>(panels, nblk, A, G, b0, acc);
-    case 4: return q32_rows<4, 2>(panels, nblk, A, G, b0, acc);
-    case 5: return q32_rows<5, 2>(panels, nblk, A, G, b0, acc);
-    case 6: return q32_rows<6, 2>(panels, nblk, A, G, b0, acc);
-    case 7: return q32_rows<7, 2>(panels, nblk, A, G, b0, acc);
-    default: return q32_rows<8, 2>(panels, nblk, A, G, b0, acc);
-  }
-}
 
 }  // namespace
 
