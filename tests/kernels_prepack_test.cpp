@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "core/aligned_vector.h"
 #include "core/error.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"
@@ -105,6 +106,60 @@ TEST(KernelsPrepack, PrepackedProductsEqualPackingOnTheFly) {
         expect_same_products(W, P, level, rng, pool);
       }
     }
+  }
+}
+
+// Outputs written with streaming stores (StreamTuning::stream_out_min_bytes,
+// a 64-byte aligned output with rows of a multiple of 16 floats) are the
+// stored ones, bit for bit: prepacked q8_0 panels and q4_K / q6_K panels
+// packed per call, one panel per kernel call or two, whole and partial tiles.
+TEST(KernelsPrepack, StreamedOutputsEqualStoredOutputs) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  ThreadPool pool(2);
+  int streamed_levels = 0;
+  for (KernelLevel level : kAllKernelLevels) {
+    if (!cpu_supports_level(level) || level == KernelLevel::kScalar) continue;
+    ++streamed_levels;
+    for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+      for (int64_t rows : {48, 37}) {
+        std::vector<uint8_t> w;
+        const WeightMatrix W = quantized(type, rows, 512, rng, w);
+        WeightMatrix P = W;
+        std::unique_ptr<Packed> buf;
+        if (type == GgmlType::Q8_0) {
+          buf = std::make_unique<Packed>(prepacked_bytes(W, level, PrepackMode::kAuto));
+          prepack(W, level, buf->p, pool);
+          P.packed = buf->p;
+        }
+        const int64_t ldy = 64;  // 256 bytes: every output row on a cache line
+        Matmul mm(level);
+        for (int64_t n : {1, 9, 17, 70}) {
+          std::vector<float> x(n * W.cols);
+          for (auto& v : x) v = normal(rng);
+          for (int64_t pair_rows : {0, 9}) {
+            CacheAlignedVector<float> stored(n * ldy, -1.0f), streamed(n * ldy, -1.0f);
+            StreamTuning t = stream_tuning();
+            t.panel_pair_min_rows = pair_rows;
+            t.stream_out_min_bytes = -1;
+            {
+              const ScopedStreamTuning never(t);
+              mm.run(P, x.data(), W.cols, n, stored.data(), ldy, pool);
+            }
+            t.stream_out_min_bytes = 0;
+            {
+              const ScopedStreamTuning always(t);
+              mm.run(P, x.data(), W.cols, n, streamed.data(), ldy, pool);
+            }
+            EXPECT_EQ(stored, streamed) << type_traits(type).name << " level " << static_cast<int>(level) << " "
+                                        << rows << " rows, n=" << n << " pair_rows=" << pair_rows;
+          }
+        }
+      }
+    }
+  }
+  if (cpu_supports_level(KernelLevel::kAvx512Vnni)) {
+    EXPECT_GT(streamed_levels, 0);
   }
 }
 

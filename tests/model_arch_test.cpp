@@ -128,7 +128,7 @@ TEST_P(ArchVsLlamaCpp, SameFileSameLogitsSameGreedy) {
   KvCache kv(KvShape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v}, 8, 16, KvType::kF32);
   SeqKv seq;
   ASSERT_TRUE(seq.reserve(kv, static_cast<int32_t>(prompt.size() + want.size())));
-  std::vector<float> logits;
+  Logits logits;
   model->prefill(seq, prompt, kv, pool, logits);
   ASSERT_EQ(logits.size(), ref_logits.size());
 

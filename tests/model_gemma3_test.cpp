@@ -96,7 +96,7 @@ TEST_F(Gemma3, MatchesLlamaCppGreedyAndLogits) {
     Batch batch;
     for (size_t i = 0; i < all.size(); ++i)
       batch.push_back({all[i], static_cast<int32_t>(i), 0, i + 1 >= prompt.size()});
-    std::vector<float> logits;
+    Logits logits;
     SeqKv* seqs[] = {&seq};
     model_->forward(batch, seqs, kv, pool, logits);
     ASSERT_EQ(logits.size(), want.size() * c.n_vocab);

@@ -94,11 +94,11 @@ TEST(StoriesModel, NoPromptGreedyMatchesLlama2c) {
 
 // The last position's logits after feeding `toks` one decode step at a time
 // into a fresh sequence of `kv`.
-std::vector<float> logits_token_by_token(Model& model, const std::vector<int32_t>& toks, KvCache& kv,
-                                         ThreadPool& pool) {
+Logits logits_token_by_token(Model& model, const std::vector<int32_t>& toks, KvCache& kv,
+                            ThreadPool& pool) {
   SeqKv seq;
   EXPECT_TRUE(seq.reserve(kv, static_cast<int32_t>(toks.size())));
-  std::vector<float> logits;
+  Logits logits;
   for (int32_t t : toks) {
     logits.clear();
     SeqKv* seqs[] = {&seq};
@@ -123,11 +123,11 @@ TEST(StoriesModel, PrefillAndDecodeAgree) {
 
   SeqKv a;
   ASSERT_TRUE(a.reserve(kv, static_cast<int32_t>(toks.size())));
-  std::vector<float> prefill_logits;
+  Logits prefill_logits;
   model->prefill(a, toks, kv, pool, prefill_logits);
   EXPECT_EQ(a.n_tokens, static_cast<int32_t>(toks.size()));
 
-  const std::vector<float> step_logits = logits_token_by_token(*model, toks, kv, pool);
+  const Logits step_logits = logits_token_by_token(*model, toks, kv, pool);
   ASSERT_EQ(prefill_logits.size(), step_logits.size());
   float scale = 0;
   for (float x : prefill_logits) scale = std::max(scale, std::abs(x));
@@ -151,7 +151,7 @@ TEST(StoriesModel, LongPromptPrefillMatchesDecodeBitForBit) {
 
   SeqKv a;
   ASSERT_TRUE(a.reserve(kv, static_cast<int32_t>(toks.size())));
-  std::vector<float> prefill_logits;
+  Logits prefill_logits;
   model->prefill(a, toks, kv, pool, prefill_logits);
   EXPECT_EQ(prefill_logits, logits_token_by_token(*model, toks, kv, pool));
 }

@@ -220,7 +220,7 @@ TEST(SynthModel, RepackedWeightsGiveTheFileLayoutsLogits) {
         SeqKv seq;
         EXPECT_TRUE(seq.reserve(kv, 16));
         const std::vector<int32_t> prompt = {1, 72, 300, 17, 45, 9, 400, 3};
-        std::vector<float> out;
+        Logits out;
         m->prefill(seq, prompt, kv, pool, out);
         for (int32_t t : {5, 77, 311}) {
           SeqKv* seqs[] = {&seq};
@@ -239,8 +239,8 @@ TEST(SynthModel, RepackedWeightsGiveTheFileLayoutsLogits) {
         return out;
       };
       size_t packed = 0, all = 0, unpacked = 0;
-      const std::vector<float> a = logits(PrepackMode::kAuto, &packed), b = logits(PrepackMode::kOff, &unpacked),
-                               c = logits(PrepackMode::kAll, &all);
+      const Logits a = logits(PrepackMode::kAuto, &packed), b = logits(PrepackMode::kOff, &unpacked),
+                   c = logits(PrepackMode::kAll, &all);
       EXPECT_EQ(unpacked, 0u);
       if (cpu_supports_level(KernelLevel::kAvx512Vnni)) {
         EXPECT_GT(all, 0u);

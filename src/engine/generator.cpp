@@ -57,7 +57,7 @@ GenerateReport Generator::generate(const std::vector<int32_t>& prompt, const Gen
   } release{seq, *kv_};
 
   std::vector<int32_t> history = prompt;
-  std::vector<float> logits;
+  Logits logits;
   const double t_start = steps_.now();
 
   // Text is held back while it could be the start of a stop string.

@@ -55,7 +55,7 @@ struct Engine::Impl {
   Batch batch;
   std::vector<SeqKv> seq_kv;
   std::vector<SeqKv*> seq_kv_ptrs;
-  std::vector<float> logits;  // sized for the largest step so far, reused
+  Logits logits;  // sized for the largest step so far, reused
   struct Sampled {
     Sequence* seq;
     const float* logits;

@@ -122,6 +122,10 @@ struct GemmAcc {
   // The prefetches go to L2 rather than L1: they fetch the next panel chunk
   // while this call reads one already in L1, which they must not evict.
   bool prefetch_to_l2 = false;
+  // Write `out` with streaming stores (64-byte aligned rows; a hint that
+  // kernels without such stores ignore). The caller fences before the
+  // outputs are read on another thread.
+  bool stream_out = false;
 };
 
 // One instruction-set level's implementation of one weight type.

@@ -42,6 +42,11 @@ TD_FN void load_acc(const GemmAcc& acc, __m512 f[R]) {
 }
 template <int R>
 TD_FN void store_acc(const GemmAcc& acc, const __m512 f[R]) {
+  if (acc.stream_out) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) _mm512_stream_ps(acc.out + r * acc.ld_out, f[r]);
+    return;
+  }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc.out + r * acc.ld_out, f[r]);
 }

@@ -57,6 +57,7 @@ class Matmul {
   GemmActs acts_;
   std::vector<ThreadScratch> scratch_;
   std::vector<int64_t> first_tile_;  // per matrix of run_many: its first tile in the shared list
+  std::vector<char> stream_y_;       // per matrix of run_many: its outputs written with streaming stores
   std::vector<uint8_t> act_;  // fallback path: activations in the vec_dot type
 };
 

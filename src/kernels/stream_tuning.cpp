@@ -40,6 +40,7 @@ StreamTuning detect() {
     }
   }
   if (const char* e = std::getenv("TANDEM_PANEL_PAIRS")) t.panel_pair_min_rows = std::atoi(e);
+  if (const char* e = std::getenv("TANDEM_STREAM_OUT"); e && std::strcmp(e, "0") == 0) t.stream_out_min_bytes = -1;
   return t;
 }
 

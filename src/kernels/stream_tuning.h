@@ -32,11 +32,17 @@ struct StreamTuning {
   // kernel call where the kernel has run2 (0: never). Not a streaming
   // choice, but one the tests flip the same way: the same bits either way.
   int64_t panel_pair_min_rows = 9;
+  // Products whose outputs take at least this many bytes (and start on a
+  // cache line) write them with streaming stores, which skip reading each
+  // line before overwriting it: a 16-row step's logits over Gemma 3's
+  // 262144-token vocabulary are 16 MiB, nothing a cache keeps (-1: never).
+  int64_t stream_out_min_bytes = int64_t{4} << 20;
 };
 
 // Detected once from CPUID; TANDEM_PREFETCH=0 turns every software prefetch
 // off, 1 turns them on (the panels' at this CPU's distance, for any rows);
-// TANDEM_PANEL_PAIRS=N sets panel_pair_min_rows (0: one panel per call).
+// TANDEM_PANEL_PAIRS=N sets panel_pair_min_rows (0: one panel per call);
+// TANDEM_STREAM_OUT=0 turns the outputs' streaming stores off.
 const StreamTuning& stream_tuning();
 
 // Tests: runs the kernels under another tuning while in scope. Every tuning

@@ -185,7 +185,7 @@ std::vector<std::span<const uint8_t>> Model::decode_weight_regions() const {
 }
 
 void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
-                    std::vector<float>& logits) {
+                    Logits& logits) {
   const size_t base = logits.size();
   logits.resize(base + rows_with_logits(batch) * static_cast<size_t>(cfg_.n_vocab));
   forward(batch, seqs, kv, pool, std::span<float>(logits).subspan(base));
@@ -410,7 +410,7 @@ void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, 
 }
 
 void Model::prefill(SeqKv& seq, std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
-                    std::vector<float>& logits) {
+                    Logits& logits) {
   Batch b(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) b[i] = {tokens[i], seq.n_tokens + static_cast<int32_t>(i), 0, false};
   if (!b.empty()) b.back().logits = true;
@@ -419,7 +419,7 @@ void Model::prefill(SeqKv& seq, std::span<const int32_t> tokens, KvCache& kv, Th
 }
 
 void Model::decode(std::span<SeqKv* const> seqs, std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
-                   std::vector<float>& logits) {
+                   Logits& logits) {
   if (tokens.size() != seqs.size())
     fail(ErrorKind::kInvalidArgument, "decode: {} tokens for {} sequences", tokens.size(), seqs.size());
   Batch b(tokens.size());

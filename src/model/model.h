@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/aligned_vector.h"
 #include "kernels/matmul.h"
 #include "kernels/prepack.h"
 #include "model/config.h"
@@ -34,6 +35,10 @@ struct BatchRow {
 };
 // Rows of one sequence must be adjacent and at consecutive positions.
 using Batch = std::vector<BatchRow>;
+
+// Logits of the rows that ask for them, on a cache line: the vocab-sized
+// product may then write them with streaming stores (kernels/matmul.cpp).
+using Logits = CacheAlignedVector<float>;
 
 // Rows of `b` that ask for logits: forward() produces n_vocab floats for each.
 inline size_t rows_with_logits(const Batch& b) {
@@ -59,7 +64,7 @@ class Model {
   // cover the row's position) and, for rows with logits = true, appends
   // n_vocab logits to `logits` in row order.
   void forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
-               std::vector<float>& logits);
+               Logits& logits);
   // The same, writing the logits to `out`, which must hold n_vocab floats per
   // row that asks for them (a serving step's buffer is reused as it is:
   // growing a vector from empty zero-fills it, 16 MiB a step for 16 rows of
@@ -71,10 +76,10 @@ class Model {
   // Prefill: the N prompt tokens of one sequence from position seq.n_tokens;
   // returns the last position's logits.
   void prefill(SeqKv& seq, std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
-               std::vector<float>& logits);
+               Logits& logits);
   // Decode: one new token for each sequence; logits[b * n_vocab ...] for each.
   void decode(std::span<SeqKv* const> seqs, std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,
-              std::vector<float>& logits);
+              Logits& logits);
 
  private:
   Model() = default;

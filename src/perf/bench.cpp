@@ -69,7 +69,7 @@ RepTimes one_rep(Model& m, KvCache& kv, ThreadPool& pool, const std::vector<int3
   } release{seq, kv};
   for (SeqKv& s : seq)
     if (!s.reserve(kv, P + N)) fail(ErrorKind::kResource, "bench: the KV cache has no room for {} tokens", P + N);
-  std::vector<float> logits;
+  Logits logits;
   RepTimes t{};
   double c0 = cpu_seconds();
   auto t0 = Clock::now();
