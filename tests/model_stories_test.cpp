@@ -94,8 +94,7 @@ TEST(StoriesModel, NoPromptGreedyMatchesLlama2c) {
 
 // The last position's logits after feeding `toks` one decode step at a time
 // into a fresh sequence of `kv`.
-Logits logits_token_by_token(Model& model, const std::vector<int32_t>& toks, KvCache& kv,
-                            ThreadPool& pool) {
+Logits logits_token_by_token(Model& model, const std::vector<int32_t>& toks, KvCache& kv, ThreadPool& pool) {
   SeqKv seq;
   EXPECT_TRUE(seq.reserve(kv, static_cast<int32_t>(toks.size())));
   Logits logits;
