@@ -336,8 +336,9 @@ def markdown(report: dict) -> str:
     # "beside": each repetition's decode against a plain read of the same
     # weights right after it (the machine's bandwidth drifts within minutes).
     detail = ["| model | Tandem load s | Tandem peak RSS MiB | file + KV MiB | decode GB/s (of read BW) "
-              "| decode / read beside | prefill GOP/s (of peak) | llama.cpp load s | llama.cpp peak RSS MiB |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| decode / read beside | llama.cpp decode / read beside (1.25x needs) | prefill GOP/s (of peak) "
+              "| llama.cpp load s | llama.cpp peak RSS MiB |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for res in report["results"]:
         t, l = res["runs"]["tandem"], res["runs"]["llama"]
         name = Path(res["model"]).name
@@ -346,6 +347,12 @@ def markdown(report: dict) -> str:
         gbf = statistics.median([x["decode_bandwidth_fraction"] for x in t])
         beside = statistics.median([x["decode_bandwidth_fraction_beside"] for x in t])
         read = statistics.median([v for x in t for v in x["read_gb_s_beside"]])
+        # llama.cpp reads the same weights per token: its decode over the read
+        # measured beside Tandem's run of the same round says how much room
+        # the memory leaves, and what a 1.25x Tandem would have to read at.
+        per_token = t[0]["decode_weight_bytes_per_token"]
+        llama_beside = statistics.median([y["decode_tok_s"] * per_token / 1e9 / statistics.median(x["read_gb_s_beside"])
+                                          for x, y in zip(t, l)])
         gop = statistics.median([x["prefill_gop_s"] for x in t])
         gopf = statistics.median([x["prefill_peak_fraction"] for x in t])
         detail.append(
@@ -354,6 +361,7 @@ def markdown(report: dict) -> str:
             f"| {(t[0]['file_bytes'] + t[0]['kv_cache_bytes']) / mib:.0f} "
             f"| {gb:.1f} ({100 * gbf:.0f}% of {t[0]['roofline']['read_gb_s']['value']:.1f}) "
             f"| {100 * beside:.0f}% of {read:.1f} "
+            f"| {100 * llama_beside:.0f}% ({125 * llama_beside:.0f}%) "
             f"| {gop:.0f} ({100 * gopf:.0f}% of {t[0]['prefill_peak_gop_s']:.0f} {t[0]['prefill_compute_family']}) "
             f"| {statistics.median([x['load_s'] for x in l]):.3f} "
             f"| {max(x['peak_rss_bytes'] for x in l) / mib:.0f} |")

@@ -2,7 +2,7 @@
 //
 //   ./build/kernels_bench --benchmark_filter=Gemm      # prefill GEMM, GOP/s
 //   ./build/kernels_bench --benchmark_filter=Gemv      # decode GEMV, GB/s
-//   ./build/kernels_bench --benchmark_filter=Ceiling   # read bandwidth, int8/fp32 peaks
+//   ./build/kernels_bench --benchmark_filter=Ceiling   # read bandwidth, int8/fp32 peaks, q8_0's int8 ceiling
 //   ./build/kernels_bench --benchmark_filter=Pool      # fork/join latency
 //
 // Shapes are TinyLlama 1.1B's (2048 wide, 5632 FFN). "Old" rows are the
@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "core/quant.h"
@@ -307,6 +308,70 @@ void BM_CeilingInt8Vnni(benchmark::State& state) {
                                                benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_CeilingInt8Vnni)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
+
+// The int8 peak as the q8_0 format allows it: each 32-element block of each
+// output ends its 8 dpbusd with a float tail (convert, scale product, FMA;
+// gemm.h), as in the panel kernels, but with every operand in L1 and the
+// accumulators in registers (4 activation rows x 2 panels, no spills). The
+// scale product and the FMA compete with dpbusd for the same two pipes on
+// Zen 4, so this is what a q8_0 product can reach, below the plain dpbusd peak.
+__attribute__((target("avx512f,avx512vnni,f16c"))) float q8_0_block_loop(int64_t iters) {
+  alignas(64) static uint8_t w[2][8][64];
+  alignas(64) static int8_t a[16][8][16];  // 16 blocks of 8 k-groups x 4 rows x 4 quants
+  alignas(64) static float ws[16][2][16], as[16][4];
+  static const bool filled = [] {
+    std::mt19937 rng(7);
+    auto scale = [&] { return 1e-3f * static_cast<float>(rng() % 100 + 1); };
+    for (uint8_t& x : std::span(&w[0][0][0], sizeof(w))) x = static_cast<uint8_t>(rng());
+    for (int8_t& x : std::span(&a[0][0][0], sizeof(a))) x = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+    for (float& x : std::span(&ws[0][0][0], sizeof(ws) / 4)) x = scale();
+    for (float& x : std::span(&as[0][0], sizeof(as) / 4)) x = scale();
+    return true;
+  }();
+  (void)filled;
+  __m512 f[2][4];
+  for (auto& v : f)
+    for (__m512& x : v) x = _mm512_setzero_ps();
+  for (int64_t it = 0; it < iters; ++it) {
+    const int b = static_cast<int>(it & 15);  // scales and activations move each block: nothing hoists
+    __m512i t[2][4];
+    for (auto& v : t)
+      for (__m512i& x : v) x = _mm512_setzero_si512();
+    for (int g = 0; g < 8; ++g) {
+      const __m512i w0 = _mm512_load_si512(w[0][g]), w1 = _mm512_load_si512(w[1][g]);
+      for (int r = 0; r < 4; ++r) {
+        int32_t q;
+        std::memcpy(&q, &a[b][g][4 * r], 4);
+        const __m512i ar = _mm512_set1_epi32(q);
+        t[0][r] = _mm512_dpbusd_epi32(t[0][r], w0, ar);
+        t[1][r] = _mm512_dpbusd_epi32(t[1][r], w1, ar);
+      }
+    }
+    for (int v = 0; v < 2; ++v) {
+      const __m512 d = _mm512_load_ps(ws[b][v]);
+      for (int r = 0; r < 4; ++r)
+        f[v][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t[v][r]), _mm512_mul_ps(d, _mm512_set1_ps(as[b][r])), f[v][r]);
+    }
+  }
+  __m512 s = _mm512_setzero_ps();
+  for (auto& v : f)
+    for (__m512& x : v) s = _mm512_add_ps(s, x);
+  return _mm512_reduce_add_ps(s);
+}
+
+void BM_CeilingQ8_0Blocks(benchmark::State& state) {
+  if (!have_avx512_vnni(state)) return;
+  const int threads = static_cast<int>(state.range(0));
+  ThreadPool& pool = pool_of(threads);
+  const int64_t iters = 1 << 18;
+  std::atomic<int64_t> sink{0};
+  for (auto _ : state) pool.run([&](int, int) { sink += static_cast<int64_t>(q8_0_block_loop(iters)); });
+  benchmark::DoNotOptimize(sink.load());
+  // 64 dpbusd of 64 multiply-adds (128 ops) per block.
+  state.counters["GOP/s"] = benchmark::Counter(128.0 * 64 * iters * threads,
+                                               benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_CeilingQ8_0Blocks)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
 
 void BM_CeilingFp32Fma(benchmark::State& state) {
   if (!have_avx512_vnni(state)) return;
