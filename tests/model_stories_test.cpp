@@ -155,6 +155,56 @@ TEST(StoriesModel, LongPromptPrefillMatchesDecodeBitForBit) {
   EXPECT_EQ(prefill_logits, logits_token_by_token(*model, toks, kv, pool));
 }
 
+// The last layer runs past attention only for the rows that want logits.
+// Which rows those are must not change any of their logits, nor the KV the
+// other rows leave behind: a batch of two sequences with logits on every row
+// against the same batch with logits on a few (first, middle, last rows), and
+// with none at all, after which one decode step must see the same cache.
+TEST(StoriesModel, LogitsOfSomeRowsEqualThoseOfEveryRow) {
+  auto model = Model::load(shared_path("models/gguf/stories260K.gguf"));
+  ThreadPool pool(2);
+  const ModelConfig& c = model->config();
+  KvCache kv(KvShape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v}, 16, 16);
+  const std::vector<int32_t> a = model->tokenizer().encode("Once upon a time, there was a big dog.", true, true);
+  const std::vector<int32_t> b = model->tokenizer().encode("Lily liked to play.", true, true);
+  ASSERT_GT(a.size(), 8u);
+  ASSERT_GT(b.size(), 4u);
+  auto run = [&](auto wants) {
+    SeqKv sa, sb;
+    EXPECT_TRUE(sa.reserve(kv, static_cast<int32_t>(a.size()) + 1));
+    EXPECT_TRUE(sb.reserve(kv, static_cast<int32_t>(b.size())));
+    Batch batch;
+    for (size_t i = 0; i < a.size(); ++i) batch.push_back({a[i], static_cast<int32_t>(i), 0, wants(0, i)});
+    for (size_t i = 0; i < b.size(); ++i) batch.push_back({b[i], static_cast<int32_t>(i), 1, wants(1, i)});
+    SeqKv* seqs[] = {&sa, &sb};
+    Logits logits;
+    model->forward(batch, seqs, kv, pool, logits);
+    EXPECT_EQ(logits.size(), rows_with_logits(batch) * c.n_vocab);
+    // One decode step on the first sequence reads the KV every row wrote.
+    Batch next{{a[0], static_cast<int32_t>(a.size()), 0, true}};
+    model->forward(next, seqs, kv, pool, logits);
+    sa.release(kv);
+    sb.release(kv);
+    return logits;
+  };
+  const Logits every = run([](int, size_t) { return true; });
+  const size_t V = static_cast<size_t>(c.n_vocab), na = a.size(), nb = b.size();
+  ASSERT_EQ(every.size(), (na + nb + 1) * V);
+  auto row = [&](const Logits& l, size_t r) { return std::vector<float>(l.begin() + r * V, l.begin() + (r + 1) * V); };
+
+  const size_t mid = na / 2;
+  const Logits some = run([&](int seq, size_t i) { return seq == 0 ? i == 0 || i == mid : i + 1 == nb; });
+  ASSERT_EQ(some.size(), 4 * V);
+  EXPECT_EQ(row(some, 0), row(every, 0));
+  EXPECT_EQ(row(some, 1), row(every, mid));
+  EXPECT_EQ(row(some, 2), row(every, na + nb - 1));
+  EXPECT_EQ(row(some, 3), row(every, na + nb));  // the decode step after
+
+  const Logits none = run([](int, size_t) { return false; });
+  ASSERT_EQ(none.size(), V);
+  EXPECT_EQ(row(none, 0), row(every, na + nb));
+}
+
 TEST(StoriesModel, PromptLongerThanContextIsRejected) {
   auto model = Model::load(shared_path("models/gguf/stories260K.gguf"));
   ThreadPool pool(1);

@@ -177,6 +177,9 @@ TEST(PerfModelCost, AttentionCountsCausalAndWindowedPrefixes) {
   mc.layer_macs_per_token = 100;
   mc.output_macs = 1000;
   EXPECT_EQ(mc.prefill_macs(4), 400u + 1000u + 34u);
+  mc.last_layer_tail_macs = 20;  // run for the last of the 4 rows only
+  EXPECT_EQ(mc.prefill_macs(4), 400u - 3 * 20u + 1000u + 34u);
+  EXPECT_EQ(mc.prefill_macs(1), 100u + 1000u + 4u);
   EXPECT_EQ(mc.prefill_macs(0), 0u);
 }
 
@@ -199,6 +202,12 @@ TEST(PerfModelCost, StoriesWeightsMatchTheFileTensors) {
   EXPECT_EQ(mc.decode_weight_bytes, bytes + out->n_bytes);
   EXPECT_EQ(mc.layer_macs_per_token, macs);
   EXPECT_EQ(mc.output_macs, static_cast<uint64_t>(out->n_elements));
+  uint64_t tail = 0;
+  const std::string last = "blk." + std::to_string(m->config().n_layer - 1) + ".";
+  for (const char* n : {"attn_output", "ffn_gate", "ffn_up", "ffn_down"})
+    if (const GgufTensor* t = m->file().find_tensor(last + n + ".weight")) tail += static_cast<uint64_t>(t->n_elements);
+  EXPECT_GT(tail, 0u);
+  EXPECT_EQ(mc.last_layer_tail_macs, tail);
   uint64_t by_type = 0;
   for (const auto& [name, b] : mc.bytes_by_type) by_type += b;
   EXPECT_EQ(by_type, mc.decode_weight_bytes);

@@ -84,7 +84,10 @@ class Model {
  private:
   Model() = default;
   struct Scratch;
-  void layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool);
+  // keep (the last layer): only these rows, in increasing order, go past
+  // the attention; they end up compacted into the first keep->size() rows.
+  void layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
+             const std::vector<int64_t>* keep = nullptr);
   void attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n, std::span<SeqKv* const> seqs, KvCache& kv,
                       ThreadPool& pool);
 

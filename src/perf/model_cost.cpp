@@ -62,7 +62,8 @@ uint64_t ModelCost::attention_macs(int64_t start, int64_t n) const {
 
 uint64_t ModelCost::prefill_macs(int64_t P) const {
   if (P <= 0) return 0;
-  return layer_macs_per_token * static_cast<uint64_t>(P) + output_macs + attention_macs(0, P);
+  return layer_macs_per_token * static_cast<uint64_t>(P) - last_layer_tail_macs * static_cast<uint64_t>(P - 1) +
+         output_macs + attention_macs(0, P);
 }
 
 double ModelCost::kv_read_bytes_per_step(int64_t start, int64_t n, int elem_bytes) const {
@@ -89,6 +90,11 @@ ModelCost model_cost(const Model& m) {
   for (const LayerWeights& L : w.layers)
     for (const WeightMatrix* x : L.matrices()) add(*x, true);
   add(w.output, false);
+  if (!w.layers.empty()) {
+    const LayerWeights& last = w.layers.back();
+    for (const WeightMatrix* x : {&last.wo, &last.w_gate, &last.w_up, &last.w_down})
+      mc.last_layer_tail_macs += matrix_macs(*x);
+  }
 
   uint64_t best = 0;
   for (const auto& [t, b] : by_type) {

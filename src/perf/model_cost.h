@@ -29,6 +29,9 @@ struct ModelCost {
   uint64_t decode_weight_bytes = 0;  // linear layers + output matrix, read once per decode step
   uint64_t layer_macs_per_token = 0; // multiply-adds of the linear layers (all layers) for one row
   uint64_t output_macs = 0;          // the output matrix for one row
+  // The last layer's attention output and feed-forward for one row: a
+  // prefill runs them for the rows that want logits only (Model::forward).
+  uint64_t last_layer_tail_macs = 0;
   std::map<std::string, uint64_t> bytes_by_type;  // of decode_weight_bytes, by type name
   GgmlType main_type = GgmlType::F32;     // the type holding the most of those bytes
   GgmlType prefill_type = GgmlType::F32;  // the type doing the most layer multiply-adds
@@ -43,8 +46,9 @@ struct ModelCost {
   // Multiply-adds of QK^T and PV for queries at positions [start, start+n),
   // each over its causal (and, on sliding-window layers, windowed) prefix.
   uint64_t attention_macs(int64_t start, int64_t n) const;
-  // A P-token prefill from position 0: the linear layers for all P rows, the
-  // output matrix for the last row only (the only logits computed), attention.
+  // A P-token prefill from position 0: the linear layers for all P rows but
+  // the last layer's tail (the last row only), the output matrix for the last
+  // row only (the only logits computed), attention.
   uint64_t prefill_macs(int64_t P) const;
   // K and V bytes that decode steps at positions [start, start+n) read (each
   // step reads all cached positions it attends to), per step on average, for
