@@ -311,8 +311,8 @@ BENCHMARK(BM_CeilingInt8Vnni)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
 
 // The int8 peak as the q8_0 format allows it: each 32-element block of each
 // output ends its 8 dpbusd with a float tail (convert, scale product, FMA;
-// gemm.h), as in the panel kernels, but with every operand in L1 and the
-// accumulators in registers (4 activation rows x 2 panels, no spills). The
+// gemm.h), as in the panel kernels, but with every operand in L1 and only
+// 4 activation rows x 2 panels of accumulators, so nothing waits on memory. The
 // scale product and the FMA compete with dpbusd for the same two pipes on
 // Zen 4, so this is what a q8_0 product can reach, below the plain dpbusd peak.
 __attribute__((target("avx512f,avx512vnni,f16c"))) float q8_0_block_loop(int64_t iters) {
