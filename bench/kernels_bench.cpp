@@ -295,17 +295,23 @@ __attribute__((target("avx512f,fma"))) float fma_loop(int64_t iters) {
   return _mm512_reduce_add_ps(s);
 }
 
-void BM_CeilingInt8Vnni(benchmark::State& state) {
+// Runs loop(iters) on each of the pool's threads per iteration and reports
+// ops_per_iter x iters x threads per second as `counter`.
+template <typename Loop>
+void compute_ceiling(benchmark::State& state, int64_t iters, double ops_per_iter, const char* counter, Loop loop) {
   if (!have_avx512_vnni(state)) return;
   const int threads = static_cast<int>(state.range(0));
   ThreadPool& pool = pool_of(threads);
-  const int64_t iters = 1 << 20;
   std::atomic<int64_t> sink{0};
-  for (auto _ : state) pool.run([&](int, int) { sink += vnni_loop(iters); });
+  for (auto _ : state) pool.run([&](int, int) { sink += static_cast<int64_t>(loop(iters)); });
   benchmark::DoNotOptimize(sink.load());
-  // 64 multiply-adds = 128 ops per instruction.
-  state.counters["GOP/s"] = benchmark::Counter(128.0 * 12 * iters * threads, benchmark::Counter::kIsIterationInvariantRate,
-                                               benchmark::Counter::kIs1000);
+  state.counters[counter] = benchmark::Counter(ops_per_iter * static_cast<double>(iters) * threads,
+                                               benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+
+void BM_CeilingInt8Vnni(benchmark::State& state) {
+  // 12 instructions of 64 multiply-adds = 128 ops each.
+  compute_ceiling(state, 1 << 20, 128.0 * 12, "GOP/s", vnni_loop);
 }
 BENCHMARK(BM_CeilingInt8Vnni)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
 
@@ -360,29 +366,14 @@ __attribute__((target("avx512f,avx512vnni,f16c"))) float q8_0_block_loop(int64_t
 }
 
 void BM_CeilingQ8_0Blocks(benchmark::State& state) {
-  if (!have_avx512_vnni(state)) return;
-  const int threads = static_cast<int>(state.range(0));
-  ThreadPool& pool = pool_of(threads);
-  const int64_t iters = 1 << 18;
-  std::atomic<int64_t> sink{0};
-  for (auto _ : state) pool.run([&](int, int) { sink += static_cast<int64_t>(q8_0_block_loop(iters)); });
-  benchmark::DoNotOptimize(sink.load());
   // 64 dpbusd of 64 multiply-adds (128 ops) per block.
-  state.counters["GOP/s"] = benchmark::Counter(128.0 * 64 * iters * threads,
-                                               benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  compute_ceiling(state, 1 << 18, 128.0 * 64, "GOP/s", q8_0_block_loop);
 }
 BENCHMARK(BM_CeilingQ8_0Blocks)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
 
 void BM_CeilingFp32Fma(benchmark::State& state) {
-  if (!have_avx512_vnni(state)) return;
-  const int threads = static_cast<int>(state.range(0));
-  ThreadPool& pool = pool_of(threads);
-  const int64_t iters = 1 << 20;
-  std::atomic<int64_t> sink{0};
-  for (auto _ : state) pool.run([&](int, int) { sink += static_cast<int64_t>(fma_loop(iters)); });
-  benchmark::DoNotOptimize(sink.load());
-  state.counters["GFLOP/s"] = benchmark::Counter(32.0 * 12 * iters * threads, benchmark::Counter::kIsIterationInvariantRate,
-                                                 benchmark::Counter::kIs1000);
+  // 12 FMAs of 16 lanes = 32 flops each.
+  compute_ceiling(state, 1 << 20, 32.0 * 12, "GFLOP/s", fma_loop);
 }
 BENCHMARK(BM_CeilingFp32Fma)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
 
