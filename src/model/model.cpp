@@ -240,9 +240,9 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
   want.clear();
   for (int64_t r = 0; r < R; ++r)
     if (batch[r].logits) want.push_back(r);
+  const bool compacted = static_cast<int64_t>(want.size()) < R;  // by the last layer
   for (int32_t il = 0; il < c.n_layer; ++il)
-    layer(il, batch, seqs, kv, pool, il + 1 == c.n_layer && static_cast<int64_t>(want.size()) < R ? &want : nullptr);
-  const bool compacted = static_cast<int64_t>(want.size()) < R;
+    layer(il, batch, seqs, kv, pool, il + 1 == c.n_layer && compacted ? &want : nullptr);
   for (size_t i = 0; i < want.size(); ++i)
     rms_norm(s.x.data() + (compacted ? static_cast<int64_t>(i) : want[i]) * E, w_.output_norm.data(), E, c.rms_eps,
              s.xn.data() + i * E);
