@@ -121,12 +121,13 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
   // Tapering ranges for products of one or two row groups: a decode
   // product is ~100 us a thread, and with equal ranges one thread often
   // waited for the other's last one (the pool's waits were 9.5% of a 1.1B
-  // Q8_0 decode); a 16-row serving step of that model, 12 alternating
-  // rounds of `tandem bench -p 16 -n 32 --batch 16`, ran 3-5% faster
-  // (medians 200 -> 207 and 206 -> 220 tok/s). More row groups keep
-  // equal ranges: each range break costs the last group's L2 prefetch of
-  // the next chunk (below); 64-row products were 1-5% slower tapered and
-  // 32-row ones within the noise.
+  // Q8_0 decode). The same holds for two groups: that model's whole
+  // sequence of products with 16 rows, tapered against equal ranges in
+  // alternating passes (medians of the paired ratios, 15 pairs each),
+  // 1.01-1.03x, with 12 rows 1.06x (in pairs, below: 1.02-1.03x, 1.09x).
+  // More row groups keep equal ranges: each range break costs the last
+  // group's L2 prefetch of the next chunk (below), and 64-row products
+  // measured 1-5% slower tapered (`tandem bench -p 64 --batch 32`).
   const bool guided = A.groups <= 2;
   if (!packed) {
     pool.parallel_chunks_guided(n_tiles, 1, [&](int, int64_t t0, int64_t t1) {
@@ -257,8 +258,13 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
     (void)streamed;
 #endif
   };
-  if (guided) pool.parallel_chunks_guided(n_tiles, 1, run_tiles);
-  else pool.parallel_chunks(n_tiles, 1, run_tiles);
+  // Ranges in whole pairs, so that no pair is split between two ranges
+  // (its tiles would run as two one-panel calls, the slower kernel).
+  const int64_t unit = span_max;
+  auto run_units = [&](int t, int64_t u0, int64_t u1) { run_tiles(t, u0 * unit, std::min(n_tiles, u1 * unit)); };
+  const int64_t n_units = (n_tiles + unit - 1) / unit;
+  if (guided) pool.parallel_chunks_guided(n_units, 1, run_units);
+  else pool.parallel_chunks(n_units, 1, run_units);
 }
 
 void Matmul::run_fallback(const WeightMatrix& W, const float* x, int64_t ldx, int64_t n_rows, float* y, int64_t ldy,
