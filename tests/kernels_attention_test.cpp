@@ -47,7 +47,7 @@ World make_world(const AttnShape& s, KvType type, std::vector<int32_t> lens, int
   std::normal_distribution<float> nd(0.0f, 1.0f);
   int32_t n_blocks = 0;
   for (int32_t n : lens) n_blocks += (n + block_size - 1) / block_size;
-  const KvShape shape{2, s.n_head_kv * s.head_dim, s.n_head_kv * s.head_dim_v};
+  const KvShape shape{2, s.n_head_kv * s.head_dim, s.n_head_kv * s.head_dim_v, s.n_head_kv};
   w.kv = std::make_unique<KvCache>(shape, n_blocks, block_size, type);
   std::vector<int32_t> ids(n_blocks);
   std::iota(ids.begin(), ids.end(), 0);

@@ -16,7 +16,7 @@ namespace tandem {
 namespace {
 
 constexpr int kK = 43, kV = 27;  // the SIMD f16 conversion leaves a scalar tail
-const KvShape kShape{3, kK, kV};
+const KvShape kShape{3, kK, kV, 1};
 
 TEST(KvCache, F32StoresExactly) {
   KvCache kv(kShape, 4, 5, KvType::kF32);
@@ -65,32 +65,45 @@ TEST(KvCache, BytesFollowTheType) {
 }
 
 // A view addresses position p of a sequence through its block table:
-// block blocks[p / block_size], slot p % block_size, this layer only.
+// block blocks[p / block_size], slot p % block_size, this layer only; head
+// h's row holds elements [h * width / n_head_kv, (h + 1) * width / n_head_kv)
+// of the token's row, and read() gives the row back whole.
 TEST(KvCache, ViewAddressesRowsThroughTheBlockTable) {
-  for (KvType type : {KvType::kF16, KvType::kF32}) {
-    KvCache kv(kShape, 6, 4, type);
-    const std::vector<int32_t> table = {5, 0, 3};
-    std::vector<float> k(kK), v(kV);
-    for (int32_t layer = 0; layer < 3; ++layer)
-      for (int32_t p = 0; p < 12; ++p) {
-        for (int i = 0; i < kK; ++i) k[i] = float(layer * 1000 + p * 10 + i % 10);
-        for (int i = 0; i < kV; ++i) v[i] = -float(layer * 1000 + p * 10 + i % 10);
-        kv.write(layer, table[p / 4], p % 4, k.data(), v.data());
-      }
-    const KvLayerView view = kv.layer_view(1, table.data());
-    EXPECT_EQ(view.type, type);
-    for (int32_t p = 0; p < 12; ++p)
-      for (int i : {0, 9, kK - 1}) {
-        const float want = float(1000 + p * 10 + i % 10);
-        if (type == KvType::kF16) {
-          EXPECT_EQ(f16_to_f32(view.key<uint16_t>(p)[i]), want);
-          EXPECT_EQ(f16_to_f32(view.value<uint16_t>(p)[i % kV]), -float(1000 + p * 10 + (i % kV) % 10));
-        } else {
-          EXPECT_EQ(view.key<float>(p)[i], want);
-          EXPECT_EQ(view.value<float>(p)[i % kV], -float(1000 + p * 10 + (i % kV) % 10));
+  const KvShape three_heads{3, 3 * 13, 3 * 9, 3};
+  for (const KvShape& shape : {kShape, three_heads})
+    for (KvType type : {KvType::kF16, KvType::kF32}) {
+      KvCache kv(shape, 6, 4, type);
+      const int K = shape.k_width, V = shape.v_width, kh = K / shape.n_head_kv, vh = V / shape.n_head_kv;
+      const std::vector<int32_t> table = {5, 0, 3};
+      // Integers below 2048: exact in f16.
+      auto kval = [](int layer, int p, int i) { return float(layer * 512 + p * 40 + i); };
+      std::vector<float> k(K), v(V);
+      for (int32_t layer = 0; layer < 3; ++layer)
+        for (int32_t p = 0; p < 12; ++p) {
+          for (int i = 0; i < K; ++i) k[i] = kval(layer, p, i);
+          for (int i = 0; i < V; ++i) v[i] = -kval(layer, p, i);
+          kv.write(layer, table[p / 4], p % 4, k.data(), v.data());
         }
+      const KvLayerView view = kv.layer_view(1, table.data());
+      EXPECT_EQ(view.type, type);
+      EXPECT_EQ(view.n_head_kv, shape.n_head_kv);
+      for (int32_t p = 0; p < 12; ++p) {
+        for (int32_t h = 0; h < shape.n_head_kv; ++h)
+          for (int i : {0, 4, kh - 1}) {
+            const float want_k = kval(1, p, h * kh + i), want_v = -kval(1, p, h * vh + i % vh);
+            if (type == KvType::kF16) {
+              EXPECT_EQ(f16_to_f32(view.key<uint16_t>(p, h)[i]), want_k);
+              EXPECT_EQ(f16_to_f32(view.value<uint16_t>(p, h)[i % vh]), want_v);
+            } else {
+              EXPECT_EQ(view.key<float>(p, h)[i], want_k);
+              EXPECT_EQ(view.value<float>(p, h)[i % vh], want_v);
+            }
+          }
+        kv.read(1, table[p / 4], p % 4, k.data(), v.data());
+        for (int i = 0; i < K; ++i) ASSERT_EQ(k[i], kval(1, p, i)) << "p=" << p << " i=" << i;
+        for (int i = 0; i < V; ++i) ASSERT_EQ(v[i], -kval(1, p, i)) << "p=" << p << " i=" << i;
       }
-  }
+    }
 }
 
 TEST(KvCache, UnwrittenSlotsReadAsZero) {
@@ -136,10 +149,12 @@ TEST(KvCache, TypeNamesParse) {
 TEST(KvCache, BadSizesAreRejected) {
   EXPECT_THROW(KvCache(kShape, 0, 16), Error);
   EXPECT_THROW(KvCache(kShape, 4, 0), Error);
-  EXPECT_THROW(KvCache(KvShape{0, kK, kV}, 4, 16), Error);
-  EXPECT_THROW(KvCache(KvShape{2, -1, kV}, 4, 16), Error);
+  EXPECT_THROW(KvCache(KvShape{0, kK, kV, 1}, 4, 16), Error);
+  EXPECT_THROW(KvCache(KvShape{2, -1, kV, 1}, 4, 16), Error);
+  EXPECT_THROW(KvCache(KvShape{2, kK, kV, 0}, 4, 16), Error);   // no heads
+  EXPECT_THROW(KvCache(KvShape{2, 40, 30, 4}, 4, 16), Error);   // 30 does not split into 4 heads
   try {
-    KvCache(KvShape{1 << 30, 1 << 30, 1 << 30}, 1 << 30, 1 << 30);
+    KvCache(KvShape{1 << 30, 1 << 30, 1 << 30, 1}, 1 << 30, 1 << 30);
     FAIL() << "an impossible cache was allocated";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kResource);

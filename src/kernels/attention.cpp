@@ -33,6 +33,15 @@ ChunkFn chunk_fn_for(KernelLevel level) {
   return f;
 }
 
+// The kernels address head g's rows through the view: its heads must be the
+// shape's.
+void check_view(const AttnShape& s, const KvLayerView& kv) {
+  if (kv.n_head_kv != s.n_head_kv || kv.k_head != s.head_dim || kv.v_head != s.head_dim_v)
+    fail(ErrorKind::kInvalidArgument,
+         "attention: the KV cache holds {} heads of {} / {} elements, the attention wants {} of {} / {}", kv.n_head_kv,
+         kv.k_head, kv.v_head, s.n_head_kv, s.head_dim, s.head_dim_v);
+}
+
 int32_t first_pos(const AttnShape& s, int32_t pos) { return s.window > 0 ? std::max(0, pos - s.window + 1) : 0; }
 
 // Folds one chunk's partial (m, l, acc) into a row's running state (M, L, A),
@@ -158,6 +167,7 @@ void attend_rows(ChunkFn fn, const AttnShape& s, const KvLayerView& kv, int32_t 
 void attention_prefill_at(KernelLevel level, const AttnShape& s, const KvLayerView& kv, const float* q,
                           int64_t q_stride, int32_t pos0, int32_t n, float* out, int64_t out_stride, ThreadPool& pool) {
   if (n <= 0) return;
+  check_view(s, kv);
   const ChunkFn fn = chunk_fn_for(level);
   const int32_t group = s.n_head / s.n_head_kv;
   const int32_t tq = std::max(1, kTileRows / group);  // positions per tile
@@ -190,6 +200,7 @@ void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerVie
                          int32_t n_seqs, const float* q, int64_t q_stride, float* out, int64_t out_stride,
                          ThreadPool& pool) {
   if (n_seqs <= 0) return;
+  for (int32_t b = 0; b < n_seqs; ++b) check_view(s, views[b]);
   const ChunkFn fn = chunk_fn_for(level);
   const int32_t group = s.n_head / s.n_head_kv, hdv = s.head_dim_v;
   const int64_t units = int64_t{n_seqs} * s.n_head_kv;  // (sequence, KV head)

@@ -153,8 +153,8 @@ TD_FN void run_chunk(const ChunkJob& job) {
   const T* kp[kAttnChunk];
   const T* vp[kAttnChunk];
   for (int32_t j = ka; j < kb; ++j) {
-    kp[j] = kv.key<T>(c0 + j) + size_t(job.kv_head) * job.head_dim;
-    vp[j] = kv.value<T>(c0 + j) + size_t(job.kv_head) * job.head_dim_v;
+    kp[j] = kv.key<T>(c0 + j, job.kv_head);
+    vp[j] = kv.value<T>(c0 + j, job.kv_head);
   }
 
   // Row tiles cover consecutive rows; the driver orders rows by position, so

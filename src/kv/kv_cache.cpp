@@ -71,9 +71,13 @@ KvCache::KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size, KvT
   if (n_blocks <= 0 || block_size <= 0)
     fail(ErrorKind::kInvalidArgument, "KV cache needs at least one block (got {} blocks of {})", n_blocks,
          block_size);
-  if (shape.n_layer <= 0 || shape.k_width <= 0 || shape.v_width <= 0)
-    fail(ErrorKind::kInvalidArgument, "KV cache shape needs positive sizes (n_layer {}, k_width {}, v_width {})",
-         shape.n_layer, shape.k_width, shape.v_width);
+  if (shape.n_layer <= 0 || shape.k_width <= 0 || shape.v_width <= 0 || shape.n_head_kv <= 0)
+    fail(ErrorKind::kInvalidArgument,
+         "KV cache shape needs positive sizes (n_layer {}, k_width {}, v_width {}, n_head_kv {})", shape.n_layer,
+         shape.k_width, shape.v_width, shape.n_head_kv);
+  if (shape.k_width % shape.n_head_kv != 0 || shape.v_width % shape.n_head_kv != 0)
+    fail(ErrorKind::kInvalidArgument, "KV cache widths {} and {} do not split into {} heads", shape.k_width,
+         shape.v_width, shape.n_head_kv);
   if (type != KvType::kF16 && type != KvType::kF32)
     fail(ErrorKind::kInvalidArgument, "unknown KV cache type {}", static_cast<int>(type));
   const size_t tokens = size_t(n_blocks) * block_size;
@@ -104,23 +108,30 @@ int32_t KvCache::allocate() {
 void KvCache::release(int32_t block) { free_.push_back(block); }
 
 void KvCache::write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v) {
-  store_row(type_, k, k_.get() + offset(layer, block, slot, shape_.k_width), shape_.k_width);
-  store_row(type_, v, v_.get() + offset(layer, block, slot, shape_.v_width), shape_.v_width);
+  const int32_t kh = shape_.k_width / shape_.n_head_kv, vh = shape_.v_width / shape_.n_head_kv;
+  for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
+    store_row(type_, k + h * kh, k_.get() + offset(layer, block, slot, h, shape_.k_width), kh);
+    store_row(type_, v + h * vh, v_.get() + offset(layer, block, slot, h, shape_.v_width), vh);
+  }
 }
 
 void KvCache::read(int32_t layer, int32_t block, int32_t slot, float* k, float* v) const {
-  load_row(type_, k_.get() + offset(layer, block, slot, shape_.k_width), k, shape_.k_width);
-  load_row(type_, v_.get() + offset(layer, block, slot, shape_.v_width), v, shape_.v_width);
+  const int32_t kh = shape_.k_width / shape_.n_head_kv, vh = shape_.v_width / shape_.n_head_kv;
+  for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
+    load_row(type_, k_.get() + offset(layer, block, slot, h, shape_.k_width), k + h * kh, kh);
+    load_row(type_, v_.get() + offset(layer, block, slot, h, shape_.v_width), v + h * vh, vh);
+  }
 }
 
 KvLayerView KvCache::layer_view(int32_t layer, const int32_t* blocks) const {
   KvLayerView view;
-  view.keys = k_.get() + offset(layer, 0, 0, shape_.k_width);
-  view.values = v_.get() + offset(layer, 0, 0, shape_.v_width);
+  view.keys = k_.get() + offset(layer, 0, 0, 0, shape_.k_width);
+  view.values = v_.get() + offset(layer, 0, 0, 0, shape_.v_width);
   view.type = type_;
   view.block_size = block_size_;
-  view.k_width = shape_.k_width;
-  view.v_width = shape_.v_width;
+  view.n_head_kv = shape_.n_head_kv;
+  view.k_head = shape_.k_width / shape_.n_head_kv;
+  view.v_head = shape_.v_width / shape_.n_head_kv;
   view.blocks = blocks;
   return view;
 }
