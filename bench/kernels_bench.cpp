@@ -4,6 +4,7 @@
 //   ./build/kernels_bench --benchmark_filter=Gemv      # decode GEMV, GB/s
 //   ./build/kernels_bench --benchmark_filter=Ceiling   # read bandwidth, int8/fp32 peaks, q8_0's int8 ceiling
 //   ./build/kernels_bench --benchmark_filter=Pool      # fork/join latency
+//   ./build/kernels_bench --benchmark_filter=Attention # decode attention over a paged KV cache
 //
 // Shapes are TinyLlama 1.1B's (2048 wide, 5632 FFN). "Old" rows are the
 // per-output vec_dot loop Matmul used before the tiled kernels, kept here as
@@ -29,11 +30,13 @@
 #include "core/quant.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "kernels/attention.h"
 #include "kernels/dot.h"
 #include "kernels/dot_impl.h"
 #include "kernels/gemm.h"
 #include "kernels/matmul.h"
 #include "kernels/prepack.h"
+#include "kv/kv_cache.h"
 
 namespace tandem {
 namespace {
@@ -376,6 +379,57 @@ void BM_CeilingFp32Fma(benchmark::State& state) {
   compute_ceiling(state, 1 << 20, 32.0 * 12, "GFLOP/s", fma_loop);
 }
 BENCHMARK(BM_CeilingFp32Fma)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
+
+// Decode attention of one step: B sequences at position N - 1 (N cached
+// positions each) through all 22 layers of the 1.1B shape (32 query heads,
+// 4 KV heads of 64, f16 cache in 16-slot blocks). In a real step the
+// weights' stream (1.1 GB) has evicted the K and V since the last one, so
+// each iteration first reads 64 MiB (twice L3) outside the timing. Args: N,
+// B, threads.
+void BM_AttentionDecode(benchmark::State& state) {
+  const int32_t N = static_cast<int32_t>(state.range(0)), B = static_cast<int32_t>(state.range(1));
+  constexpr int32_t kLayers = 22, kHead = 64, kHeadsKv = 4, kBlock = 16;
+  const AttnShape s{8 * kHeadsKv, kHeadsKv, kHead, kHead, 0};
+  const int32_t per_seq = (N + kBlock - 1) / kBlock;
+  KvCache kv({kLayers, kHeadsKv * kHead, kHeadsKv * kHead, kHeadsKv}, per_seq * B, kBlock);
+  std::vector<std::vector<int32_t>> tables(B);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> k(kHeadsKv * kHead), v(kHeadsKv * kHead);
+  for (auto& t : tables)
+    for (int32_t i = 0; i < per_seq; ++i) t.push_back(kv.allocate());
+  for (int32_t l = 0; l < kLayers; ++l)
+    for (const auto& t : tables)
+      for (int32_t p = 0; p < N; ++p) {
+        for (float& x : k) x = normal(rng);
+        for (float& x : v) x = normal(rng);
+        kv.write(l, t[p / kBlock], p % kBlock, k.data(), v.data());
+      }
+  std::vector<float> q(size_t(B) * s.n_head * kHead), out(q.size());
+  for (float& x : q) x = normal(rng) * 0.125f;
+  const std::vector<int32_t> positions(B, N - 1);
+  std::vector<KvLayerView> views(B);
+  ThreadPool& pool = pool_of(static_cast<int>(state.range(2)));
+  std::vector<uint64_t> evict((size_t{64} << 20) / sizeof(uint64_t), 1);
+  uint64_t sink = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (size_t i = 0; i < evict.size(); i += 8) sink += evict[i];
+    state.ResumeTiming();
+    for (int32_t l = 0; l < kLayers; ++l) {
+      for (int32_t b = 0; b < B; ++b) views[b] = kv.layer_view(l, tables[b].data());
+      attention_decode(s, views.data(), positions.data(), B, q.data(), s.n_head * kHead, out.data(),
+                       s.n_head * kHead, pool);
+    }
+  }
+  benchmark::DoNotOptimize(out.data());
+  benchmark::DoNotOptimize(sink);
+  const double bytes = double(kLayers) * B * N * 2 * kHeadsKv * kHead * 2;
+  state.counters["KV GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate,
+                                                 benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_AttentionDecode)->Args({512, 1, 2})->Args({1088, 1, 2})->Args({128, 16, 2})->Unit(benchmark::kMicrosecond)
+    ->UseRealTime()->MinTime(1.0);
 
 // Fork/join latency of an empty job, and of a parallel_for over 64 items.
 void BM_PoolEmptyRun(benchmark::State& state) {

@@ -129,6 +129,7 @@ KvLayerView KvCache::layer_view(int32_t layer, const int32_t* blocks) const {
   view.values = v_.get() + offset(layer, 0, 0, 0, shape_.v_width);
   view.type = type_;
   view.block_size = block_size_;
+  view.n_blocks = n_blocks_;
   view.n_head_kv = shape_.n_head_kv;
   view.k_head = shape_.k_width / shape_.n_head_kv;
   view.v_head = shape_.v_width / shape_.n_head_kv;

@@ -34,24 +34,27 @@ struct KvShape {
 
 // Where one layer's K/V for one sequence live: what attention reads.
 //
-// A block holds its slots head by head, [block][head][slot][head_dim]: one
-// (sequence, KV head) unit of attention reads each block's rows as one
-// contiguous run (2 KiB for 16 slots of 64 f16), which the hardware
-// prefetcher follows. With the heads side by side in each slot's row, the
-// unit read 128 of every 512 bytes, and decode attention over 1088 positions
-// of the 1.1B shape took 1.6-2.1x as long (same bytes, same arithmetic).
+// Each KV head has its own region of the layer, [head][block][slot][head_dim]:
+// one (sequence, KV head) unit of attention reads each block's rows as one
+// contiguous run (2 KiB for 16 slots of 64 f16), and consecutive blocks as
+// one stream, which the hardware prefetcher follows. With the heads side by
+// side in each slot's row the unit read 128 of every 512 bytes, and one
+// step's decode attention over the 1.1B's 22 layers took 1.3-2.2x as long
+// (kernels_bench AttentionDecode; same bytes, same arithmetic); with the
+// heads apart only within each block ([block][head][slot]), 0.9-1.7x.
 struct KvLayerView {
-  const void* keys = nullptr;    // layer base: [block][head][slot][k_head] of `type`
-  const void* values = nullptr;  // layer base: [block][head][slot][v_head] of `type`
+  const void* keys = nullptr;    // layer base: [head][block][slot][k_head] of `type`
+  const void* values = nullptr;  // layer base: [head][block][slot][v_head] of `type`
   KvType type = KvType::kF32;
   int32_t block_size = 0;
+  int32_t n_blocks = 0;
   int32_t n_head_kv = 0;
   int32_t k_head = 0, v_head = 0;   // elements of one head's row
   const int32_t* blocks = nullptr;  // the sequence's block table
 
   // Element offset of position pos's row of head h, in rows of `head` elements.
   size_t row_index(int32_t pos, int32_t h, int32_t head) const {
-    return ((size_t(blocks[pos / block_size]) * n_head_kv + h) * block_size + pos % block_size) * head;
+    return ((size_t(h) * n_blocks + blocks[pos / block_size]) * block_size + pos % block_size) * head;
   }
   // Element pointers of position pos's row of KV head h (T is float for
   // kF32, uint16_t for kF16).
@@ -93,10 +96,10 @@ class KvCache {
   KvLayerView layer_view(int32_t layer, const int32_t* blocks) const;
 
  private:
-  // Byte offset of head h's row in a slot ([layer][block][head][slot][width / n_head_kv]).
+  // Byte offset of head h's row in a slot ([layer][head][block][slot][width / n_head_kv]).
   size_t offset(int32_t layer, int32_t block, int32_t slot, int32_t h, int32_t width) const {
     const size_t head = size_t(width / shape_.n_head_kv);
-    return (((size_t(layer) * n_blocks_ + block) * shape_.n_head_kv + h) * block_size_ + slot) * head *
+    return (((size_t(layer) * shape_.n_head_kv + h) * n_blocks_ + block) * block_size_ + slot) * head *
            kv_type_size(type_);
   }
   KvShape shape_;
