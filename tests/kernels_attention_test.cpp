@@ -10,8 +10,10 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
 #include "kernels/attention_impl.h"
@@ -164,6 +166,30 @@ const Case kCases[] = {
     {{3, 3, 20, 36, 60}, KvType::kF16, 260, 1, 3, 30.0f},
     {{16, 2, 64, 64, 200}, KvType::kF32, 390, 250, 16, 4.0f},
 };
+
+// The kernels find head g's rows through the view, so a cache split into
+// other heads than the attention's would be read out of place: refused.
+TEST(KernelsAttention, CacheWithOtherHeadsIsRefused) {
+  const AttnShape s{4, 2, 8, 8, 0};
+  KvCache kv(KvShape{1, 16, 16, 1}, 1, 16);  // one head of 16, not two of 8
+  const int32_t blocks[] = {0};
+  const KvLayerView view = kv.layer_view(0, blocks);
+  std::vector<float> q(4 * 8, 0.5f), out(4 * 8);
+  const int32_t pos = 0;
+  ThreadPool pool(2);
+  for (int which = 0; which < 2; ++which) {
+    try {
+      if (which == 0)
+        attention_decode(s, &view, &pos, 1, q.data(), 32, out.data(), 32, pool);
+      else
+        attention_prefill(s, view, q.data(), 32, 0, 1, out.data(), 32, pool);
+      FAIL() << (which == 0 ? "decode" : "prefill") << " read a cache of other heads";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("1 heads of 16"), std::string::npos) << e.what();
+    }
+  }
+}
 
 TEST(KernelsAttention, EveryLevelMatchesDoubleReference) {
   ThreadPool pool(2);
