@@ -125,7 +125,7 @@ TEST_P(ArchVsLlamaCpp, SameFileSameLogitsSameGreedy) {
 
   ThreadPool pool(1);
   // f32 K/V, as the references were made (llama.cpp type_k = type_v = f32).
-  KvCache kv(KvShape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v, c.n_head_kv}, 8, 16, KvType::kF32);
+  KvCache kv(model->kv_shape(), 8, 16, KvType::kF32);
   SeqKv seq;
   ASSERT_TRUE(seq.reserve(kv, static_cast<int32_t>(prompt.size() + want.size())));
   Logits logits;

@@ -88,7 +88,7 @@ TEST_F(Gemma3, MatchesLlamaCppGreedyAndLogits) {
     // Teacher-forced: run the prompt plus llama.cpp's greedy tokens through one
     // prefill with logits at every generated position, so each step is judged
     // on the same context llama.cpp saw.
-    KvCache kv(KvShape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v, c.n_head_kv}, 16, 16);
+    KvCache kv(model_->kv_shape(), 16, 16);
     SeqKv seq;
     std::vector<int32_t> all = prompt;
     all.insert(all.end(), want.begin(), want.end() - 1);

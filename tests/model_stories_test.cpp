@@ -114,9 +114,7 @@ Logits logits_token_by_token(Model& model, const std::vector<int32_t>& toks, KvC
 TEST(StoriesModel, PrefillAndDecodeAgree) {
   auto model = Model::load(shared_path("models/gguf/stories260K.gguf"));
   ThreadPool pool(2);
-  const ModelConfig& c = model->config();
-  KvShape shape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v, c.n_head_kv};
-  KvCache kv(shape, 8, 16);
+  KvCache kv(model->kv_shape(), 8, 16);
   std::vector<int32_t> toks = model->tokenizer().encode("Once upon a time, there was a big dog named Max.", true, true);
   ASSERT_GT(toks.size(), 10u);
 
@@ -139,9 +137,7 @@ TEST(StoriesModel, PrefillAndDecodeAgree) {
 TEST(StoriesModel, LongPromptPrefillMatchesDecodeBitForBit) {
   auto model = Model::load(shared_path("models/gguf/stories260K.gguf"));
   ThreadPool pool(2);
-  const ModelConfig& c = model->config();
-  KvShape shape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v, c.n_head_kv};
-  KvCache kv(shape, 16, 40);  // 16 blocks of 40 tokens: two 300-token sequences
+  KvCache kv(model->kv_shape(), 16, 40);  // 16 blocks of 40 tokens: two 300-token sequences
   std::string text;
   while (text.size() < 1200) text += "Lily saw a red ball in the park and ran to get it. ";
   std::vector<int32_t> toks = model->tokenizer().encode(text, true, true);
@@ -164,7 +160,7 @@ TEST(StoriesModel, LogitsOfSomeRowsEqualThoseOfEveryRow) {
   auto model = Model::load(shared_path("models/gguf/stories260K.gguf"));
   ThreadPool pool(2);
   const ModelConfig& c = model->config();
-  KvCache kv(KvShape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v, c.n_head_kv}, 16, 16);
+  KvCache kv(model->kv_shape(), 16, 16);
   const std::vector<int32_t> a = model->tokenizer().encode("Once upon a time, there was a big dog.", true, true);
   const std::vector<int32_t> b = model->tokenizer().encode("Lily liked to play.", true, true);
   ASSERT_GT(a.size(), 8u);

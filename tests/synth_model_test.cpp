@@ -216,7 +216,7 @@ TEST(SynthModel, RepackedWeightsGiveTheFileLayoutsLogits) {
         *packed = m->packed_bytes();
         ThreadPool pool(2);
         const ModelConfig& c = m->config();
-        KvCache kv(KvShape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v, c.n_head_kv}, 8, 16);
+        KvCache kv(m->kv_shape(), 8, 16);
         SeqKv seq;
         EXPECT_TRUE(seq.reserve(kv, 16));
         const std::vector<int32_t> prompt = {1, 72, 300, 17, 45, 9, 400, 3};

@@ -29,8 +29,7 @@ Generator::Generator(Model& model, ThreadPool& pool, int32_t n_ctx, KvType kv_ty
   if (n_ctx_ > c.n_ctx_train)
     fail(ErrorKind::kInvalidArgument, "context size {} exceeds the model's training context {}", n_ctx_,
          c.n_ctx_train);
-  KvShape shape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v, c.n_head_kv};
-  kv_ = std::make_unique<KvCache>(shape, (n_ctx_ + kBlockSize - 1) / kBlockSize, kBlockSize, kv_type);
+  kv_ = std::make_unique<KvCache>(model.kv_shape(), (n_ctx_ + kBlockSize - 1) / kBlockSize, kBlockSize, kv_type);
 }
 
 Generator::~Generator() = default;

@@ -84,7 +84,7 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c) : model(m), cfg(c), pool(c.t
          mc.n_ctx_train);
   if (c.block_size <= 0 || c.max_seqs <= 0 || c.max_waiting < 0)
     fail(ErrorKind::kInvalidArgument, "block size, max sequences must be positive and max waiting >= 0");
-  const KvShape shape{mc.n_layer, mc.n_head_kv * mc.head_dim, mc.n_head_kv * mc.head_dim_v, mc.n_head_kv};
+  const KvShape shape = m.kv_shape();
   const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(shape, c.kv_type));
   int64_t tokens = c.kv_tokens;
   if (tokens <= 0 && c.kv_bytes > 0) tokens = c.kv_bytes / per_token;

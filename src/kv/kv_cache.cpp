@@ -108,31 +108,31 @@ int32_t KvCache::allocate() {
 void KvCache::release(int32_t block) { free_.push_back(block); }
 
 void KvCache::write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v) {
-  const int32_t kh = shape_.k_width / shape_.n_head_kv, vh = shape_.v_width / shape_.n_head_kv;
+  const int32_t kh = k_head(), vh = v_head();
   for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
-    store_row(type_, k + h * kh, k_.get() + offset(layer, block, slot, h, shape_.k_width), kh);
-    store_row(type_, v + h * vh, v_.get() + offset(layer, block, slot, h, shape_.v_width), vh);
+    store_row(type_, k + h * kh, k_.get() + offset(layer, block, slot, h, kh), kh);
+    store_row(type_, v + h * vh, v_.get() + offset(layer, block, slot, h, vh), vh);
   }
 }
 
 void KvCache::read(int32_t layer, int32_t block, int32_t slot, float* k, float* v) const {
-  const int32_t kh = shape_.k_width / shape_.n_head_kv, vh = shape_.v_width / shape_.n_head_kv;
+  const int32_t kh = k_head(), vh = v_head();
   for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
-    load_row(type_, k_.get() + offset(layer, block, slot, h, shape_.k_width), k + h * kh, kh);
-    load_row(type_, v_.get() + offset(layer, block, slot, h, shape_.v_width), v + h * vh, vh);
+    load_row(type_, k_.get() + offset(layer, block, slot, h, kh), k + h * kh, kh);
+    load_row(type_, v_.get() + offset(layer, block, slot, h, vh), v + h * vh, vh);
   }
 }
 
 KvLayerView KvCache::layer_view(int32_t layer, const int32_t* blocks) const {
   KvLayerView view;
-  view.keys = k_.get() + offset(layer, 0, 0, 0, shape_.k_width);
-  view.values = v_.get() + offset(layer, 0, 0, 0, shape_.v_width);
+  view.keys = k_.get() + offset(layer, 0, 0, 0, k_head());
+  view.values = v_.get() + offset(layer, 0, 0, 0, v_head());
   view.type = type_;
   view.block_size = block_size_;
   view.n_blocks = n_blocks_;
   view.n_head_kv = shape_.n_head_kv;
-  view.k_head = shape_.k_width / shape_.n_head_kv;
-  view.v_head = shape_.v_width / shape_.n_head_kv;
+  view.k_head = k_head();
+  view.v_head = v_head();
   view.blocks = blocks;
   return view;
 }

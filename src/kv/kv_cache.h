@@ -96,10 +96,12 @@ class KvCache {
   KvLayerView layer_view(int32_t layer, const int32_t* blocks) const;
 
  private:
-  // Byte offset of head h's row in a slot ([layer][head][block][slot][width / n_head_kv]).
-  size_t offset(int32_t layer, int32_t block, int32_t slot, int32_t h, int32_t width) const {
-    const size_t head = size_t(width / shape_.n_head_kv);
-    return (((size_t(layer) * shape_.n_head_kv + h) * n_blocks_ + block) * block_size_ + slot) * head *
+  // Elements of one head's K or V row.
+  int32_t k_head() const { return shape_.k_width / shape_.n_head_kv; }
+  int32_t v_head() const { return shape_.v_width / shape_.n_head_kv; }
+  // Byte offset of head h's row (`head` elements) in a slot: [layer][head][block][slot][head].
+  size_t offset(int32_t layer, int32_t block, int32_t slot, int32_t h, int32_t head) const {
+    return (((size_t(layer) * shape_.n_head_kv + h) * n_blocks_ + block) * block_size_ + slot) * size_t(head) *
            kv_type_size(type_);
   }
   KvShape shape_;

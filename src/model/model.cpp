@@ -62,6 +62,10 @@ std::unique_ptr<Model> Model::load(const std::string& path, PrepackMode prepack)
 
 void Model::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
+KvShape Model::kv_shape() const {
+  return {cfg_.n_layer, cfg_.n_head_kv * cfg_.head_dim, cfg_.n_head_kv * cfg_.head_dim_v, cfg_.n_head_kv};
+}
+
 namespace {
 
 // Memory for repacked weights. With TANDEM_HUGEPAGES=1, buffers of 2 MiB or

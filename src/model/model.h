@@ -23,6 +23,7 @@ namespace tandem {
 
 class GgufFile;
 class KvCache;
+struct KvShape;
 class ThreadPool;
 class Tokenizer;
 struct SeqKv;
@@ -59,6 +60,8 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
   const Tokenizer& tokenizer() const { return *tok_; }
+  // The KV cache this model's layers write: n_layer layers of n_head_kv heads.
+  KvShape kv_shape() const;
 
   // Writes K/V of every row into its sequence's blocks (which must already
   // cover the row's position) and, for rows with logits = true, appends

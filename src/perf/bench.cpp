@@ -151,7 +151,7 @@ BenchResult run_bench(const BenchOptions& opts) {
     fail(ErrorKind::kInvalidArgument, "bench: -p {} plus -n {} exceeds the model's training context of {} tokens", P,
          N, c.n_ctx_train);
   ThreadPool pool(opts.threads);
-  KvShape shape{c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v, c.n_head_kv};
+  const KvShape shape = model->kv_shape();
   KvCache kv(shape, B * static_cast<int32_t>((int64_t{P} + N + kBlockSize - 1) / kBlockSize), kBlockSize);
   r.load_s = since(t0);
 
