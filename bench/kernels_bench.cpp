@@ -4,7 +4,7 @@
 //   ./build/kernels_bench --benchmark_filter=Gemv      # decode GEMV, GB/s
 //   ./build/kernels_bench --benchmark_filter=Ceiling   # read bandwidth, int8/fp32 peaks, q8_0's int8 ceiling
 //   ./build/kernels_bench --benchmark_filter=Pool      # fork/join latency
-//   ./build/kernels_bench --benchmark_filter=Attention # decode attention over a paged KV cache
+//   ./build/kernels_bench --benchmark_filter=Attention # decode and prefill attention over a paged KV cache
 //
 // Shapes are TinyLlama 1.1B's (2048 wide, 5632 FFN). "Old" rows are the
 // per-output vec_dot loop Matmul used before the tiled kernels, kept here as
@@ -428,8 +428,44 @@ void BM_AttentionDecode(benchmark::State& state) {
   state.counters["KV GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate,
                                                  benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_AttentionDecode)->Args({512, 1, 2})->Args({1088, 1, 2})->Args({128, 16, 2})->Unit(benchmark::kMicrosecond)
-    ->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_AttentionDecode)->Args({512, 1, 2})->Args({1088, 1, 2})->Args({4096, 1, 2})->Args({128, 16, 2})
+    ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
+
+// Prefill attention of one N-token prompt through the 22 layers of the 1.1B
+// shape (causal, f16 cache in 16-slot blocks, K/V written beforehand). Args:
+// N, threads. GFLOP/s counts the causal half: 2 * 2 * N(N+1)/2 * head_dim
+// per query head.
+void BM_AttentionPrefill(benchmark::State& state) {
+  const int32_t N = static_cast<int32_t>(state.range(0));
+  constexpr int32_t kLayers = 22, kHead = 64, kHeadsKv = 4, kBlock = 16;
+  const AttnShape s{8 * kHeadsKv, kHeadsKv, kHead, kHead, 0};
+  const int32_t n_blocks = (N + kBlock - 1) / kBlock;
+  KvCache kv({kLayers, kHeadsKv * kHead, kHeadsKv * kHead, kHeadsKv}, n_blocks, kBlock);
+  std::vector<int32_t> table;
+  for (int32_t i = 0; i < n_blocks; ++i) table.push_back(kv.allocate());
+  std::mt19937 rng(6);
+  std::normal_distribution<float> normal;
+  std::vector<float> k(kHeadsKv * kHead), v(kHeadsKv * kHead);
+  for (int32_t l = 0; l < kLayers; ++l)
+    for (int32_t p = 0; p < N; ++p) {
+      for (float& x : k) x = normal(rng);
+      for (float& x : v) x = normal(rng);
+      kv.write(l, table[p / kBlock], p % kBlock, k.data(), v.data());
+    }
+  const int64_t QW = int64_t{s.n_head} * kHead;
+  std::vector<float> q(size_t(N) * QW), out(q.size());
+  for (float& x : q) x = normal(rng) * 0.125f;
+  ThreadPool& pool = pool_of(static_cast<int>(state.range(1)));
+  for (auto _ : state)
+    for (int32_t l = 0; l < kLayers; ++l)
+      attention_prefill(s, kv.layer_view(l, table.data()), q.data(), QW, 0, N, out.data(), QW, pool);
+  benchmark::DoNotOptimize(out.data());
+  const double flops = double(kLayers) * s.n_head * 4.0 * kHead * (double(N) * (N + 1) / 2);
+  state.counters["GFLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
+                                                 benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_AttentionPrefill)->Args({512, 2})->Args({2048, 2})->Unit(benchmark::kMillisecond)->UseRealTime()
+    ->MinTime(1.0);
 
 // Fork/join latency of an empty job, and of a parallel_for over 64 items.
 void BM_PoolEmptyRun(benchmark::State& state) {

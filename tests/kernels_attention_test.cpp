@@ -156,7 +156,8 @@ struct Case {
 // Head dims 64/128/256 and odd ones (72: a half vector for AVX-512; 20: a
 // partial vector for every width), GQA groups 1/4/8, sliding windows, ranges
 // that cross chunk boundaries (multiples of 128) with prefill starting
-// mid-chunk.
+// mid-chunk, and block sizes that are and are not a multiple of the vector
+// width (the kernels read key vectors from the cache only in the first case).
 const Case kCases[] = {
     {{4, 4, 64, 64, 0}, KvType::kF32, 300, 37, 16, 4.0f},
     {{8, 2, 128, 128, 0}, KvType::kF16, 290, 101, 16, 4.0f},
@@ -165,6 +166,9 @@ const Case kCases[] = {
     {{8, 1, 72, 56, 0}, KvType::kF32, 200, 50, 7, 30.0f},
     {{3, 3, 20, 36, 60}, KvType::kF16, 260, 1, 3, 30.0f},
     {{16, 2, 64, 64, 200}, KvType::kF32, 390, 250, 16, 4.0f},
+    // 8-slot blocks: AVX2 reads its 8-key vectors from the cache, AVX-512
+    // gathers its 16-key ones.
+    {{8, 2, 64, 64, 0}, KvType::kF16, 330, 90, 8, 4.0f},
 };
 
 // The kernels find head g's rows through the view, so a cache split into

@@ -92,10 +92,10 @@ TEST(KvCache, ViewAddressesRowsThroughTheBlockTable) {
           for (int i : {0, 4, kh - 1}) {
             const float want_k = kval(1, p, h * kh + i), want_v = -kval(1, p, h * vh + i % vh);
             if (type == KvType::kF16) {
-              EXPECT_EQ(f16_to_f32(view.key<uint16_t>(p, h)[i]), want_k);
+              EXPECT_EQ(f16_to_f32(view.key_column<uint16_t>(p, h)[size_t(i) * view.block_size]), want_k);
               EXPECT_EQ(f16_to_f32(view.value<uint16_t>(p, h)[i % vh]), want_v);
             } else {
-              EXPECT_EQ(view.key<float>(p, h)[i], want_k);
+              EXPECT_EQ(view.key_column<float>(p, h)[size_t(i) * view.block_size], want_k);
               EXPECT_EQ(view.value<float>(p, h)[i % vh], want_v);
             }
           }

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kernels/attention_impl.h"
 #include "kernels/exp_simd.h"
@@ -19,7 +20,6 @@ namespace avx2 {
 struct Ops {
   using V = __m256;
   static constexpr int W = 8, QR = 2, QK = 4, PR = 2, PD = 4;
-  static constexpr bool kReduce4x4 = false;
   TD_FN static __m256i lanes_below(int32_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }

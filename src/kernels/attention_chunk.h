@@ -8,57 +8,75 @@
 // (lanes >= n are zero), store(float*, V), store_part(float*, V, n),
 // add(V, V), sub(V, V), fma(a, b, c) = a*b+c, reduce(V) (fixed lane order),
 // max(x, m) = lane-wise x > m ? x : m, reduce_max(V), exp(V); tile sizes
-// QR x QK for scores (rows x keys) and PR x PD for the value sum (rows x
-// vectors); kReduce4x4 and, where true, reduce_4x4(acc, s, kn): the 16
-// reductions of a 4 x 4 score tile at once, bit for bit reduce()'s.
+// QR x QK for scores (rows x vectors of W keys) and PR x PD for the value
+// sum (rows x vectors).
 //
-// Why the results do not depend on the tiling: every score is one
-// accumulator chain over head_dim in fixed steps, reduced the same way; the
-// softmax of a row touches only its own scores, over vectors aligned to the
-// chunk start; each output element of the value sum is one chain over the
-// keys in position order, and a tile row outside its own range adds exact
-// zeros (0 * v + acc == acc for finite v).
+// Why the results do not depend on the tiling: every score is one FMA chain
+// over head_dim in order, d = 0, 1, ..., with the keys in the lanes (the K
+// cache stores each block transposed, kv/kv_cache.h), so no reduction
+// follows it and every level computes the same chain; the softmax of a row
+// touches only its own scores, over vectors aligned to the chunk start; each
+// output element of the value sum is one chain over the keys in position
+// order, and a tile row outside its own range adds exact zeros (0 * v + acc
+// == acc for finite v).
 
-// s[r][j] = reduce(acc[r][j]) for keys j < kn. (O is a template parameter
-// so that only the Ops that have reduce_4x4 need to declare it.)
-template <typename O, int R, int K>
-TD_FN void reduce_scores(const typename O::V acc[R][K], float* const* s, int32_t kn) {
-  if constexpr (R == 4 && K == 4 && O::kReduce4x4) {
-    // All 16 sums at once, each through reduce()'s own tree of additions.
-    O::reduce_4x4(acc, s, kn);
-  } else {
-    for (int r = 0; r < R; ++r)
-      for (int j = 0; j < K && j < kn; ++j) s[r][j] = O::reduce(acc[r][j]);
+// Where the chunk's keys are: the key vector of W keys starting at chunk
+// offset j (a multiple of W) has dimension d at at(j)[d * stride].
+template <typename T>
+struct KeyVectors {
+  const T* const* base;  // per vector: dimension 0 of its first key
+  int64_t stride;        // the cache's block size, or kAttnChunk in a gathered copy
+  const T* at(int32_t j) const { return base[j / Ops::W]; }
+};
+
+// s[r][j0 + v * W + i] = q[r] . k(j0 + v * W + i) for R query rows and NK
+// key vectors: one FMA chain per score over d in order, all W lanes stored
+// (lanes outside a row's range are never read as scores: the softmax zeroes
+// them, see softmax_row).
+template <int R, int NK, typename T>
+TD_FN void qk_tile(const float* const* q, const T* const* k, int64_t ks, int32_t hd, float* const* s, int32_t j0) {
+  using V = typename Ops::V;
+  V acc[R][NK];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NK; ++v) acc[r][v] = Ops::zero();
+  for (int32_t d = 0; d < hd; ++d) {
+    V kv[NK];
+    for (int v = 0; v < NK; ++v) kv[v] = Ops::load(k[v] + d * ks);
+    for (int r = 0; r < R; ++r) {
+      const V qd = Ops::bcast(q[r][d]);
+      for (int v = 0; v < NK; ++v) acc[r][v] = Ops::fma(qd, kv[v], acc[r][v]);
+    }
   }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NK; ++v) Ops::store(s[r] + j0 + v * Ops::W, acc[r][v]);
 }
 
-// Scores of R query rows against K keys (keys past `kn` are padding and are
-// not written): s[r][j] = q[r] . k[j].
-template <int R, int K, typename T>
-TD_FN void qk_tile(const float* const* q, const T* const* k, int32_t hd, float* const* s, int32_t kn) {
-  using V = typename Ops::V;
-  V acc[R][K];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < K; ++j) acc[r][j] = Ops::zero();
-  int32_t d = 0;
-  for (; d + Ops::W <= hd; d += Ops::W) {
-    V qv[R];
-    for (int r = 0; r < R; ++r) qv[r] = Ops::load(q[r] + d);
-    for (int j = 0; j < K; ++j) {
-      const V kv = Ops::load(k[j] + d);
-      for (int r = 0; r < R; ++r) acc[r][j] = Ops::fma(qv[r], kv, acc[r][j]);
-    }
+// Rows [r0, r0 + R) with R <= Ops::QR, over the key vectors that cover
+// [a, b) (chunk-relative).
+template <int R, typename T>
+TD_FN void qk_rows(const ChunkJob& job, int32_t r0, const KeyVectors<T>& keys, int32_t a, int32_t b) {
+  constexpr int W = Ops::W, NK = Ops::QK;
+  const int32_t C = kAttnChunk, hd = job.head_dim;
+  float* s[R];
+  for (int r = 0; r < R; ++r) s[r] = job.scores + size_t(r0 + r) * C;
+  const float* const* q = job.q + r0;
+  int32_t j = a / W * W;
+  const int32_t end = (b + W - 1) / W * W;
+  for (; j + NK * W <= end; j += NK * W) {
+    const T* k[NK];
+    for (int v = 0; v < NK; ++v) k[v] = keys.at(j + v * W);
+    qk_tile<R, NK>(q, k, keys.stride, hd, s, j);
   }
-  if (d < hd) {
-    const int32_t n = hd - d;
-    V qv[R];
-    for (int r = 0; r < R; ++r) qv[r] = Ops::load_part(q[r] + d, n);
-    for (int j = 0; j < K; ++j) {
-      const V kv = Ops::load_part(k[j] + d, n);
-      for (int r = 0; r < R; ++r) acc[r][j] = Ops::fma(qv[r], kv, acc[r][j]);
-    }
-  }
-  reduce_scores<Ops, R, K>(acc, s, kn);
+  const T* k[NK];
+  const int32_t left = (end - j) / W;
+  for (int v = 0; v < left; ++v) k[v] = keys.at(j + v * W);
+  if constexpr (NK > 1)
+    if (left == 1) qk_tile<R, 1>(q, k, keys.stride, hd, s, j);
+  if constexpr (NK > 2)
+    if (left == 2) qk_tile<R, 2>(q, k, keys.stride, hd, s, j);
+  if constexpr (NK > 3)
+    if (left == 3) qk_tile<R, 3>(q, k, keys.stride, hd, s, j);
+  static_assert(NK <= 4, "the tail cases above cover 1..3 vectors");
 }
 
 // acc_out[r][d0 .. d0 + D*W) = sum over keys j in [a, b) of p[r][j] * v[j][..],
@@ -93,20 +111,6 @@ TD_FN void pv_rows(const T* const* v, int32_t a, int32_t b, const float* const* 
   for (; d + Ops::PD * Ops::W <= hdv; d += Ops::PD * Ops::W) pv_tile<R, Ops::PD, false>(v, a, b, p, out, d, 0);
   for (; d + Ops::W <= hdv; d += Ops::W) pv_tile<R, 1, false>(v, a, b, p, out, d, 0);
   if (d < hdv) pv_tile<R, 1, true>(v, a, b, p, out, d, hdv - d);
-}
-
-// Rows [r0, r0 + R) with R <= Ops::QR, over the union of their key ranges.
-template <int R, typename T>
-TD_FN void qk_rows(const ChunkJob& job, int32_t r0, const T* const* kp, int32_t ka, int32_t kb) {
-  const int32_t C = kAttnChunk;
-  for (int32_t j = ka; j < kb; j += Ops::QK) {
-    const int32_t kn = kb - j < Ops::QK ? kb - j : Ops::QK;
-    const T* k[Ops::QK];
-    for (int32_t i = 0; i < Ops::QK; ++i) k[i] = kp[i < kn ? j + i : kb - 1];  // pad with a real row
-    float* s[R];
-    for (int r = 0; r < R; ++r) s[r] = job.scores + size_t(r0 + r) * C + j;
-    qk_tile<R, Ops::QK>(job.q + r0, k, job.head_dim, s, kn);
-  }
 }
 
 // Turns row r's scores in [a, b) into exp(score - max) in place, zeroes
@@ -150,12 +154,29 @@ TD_FN void run_chunk(const ChunkJob& job) {
     ka = job.lo[r] - c0 < ka ? job.lo[r] - c0 : ka;
     kb = job.hi[r] - c0 > kb ? job.hi[r] - c0 : kb;
   }
-  const T* kp[kAttnChunk];
   const T* vp[kAttnChunk];
-  for (int32_t j = ka; j < kb; ++j) {
-    kp[j] = kv.key<T>(c0 + j, job.kv_head);
-    vp[j] = kv.value<T>(c0 + j, job.kv_head);
+  for (int32_t j = ka; j < kb; ++j) vp[j] = kv.value<T>(c0 + j, job.kv_head);
+  // Key vectors straight from the cache when W consecutive slots of a block
+  // hold them (the block size a multiple of W: always for 16-slot blocks);
+  // otherwise the chunk's keys are first gathered into a [d][chunk] copy.
+  constexpr int W = Ops::W;
+  const int32_t va = ka / W * W, vb = (kb + W - 1) / W * W;
+  const T* kbase[kAttnChunk / W];
+  int64_t stride = kv.block_size;
+  if (kv.block_size % W == 0) {
+    for (int32_t j = va; j < vb; j += W) kbase[j / W] = kv.key_column<T>(c0 + j, job.kv_head);
+  } else {
+    thread_local std::vector<T> copy;
+    const int32_t hd = job.head_dim;
+    copy.assign(size_t(hd) * C, T{});
+    for (int32_t j = ka; j < kb; ++j) {
+      const T* col = kv.key_column<T>(c0 + j, job.kv_head);
+      for (int32_t d = 0; d < hd; ++d) copy[size_t(d) * C + j] = col[size_t(d) * kv.block_size];
+    }
+    for (int32_t j = va; j < vb; j += W) kbase[j / W] = copy.data() + j;
+    stride = C;
   }
+  const KeyVectors<T> keys{kbase, stride};
 
   // Row tiles cover consecutive rows; the driver orders rows by position, so
   // a tile's ranges nearly coincide.
@@ -172,10 +193,10 @@ TD_FN void run_chunk(const ChunkJob& job) {
     int32_t a, b;
     tile_range(r0, R, a, b);
     switch (R) {
-      case 1: qk_rows<1>(job, r0, kp, a, b); break;
-      case 2: if constexpr (Ops::QR >= 2) qk_rows<2>(job, r0, kp, a, b); break;
-      case 3: if constexpr (Ops::QR >= 3) qk_rows<3>(job, r0, kp, a, b); break;
-      default: if constexpr (Ops::QR >= 4) qk_rows<Ops::QR>(job, r0, kp, a, b); break;
+      case 1: qk_rows<1>(job, r0, keys, a, b); break;
+      case 2: if constexpr (Ops::QR >= 2) qk_rows<2>(job, r0, keys, a, b); break;
+      case 3: if constexpr (Ops::QR >= 3) qk_rows<3>(job, r0, keys, a, b); break;
+      default: if constexpr (Ops::QR >= 4) qk_rows<Ops::QR>(job, r0, keys, a, b); break;
     }
   }
 

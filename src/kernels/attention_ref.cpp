@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/quant.h"
 #include "kernels/attention_impl.h"
@@ -14,7 +15,6 @@ namespace ref {
 struct Ops {
   using V = float;
   static constexpr int W = 1, QR = 2, QK = 4, PR = 2, PD = 4;
-  static constexpr bool kReduce4x4 = false;
   static V zero() { return 0.0f; }
   static V bcast(float f) { return f; }
   static V load(const float* p) { return *p; }

@@ -45,6 +45,32 @@ void store_row(KvType type, const float* x, std::byte* dst, int32_t n) {
     to_f16(x, reinterpret_cast<uint16_t*>(dst), n);
 }
 
+// K's column layout: element i of x to dst + i * stride elements.
+void store_column(KvType type, const float* x, std::byte* dst, int32_t n, int32_t stride) {
+  if (type == KvType::kF32) {
+    auto* f = reinterpret_cast<float*>(dst);
+    for (int32_t i = 0; i < n; ++i) f[size_t(i) * stride] = x[i];
+    return;
+  }
+  auto* h = reinterpret_cast<uint16_t*>(dst);
+  uint16_t tmp[64];
+  for (int32_t i0 = 0; i0 < n; i0 += 64) {
+    const int32_t m = n - i0 < 64 ? n - i0 : 64;
+    to_f16(x + i0, tmp, m);
+    for (int32_t i = 0; i < m; ++i) h[size_t(i0 + i) * stride] = tmp[i];
+  }
+}
+
+void load_column(KvType type, const std::byte* src, float* x, int32_t n, int32_t stride) {
+  if (type == KvType::kF32) {
+    const auto* f = reinterpret_cast<const float*>(src);
+    for (int32_t i = 0; i < n; ++i) x[i] = f[size_t(i) * stride];
+    return;
+  }
+  const auto* h = reinterpret_cast<const uint16_t*>(src);
+  for (int32_t i = 0; i < n; ++i) x[i] = f16_to_f32(h[size_t(i) * stride]);
+}
+
 void load_row(KvType type, const std::byte* src, float* x, int32_t n) {
   if (type == KvType::kF32) {
     std::memcpy(x, src, size_t(n) * sizeof(float));
@@ -109,24 +135,26 @@ void KvCache::release(int32_t block) { free_.push_back(block); }
 
 void KvCache::write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v) {
   const int32_t kh = k_head(), vh = v_head();
+  const size_t es = kv_type_size(type_);
   for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
-    store_row(type_, k + h * kh, k_.get() + offset(layer, block, slot, h, kh), kh);
-    store_row(type_, v + h * vh, v_.get() + offset(layer, block, slot, h, vh), vh);
+    store_column(type_, k + h * kh, k_.get() + block_offset(layer, block, h, kh) + slot * es, kh, block_size_);
+    store_row(type_, v + h * vh, v_.get() + block_offset(layer, block, h, vh) + size_t(slot) * vh * es, vh);
   }
 }
 
 void KvCache::read(int32_t layer, int32_t block, int32_t slot, float* k, float* v) const {
   const int32_t kh = k_head(), vh = v_head();
+  const size_t es = kv_type_size(type_);
   for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
-    load_row(type_, k_.get() + offset(layer, block, slot, h, kh), k + h * kh, kh);
-    load_row(type_, v_.get() + offset(layer, block, slot, h, vh), v + h * vh, vh);
+    load_column(type_, k_.get() + block_offset(layer, block, h, kh) + slot * es, k + h * kh, kh, block_size_);
+    load_row(type_, v_.get() + block_offset(layer, block, h, vh) + size_t(slot) * vh * es, v + h * vh, vh);
   }
 }
 
 KvLayerView KvCache::layer_view(int32_t layer, const int32_t* blocks) const {
   KvLayerView view;
-  view.keys = k_.get() + offset(layer, 0, 0, 0, k_head());
-  view.values = v_.get() + offset(layer, 0, 0, 0, v_head());
+  view.keys = k_.get() + block_offset(layer, 0, 0, k_head());
+  view.values = v_.get() + block_offset(layer, 0, 0, v_head());
   view.type = type_;
   view.block_size = block_size_;
   view.n_blocks = n_blocks_;
