@@ -135,26 +135,24 @@ void KvCache::release(int32_t block) { free_.push_back(block); }
 
 void KvCache::write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v) {
   const int32_t kh = k_head(), vh = v_head();
-  const size_t es = kv_type_size(type_);
   for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
-    store_column(type_, k + h * kh, k_.get() + block_offset(layer, block, h, kh) + slot * es, kh, block_size_);
-    store_row(type_, v + h * vh, v_.get() + block_offset(layer, block, h, vh) + size_t(slot) * vh * es, vh);
+    store_column(type_, k + h * kh, k_.get() + key_offset(layer, block, slot, h), kh, block_size_);
+    store_row(type_, v + h * vh, v_.get() + value_offset(layer, block, slot, h), vh);
   }
 }
 
 void KvCache::read(int32_t layer, int32_t block, int32_t slot, float* k, float* v) const {
   const int32_t kh = k_head(), vh = v_head();
-  const size_t es = kv_type_size(type_);
   for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
-    load_column(type_, k_.get() + block_offset(layer, block, h, kh) + slot * es, k + h * kh, kh, block_size_);
-    load_row(type_, v_.get() + block_offset(layer, block, h, vh) + size_t(slot) * vh * es, v + h * vh, vh);
+    load_column(type_, k_.get() + key_offset(layer, block, slot, h), k + h * kh, kh, block_size_);
+    load_row(type_, v_.get() + value_offset(layer, block, slot, h), v + h * vh, vh);
   }
 }
 
 KvLayerView KvCache::layer_view(int32_t layer, const int32_t* blocks) const {
   KvLayerView view;
-  view.keys = k_.get() + block_offset(layer, 0, 0, k_head());
-  view.values = v_.get() + block_offset(layer, 0, 0, v_head());
+  view.keys = k_.get() + key_offset(layer, 0, 0, 0);
+  view.values = v_.get() + value_offset(layer, 0, 0, 0);
   view.type = type_;
   view.block_size = block_size_;
   view.n_blocks = n_blocks_;

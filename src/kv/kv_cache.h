@@ -112,6 +112,14 @@ class KvCache {
     return ((size_t(layer) * shape_.n_head_kv + h) * n_blocks_ + block) * block_size_ * size_t(head) *
            kv_type_size(type_);
   }
+  // Byte offsets of a slot's key column (dimension 0; the next block_size
+  // elements on) and of its value row, for head h.
+  size_t key_offset(int32_t layer, int32_t block, int32_t slot, int32_t h) const {
+    return block_offset(layer, block, h, k_head()) + size_t(slot) * kv_type_size(type_);
+  }
+  size_t value_offset(int32_t layer, int32_t block, int32_t slot, int32_t h) const {
+    return block_offset(layer, block, h, v_head()) + size_t(slot) * v_head() * kv_type_size(type_);
+  }
   KvShape shape_;
   int32_t n_blocks_;
   int32_t block_size_;
