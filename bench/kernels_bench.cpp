@@ -380,32 +380,44 @@ void BM_CeilingFp32Fma(benchmark::State& state) {
 }
 BENCHMARK(BM_CeilingFp32Fma)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
 
+// The attention benchmarks' cache: the 1.1B shape (32 query heads, 4 KV
+// heads of 64) in all 22 layers, f16 in 16-slot blocks, B sequences of N
+// positions filled with N(0,1) keys and values drawn from `rng`.
+struct AttnBenchCache {
+  static constexpr int32_t kLayers = 22, kHead = 64, kHeadsKv = 4, kBlock = 16;
+  const AttnShape s{8 * kHeadsKv, kHeadsKv, kHead, kHead, 0};
+  KvCache kv;
+  std::vector<std::vector<int32_t>> tables;
+
+  AttnBenchCache(int32_t N, int32_t B, std::mt19937& rng)
+      : kv({kLayers, kHeadsKv * kHead, kHeadsKv * kHead, kHeadsKv}, (N + kBlock - 1) / kBlock * B, kBlock),
+        tables(B) {
+    std::normal_distribution<float> normal;
+    std::vector<float> k(kHeadsKv * kHead), v(kHeadsKv * kHead);
+    for (auto& t : tables)
+      for (int32_t i = 0; i < (N + kBlock - 1) / kBlock; ++i) t.push_back(kv.allocate());
+    for (int32_t l = 0; l < kLayers; ++l)
+      for (const auto& t : tables)
+        for (int32_t p = 0; p < N; ++p) {
+          for (float& x : k) x = normal(rng);
+          for (float& x : v) x = normal(rng);
+          kv.write(l, t[p / kBlock], p % kBlock, k.data(), v.data());
+        }
+  }
+};
+
 // Decode attention of one step: B sequences at position N - 1 (N cached
-// positions each) through all 22 layers of the 1.1B shape (32 query heads,
-// 4 KV heads of 64, f16 cache in 16-slot blocks). In a real step the
+// positions each) through all 22 layers (AttnBenchCache). In a real step the
 // weights' stream (1.1 GB) has evicted the K and V since the last one, so
 // each iteration first reads 64 MiB (twice L3) outside the timing. Args: N,
 // B, threads.
 void BM_AttentionDecode(benchmark::State& state) {
   const int32_t N = static_cast<int32_t>(state.range(0)), B = static_cast<int32_t>(state.range(1));
-  constexpr int32_t kLayers = 22, kHead = 64, kHeadsKv = 4, kBlock = 16;
-  const AttnShape s{8 * kHeadsKv, kHeadsKv, kHead, kHead, 0};
-  const int32_t per_seq = (N + kBlock - 1) / kBlock;
-  KvCache kv({kLayers, kHeadsKv * kHead, kHeadsKv * kHead, kHeadsKv}, per_seq * B, kBlock);
-  std::vector<std::vector<int32_t>> tables(B);
   std::mt19937 rng(5);
+  AttnBenchCache c(N, B, rng);
+  const AttnShape& s = c.s;
   std::normal_distribution<float> normal;
-  std::vector<float> k(kHeadsKv * kHead), v(kHeadsKv * kHead);
-  for (auto& t : tables)
-    for (int32_t i = 0; i < per_seq; ++i) t.push_back(kv.allocate());
-  for (int32_t l = 0; l < kLayers; ++l)
-    for (const auto& t : tables)
-      for (int32_t p = 0; p < N; ++p) {
-        for (float& x : k) x = normal(rng);
-        for (float& x : v) x = normal(rng);
-        kv.write(l, t[p / kBlock], p % kBlock, k.data(), v.data());
-      }
-  std::vector<float> q(size_t(B) * s.n_head * kHead), out(q.size());
+  std::vector<float> q(size_t(B) * s.n_head * s.head_dim), out(q.size());
   for (float& x : q) x = normal(rng) * 0.125f;
   const std::vector<int32_t> positions(B, N - 1);
   std::vector<KvLayerView> views(B);
@@ -416,51 +428,39 @@ void BM_AttentionDecode(benchmark::State& state) {
     state.PauseTiming();
     for (size_t i = 0; i < evict.size(); i += 8) sink += evict[i];
     state.ResumeTiming();
-    for (int32_t l = 0; l < kLayers; ++l) {
-      for (int32_t b = 0; b < B; ++b) views[b] = kv.layer_view(l, tables[b].data());
-      attention_decode(s, views.data(), positions.data(), B, q.data(), s.n_head * kHead, out.data(),
-                       s.n_head * kHead, pool);
+    for (int32_t l = 0; l < c.kLayers; ++l) {
+      for (int32_t b = 0; b < B; ++b) views[b] = c.kv.layer_view(l, c.tables[b].data());
+      attention_decode(s, views.data(), positions.data(), B, q.data(), s.n_head * s.head_dim, out.data(),
+                       s.n_head * s.head_dim, pool);
     }
   }
   benchmark::DoNotOptimize(out.data());
   benchmark::DoNotOptimize(sink);
-  const double bytes = double(kLayers) * B * N * 2 * kHeadsKv * kHead * 2;
+  const double bytes = double(c.kLayers) * B * N * 2 * s.n_head_kv * s.head_dim * 2;
   state.counters["KV GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate,
                                                  benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_AttentionDecode)->Args({512, 1, 2})->Args({1088, 1, 2})->Args({4096, 1, 2})->Args({128, 16, 2})
     ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
 
-// Prefill attention of one N-token prompt through the 22 layers of the 1.1B
-// shape (causal, f16 cache in 16-slot blocks, K/V written beforehand). Args:
-// N, threads. GFLOP/s counts the causal half: 2 * 2 * N(N+1)/2 * head_dim
-// per query head.
+// Prefill attention of one N-token prompt through the same 22 layers
+// (causal, K/V written beforehand). Args: N, threads. GFLOP/s counts the
+// causal half: 2 * 2 * N(N+1)/2 * head_dim per query head.
 void BM_AttentionPrefill(benchmark::State& state) {
   const int32_t N = static_cast<int32_t>(state.range(0));
-  constexpr int32_t kLayers = 22, kHead = 64, kHeadsKv = 4, kBlock = 16;
-  const AttnShape s{8 * kHeadsKv, kHeadsKv, kHead, kHead, 0};
-  const int32_t n_blocks = (N + kBlock - 1) / kBlock;
-  KvCache kv({kLayers, kHeadsKv * kHead, kHeadsKv * kHead, kHeadsKv}, n_blocks, kBlock);
-  std::vector<int32_t> table;
-  for (int32_t i = 0; i < n_blocks; ++i) table.push_back(kv.allocate());
   std::mt19937 rng(6);
+  AttnBenchCache c(N, 1, rng);
+  const AttnShape& s = c.s;
   std::normal_distribution<float> normal;
-  std::vector<float> k(kHeadsKv * kHead), v(kHeadsKv * kHead);
-  for (int32_t l = 0; l < kLayers; ++l)
-    for (int32_t p = 0; p < N; ++p) {
-      for (float& x : k) x = normal(rng);
-      for (float& x : v) x = normal(rng);
-      kv.write(l, table[p / kBlock], p % kBlock, k.data(), v.data());
-    }
-  const int64_t QW = int64_t{s.n_head} * kHead;
+  const int64_t QW = int64_t{s.n_head} * s.head_dim;
   std::vector<float> q(size_t(N) * QW), out(q.size());
   for (float& x : q) x = normal(rng) * 0.125f;
   ThreadPool& pool = pool_of(static_cast<int>(state.range(1)));
   for (auto _ : state)
-    for (int32_t l = 0; l < kLayers; ++l)
-      attention_prefill(s, kv.layer_view(l, table.data()), q.data(), QW, 0, N, out.data(), QW, pool);
+    for (int32_t l = 0; l < c.kLayers; ++l)
+      attention_prefill(s, c.kv.layer_view(l, c.tables[0].data()), q.data(), QW, 0, N, out.data(), QW, pool);
   benchmark::DoNotOptimize(out.data());
-  const double flops = double(kLayers) * s.n_head * 4.0 * kHead * (double(N) * (N + 1) / 2);
+  const double flops = double(c.kLayers) * s.n_head * 4.0 * s.head_dim * (double(N) * (N + 1) / 2);
   state.counters["GFLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
                                                  benchmark::Counter::kIs1000);
 }
