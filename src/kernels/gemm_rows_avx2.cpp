@@ -26,7 +26,7 @@ using namespace avx2;
 
 constexpr int64_t kPrefetchBytes = 4096;
 
-// See gemm_rows_avx512.cpp: a whole number of side-by-side row groups ahead.
+// See gemm_rows_avx512.h: a whole number of side-by-side row groups ahead.
 inline int64_t prefetch_distance(size_t row_stride, int rows_side_by_side) {
   if (!stream_tuning().software_prefetch) return 0;
   const int64_t group = static_cast<int64_t>(row_stride) * rows_side_by_side;
@@ -315,7 +315,7 @@ TD_FN void float_tile(const uint8_t* const w[NW], const float* const a[NA], int6
     for (int i = 0; i < NW; ++i) y[m * ldy + i] = reduce_tree(acc[m][i][0], acc[m][i][1]);
 }
 
-// As gemm_rows_avx512.cpp: blocks of 64 weight rows, 2 x 2 tiles (1 x 4 for
+// As gemm_rows_avx512_float.cpp: blocks of 64 weight rows, 2 x 2 tiles (1 x 4 for
 // a single activation row).
 template <typename Load>
 TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
