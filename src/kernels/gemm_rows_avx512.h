@@ -1,11 +1,15 @@
 // Helpers shared by the AVX-512 row-wise kernels (gemm_rows_avx512*.cpp):
 // scalar steps of the float chain, lane sums, the software prefetch of the
 // weight stream, and the walk over weight and activation rows that the q32
-// and K-quant kernels share. Only for files compiled with the TD_GEMM_AVX512
-// target on their functions; not a general header.
+// and K-quant kernels share. Only for those files: it defines TD_ATTR and
+// TD_FN (the TD_GEMM_AVX512 target) for them and silences the warnings below.
 #pragma once
 
 #if defined(__x86_64__)
+
+// See dot_avx512.cpp: GCC 12's AVX-512 headers trip -Wuninitialized when inlined.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <immintrin.h>
 
@@ -17,9 +21,10 @@
 #include "kernels/gemm_avx512_pack.h"
 #include "kernels/stream_tuning.h"
 
-namespace tandem::gemm_detail::avx512_rows {
+#define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
+#define TD_FN TD_ATTR inline
 
-#define TD_FN __attribute__((target(TD_GEMM_AVX512))) inline
+namespace tandem::gemm_detail::avx512_rows {
 
 using RowsFn = decltype(GemmKernel::rows);
 
@@ -99,8 +104,6 @@ TD_FN void quant_rows(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmA
     }
   }
 }
-
-#undef TD_FN
 
 }  // namespace tandem::gemm_detail::avx512_rows
 

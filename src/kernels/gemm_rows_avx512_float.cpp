@@ -5,17 +5,10 @@
 
 #if defined(__x86_64__)
 
-// See dot_avx512.cpp: GCC 12's AVX-512 headers trip -Wuninitialized when inlined.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
 #include <algorithm>
 #include <cstring>
 
 #include "kernels/float_tiles.h"
-
-#define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
-#define TD_FN TD_ATTR inline
 
 namespace tandem::gemm_detail::avx512_rows {
 namespace {

@@ -6,19 +6,12 @@
 
 #if defined(__x86_64__)
 
-// See dot_avx512.cpp: GCC 12's AVX-512 headers trip -Wuninitialized when inlined.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
 #include <cstring>
 #include <type_traits>
 
 #include "core/blocks.h"
 #include "kernels/gemm_avx512_conv.h"
 #include "kernels/k4_tiles.h"
-
-#define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
-#define TD_FN TD_ATTR inline
 
 namespace tandem::gemm_detail::avx512_rows {
 namespace {
@@ -421,6 +414,7 @@ TD_FN void k6_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, flo
   }
   for (int m = 0; m < NA; ++m) y[m * ldy] = _mm_cvtss_f32(acc[m]);
 }
+
 template <typename Block>
 struct K4Tile {
   static constexpr int kRows = 1;

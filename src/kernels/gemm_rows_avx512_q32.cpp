@@ -6,10 +6,6 @@
 
 #if defined(__x86_64__)
 
-// See dot_avx512.cpp: GCC 12's AVX-512 headers trip -Wuninitialized when inlined.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -18,9 +14,6 @@
 #include "kernels/gemm_avx512_conv.h"
 #include "kernels/q32_tiles.h"
 #include "kernels/transpose_avx2.h"
-
-#define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
-#define TD_FN TD_ATTR inline
 
 namespace tandem::gemm_detail::avx512_rows {
 namespace {
@@ -161,6 +154,7 @@ TD_FN void q32_tile8(const uint8_t* rows0, size_t stride, const GemmActs& A, int
   if (b < nb) q32_chunk8<Conv, NA, false>(rows0, stride, row_off, A, r, b, nb - b, pf, acc);
   for (int m = 0; m < NA; ++m) _mm256_storeu_ps(y + m * ldy, acc[m]);
 }
+
 template <typename Conv>
 struct Q32Tile {
   static constexpr int kRows = 2;
