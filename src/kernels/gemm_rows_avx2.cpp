@@ -24,15 +24,6 @@ namespace {
 
 using namespace avx2;
 
-constexpr int64_t kPrefetchBytes = 4096;
-
-// See gemm_rows_avx512.h: a whole number of side-by-side row groups ahead.
-inline int64_t prefetch_distance(size_t row_stride, int rows_side_by_side) {
-  if (!stream_tuning().software_prefetch) return 0;
-  const int64_t group = static_cast<int64_t>(row_stride) * rows_side_by_side;
-  return (kPrefetchBytes + group - 1) / group * group;
-}
-
 TD_FN void prefetch_ahead(const uint8_t* p, int64_t bytes, int64_t dist) {
   if (dist == 0) return;
   for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + dist + i), _MM_HINT_T0);

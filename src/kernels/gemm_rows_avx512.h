@@ -1,7 +1,7 @@
 // Helpers shared by the AVX-512 row-wise kernels (gemm_rows_avx512*.cpp):
 // scalar steps of the float chain, lane sums, the software prefetch of the
-// weight stream, and the walk over weight and activation rows that the q32
-// and K-quant kernels share. Only for those files: it defines TD_ATTR and
+// weight stream (its distance: kernels/stream_tuning.h), and the walk over
+// weight and activation rows that the q32 and K-quant kernels share. Only for those files: it defines TD_ATTR and
 // TD_FN (the TD_GEMM_AVX512 target) for them and silences the warnings below.
 #pragma once
 
@@ -50,26 +50,6 @@ TD_FN __m512i lane_sums4(const __m512i P[4]) {
   const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[0], P[1]), _mm512_unpackhi_epi32(P[0], P[1]));
   const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[2], P[3]), _mm512_unpackhi_epi32(P[2], P[3]));
   return _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
-}
-
-// Software prefetch at least this far ahead: the hardware prefetcher alone
-// leaves these streaming kernels well short of bandwidth. A kernel reading
-// rows o..o+n-1 side by side prefetches the same offsets a whole number of
-// n-row groups ahead (prefetch_distance), i.e. bytes a later group will read
-// at the same point; a plain "4 KB ahead" would land on the next row of the
-// current group, already being read.
-constexpr int64_t kPrefetchBytes = 4096;
-// Kernels reading only 1 or 2 rows side by side (the K-quants) need more: 4 KB
-// ahead is about one memory latency of their single stream. 16 KB took q6_K
-// decode from ~36 to ~39 GB/s on one Zen 5 core (~58 -> ~63 on two), and
-// q4_K's stream from memory from below to above its compute speed.
-constexpr int64_t kPrefetchBytesFewRows = 16384;
-
-// 0 (no prefetch) where the CPU streams better without (kernels/stream_tuning.h).
-inline int64_t prefetch_distance(size_t row_stride, int rows_side_by_side, int64_t at_least = kPrefetchBytes) {
-  if (!stream_tuning().software_prefetch) return 0;
-  const int64_t group = static_cast<int64_t>(row_stride) * rows_side_by_side;
-  return (at_least + group - 1) / group * group;
 }
 
 TD_FN void prefetch_ahead(const uint8_t* p, int64_t bytes, int64_t dist) {

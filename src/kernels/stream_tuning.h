@@ -9,6 +9,7 @@
 // Measurements: docs/benchmarks.md.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace tandem {
@@ -44,6 +45,26 @@ struct StreamTuning {
 // TANDEM_PANEL_PAIRS=N sets panel_pair_min_rows (0: one panel per call);
 // TANDEM_STREAM_OUT=0 turns the outputs' streaming stores off.
 const StreamTuning& stream_tuning();
+
+// The row-wise (decode) kernels prefetch at least this far ahead: the
+// hardware prefetcher alone leaves them well short of bandwidth. A kernel
+// reading rows o..o+n-1 side by side prefetches the same offsets a whole number of
+// n-row groups ahead (prefetch_distance), i.e. bytes a later group will read
+// at the same point; a plain "4 KB ahead" would land on the next row of the
+// current group, already being read.
+constexpr int64_t kPrefetchBytes = 4096;
+// Kernels reading only 1 or 2 rows side by side (the K-quants) need more: 4 KB
+// ahead is about one memory latency of their single stream. 16 KB took q6_K
+// decode from ~36 to ~39 GB/s on one Zen 5 core (~58 -> ~63 on two), and
+// q4_K's stream from memory from below to above its compute speed.
+constexpr int64_t kPrefetchBytesFewRows = 16384;
+
+// 0 (no prefetch) where the CPU streams better without (StreamTuning).
+inline int64_t prefetch_distance(size_t row_stride, int rows_side_by_side, int64_t at_least = kPrefetchBytes) {
+  if (!stream_tuning().software_prefetch) return 0;
+  const int64_t group = static_cast<int64_t>(row_stride) * rows_side_by_side;
+  return (at_least + group - 1) / group * group;
+}
 
 // Tests: runs the kernels under another tuning while in scope. Every tuning
 // gives the same bits (they change the order of memory reads, never of
