@@ -90,7 +90,9 @@ TEST(KernelsOps, RmsNormMatchesScalarAtEveryLevel) {
     EXPECT_EQ(x, y);
     EXPECT_NEAR(y[0], 1.0f, 1e-6f);
   }
-  if (total > 0) EXPECT_GT(static_cast<double>(exact) / total, 0.999);
+  if (total > 0) {
+    EXPECT_GT(static_cast<double>(exact) / total, 0.999);
+  }
 }
 
 TEST(KernelsOps, GeluFollowsTheTableAndClamps) {

@@ -50,6 +50,40 @@ void send_error(httplib::Response& res, const ApiError& e) {
 
 std::string random_hex(std::mt19937_64& rng) { return fmt::format("{:016x}", rng()); }
 
+// Larger request bodies get a 413.
+constexpr size_t kMaxBodyBytes = size_t{64} << 20;
+
+// The request body, read through httplib's content reader. A plain handler
+// would let the library parse a body sent as application/x-www-form-urlencoded
+// (curl -d's default) as form fields first, and turn any such body over its
+// compiled-in 8 KiB form limit away with a bare 413; the body here is JSON
+// whatever the Content-Type says. nullopt, with the error sent, when the body
+// cannot be read.
+std::optional<std::string> read_body(const httplib::Request& req, httplib::Response& res,
+                                     const httplib::ContentReader& reader) {
+  if (req.is_multipart_form_data()) {
+    send_error(res, ApiError(415, "multipart form data is not accepted; send the request as JSON "
+                                  "(Content-Type: application/json)",
+                             "invalid_request_error"));
+    return std::nullopt;
+  }
+  std::string body;
+  const bool ok = reader([&body](const char* data, size_t n) {
+    body.append(data, n);
+    return true;
+  });
+  if (ok) return body;
+  // httplib has set the status: 413 over the payload limit, 400 otherwise.
+  const int status = res.status == 413 ? 413 : 400;
+  send_error(res, ApiError(status,
+                           status == 413 ? fmt::format("the request body is larger than {} MiB", kMaxBodyBytes >> 20)
+                                         : "the request body could not be read (no Content-Length, or the "
+                                           "connection broke off)",
+                           "invalid_request_error"));
+  res.set_header("Connection", "close");  // the rest of an unread body must not be taken for a request
+  return std::nullopt;
+}
+
 }  // namespace
 
 struct Server::Impl {
@@ -129,10 +163,13 @@ struct Server::Impl {
     return ids;
   }
 
-  void handle_generate(Endpoint ep, const httplib::Request& req, httplib::Response& res) {
+  void handle_generate(Endpoint ep, const httplib::Request& req, httplib::Response& res,
+                       const httplib::ContentReader& reader) {
+    const std::optional<std::string> body = read_body(req, res, reader);
+    if (!body) return;
     try {
       if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
-      ApiRequest r = parse_request(ep, req.body);
+      ApiRequest r = parse_request(ep, *body);
       check_model(r.model);
       std::vector<int32_t> prompt = prompt_tokens(r);
       ResponseMeta meta;
@@ -185,8 +222,9 @@ struct Server::Impl {
     http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
                                                                    httplib::Response& res) {
       if (!res.body.empty() || res.is_chunked_content_provider_) return httplib::Server::HandlerResponse::Unhandled;
-      const std::string msg = res.status == 404 ? fmt::format("Unknown route: {} {}", req.method, req.path)
-                                                : fmt::format("HTTP error {}", res.status);
+      std::string msg = fmt::format("HTTP error {}", res.status);
+      if (res.status == 404) msg = fmt::format("Unknown route: {} {}", req.method, req.path);
+      if (res.status == 413) msg = fmt::format("the request body is larger than {} MiB", kMaxBodyBytes >> 20);
       send_error(res, ApiError(res.status, msg, "invalid_request_error", "", res.status == 404 ? "not_found" : ""));
       return httplib::Server::HandlerResponse::Handled;
     }));
@@ -219,12 +257,16 @@ struct Server::Impl {
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(render_prometheus(engine.metrics()), "text/plain; version=0.0.4; charset=utf-8");
     });
-    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      handle_generate(Endpoint::kCompletions, req, res);
-    });
-    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      handle_generate(Endpoint::kChat, req, res);
-    });
+    for (const auto& [path, ep] : {std::pair{"/v1/completions", Endpoint::kCompletions},
+                                   std::pair{"/v1/chat/completions", Endpoint::kChat}}) {
+      const Endpoint e = ep;
+      http.Post(path, [this, e](const httplib::Request& req, httplib::Response& res,
+                                const httplib::ContentReader& reader) { handle_generate(e, req, res, reader); });
+      http.Get(path, [](const httplib::Request& req, httplib::Response& res) {
+        send_error(res, ApiError(405, fmt::format("{} takes POST, not GET", req.path), "invalid_request_error"));
+        res.set_header("Allow", "POST");
+      });
+    }
   }
 
   json model_json() const {
@@ -258,7 +300,7 @@ Server::Server(Engine& engine, const Model& model, ServerConfig cfg)
     threads = std::clamp(ec.max_seqs + ec.max_waiting + 8, 16, 512);
   }
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  s.http.set_payload_max_length(64u << 20);
+  s.http.set_payload_max_length(kMaxBodyBytes);
   s.http.set_tcp_nodelay(true);
   // httplib's default sets SO_REUSEPORT, which lets a second server bind the
   // same port and silently take half the connections. SO_REUSEADDR alone

@@ -275,6 +275,27 @@ def test_bad_requests(stories):
     assert got == 400 and "chat" in err["message"]
 
 
+def test_request_bodies_as_curl_sends_them(stories):
+    # curl -d labels a body application/x-www-form-urlencoded; it is still JSON,
+    # at any size up to the limit (httplib alone refused such bodies over 8 KiB).
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 3, "temperature": 0}) + " " * 20000
+    status, _, raw = stories.request("POST", "/v1/completions", body=body, headers=form)
+    assert status == 200, raw
+    assert json.loads(raw)["usage"]["completion_tokens"] == 3
+    # Over the 64 MiB limit: 413 with a message that says so.
+    got, err = error_of(stories, "/v1/completions", b" " * ((64 << 20) + 1))
+    assert got == 413 and "64 MiB" in err["message"], err
+    # Multipart forms: 415; GET on a POST route: 405 naming the method.
+    got, err = error_of(stories, "/v1/completions", b"--x\r\n\r\n--x--\r\n",
+                        headers={"Content-Type": "multipart/form-data; boundary=x"})
+    assert got == 415 and "JSON" in err["message"], err
+    status, headers, raw = stories.request("GET", "/v1/chat/completions")
+    assert status == 405 and headers.get("Allow") == "POST" and "POST" in json.loads(raw)["error"]["message"]
+    # The server serves on afterwards.
+    assert stories.request("GET", "/health")[0] == 200
+
+
 def test_prompt_longer_than_context(stories):
     ctx = stories.client().models.list().data[0].model_extra.get("max_model_len")
     assert ctx and ctx > 0
