@@ -27,8 +27,9 @@ TEST(ServerSchema, CompletionDefaultsAreOpenAIs) {
   const ApiRequest r = completion(R"({"model": "m", "prompt": "Once upon"})");
   EXPECT_EQ(r.endpoint, Endpoint::kCompletions);
   EXPECT_EQ(r.model, "m");
-  EXPECT_EQ(r.prompt, "Once upon");
-  EXPECT_FALSE(r.prompt_is_tokens);
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text, "Once upon");
+  EXPECT_FALSE(r.prompts[0].is_tokens);
   EXPECT_EQ(r.params.max_tokens, 16);
   EXPECT_FLOAT_EQ(r.params.sampling.temperature, 1.0f);
   EXPECT_FLOAT_EQ(r.params.sampling.top_p, 1.0f);
@@ -97,15 +98,35 @@ TEST(ServerSchema, StopAsStringAndSeedKeepsAllBits) {
 }
 
 TEST(ServerSchema, PromptForms) {
-  EXPECT_EQ(completion(R"({"prompt": ["one prompt"]})").prompt, "one prompt");
-  ApiRequest t = completion(R"({"prompt": [1, 15043, 3186]})");
-  EXPECT_TRUE(t.prompt_is_tokens);
-  EXPECT_EQ(t.prompt_tokens, (std::vector<int32_t>{1, 15043, 3186}));
+  ApiRequest t = completion(R"({"prompt": ["one prompt"]})");
+  ASSERT_EQ(t.prompts.size(), 1u);
+  EXPECT_EQ(t.prompts[0].text, "one prompt");
+  t = completion(R"({"prompt": [1, 15043, 3186]})");
+  ASSERT_EQ(t.prompts.size(), 1u);
+  EXPECT_TRUE(t.prompts[0].is_tokens);
+  EXPECT_EQ(t.prompts[0].tokens, (std::vector<int32_t>{1, 15043, 3186}));
   t = completion(R"({"prompt": [[5, 6]]})");
-  EXPECT_TRUE(t.prompt_is_tokens);
-  EXPECT_EQ(t.prompt_tokens, (std::vector<int32_t>{5, 6}));
+  ASSERT_EQ(t.prompts.size(), 1u);
+  EXPECT_TRUE(t.prompts[0].is_tokens);
+  EXPECT_EQ(t.prompts[0].tokens, (std::vector<int32_t>{5, 6}));
   // An empty string is a valid prompt here: the BOS token may still make it non-empty.
-  EXPECT_EQ(completion(R"({"prompt": ""})").prompt, "");
+  EXPECT_EQ(completion(R"({"prompt": ""})").prompts.at(0).text, "");
+  // Several prompts, in order, as strings or as token lists.
+  t = completion(R"({"prompt": ["a", "", "c"], "n": 2})");
+  ASSERT_EQ(t.prompts.size(), 3u);
+  EXPECT_EQ(t.prompts[0].text, "a");
+  EXPECT_EQ(t.prompts[2].text, "c");
+  EXPECT_EQ(t.params.n, 2);
+  t = completion(R"({"prompt": [[5, 6], [7]]})");
+  ASSERT_EQ(t.prompts.size(), 2u);
+  EXPECT_EQ(t.prompts[1].tokens, (std::vector<int32_t>{7}));
+  // 64 prompts x n = 1 is the most.
+  std::string many = R"({"prompt": [)";
+  for (int i = 0; i < 64; ++i) many += i ? R"(, "x")" : R"("x")";
+  EXPECT_EQ(completion(many + "]}").prompts.size(), 64u);
+  const ApiError e = error_of(Endpoint::kCompletions, many + R"(, "x"]})");
+  EXPECT_EQ(e.status(), 400);
+  EXPECT_NE(std::string(e.what()).find("65 prompts; at most 64"), std::string::npos) << e.what();
 }
 
 TEST(ServerSchema, ChatMessages) {
@@ -142,7 +163,11 @@ TEST(ServerSchema, BadRequestsAre400NamingTheField) {
       {C, R"({})", "prompt", "missing required field 'prompt'"},
       {C, R"({"prompt": 5})", "prompt", "'prompt' must be"},
       {C, R"({"prompt": []})", "prompt", "empty"},
-      {C, R"({"prompt": ["a", "b"]})", "prompt", "2 prompts"},
+      {C, R"({"prompt": ["a", 5]})", "prompt", "'prompt[1]' is an integer"},
+      {C, R"({"prompt": [[1], "b"]})", "prompt", "only strings or only arrays"},
+      {C, R"({"prompt": [[1], []]})", "prompt", "'prompt[1]' is empty"},
+      {C, R"({"prompt": [[1], [2, "x"]]})", "prompt", "must be integers"},
+      {C, R"({"prompt": ["a", "b", "c", "d", "e"], "n": 16})", "n", "80 choices; at most 64"},
       {C, R"({"prompt": [1, "a"]})", "prompt", "must be integers"},
       {C, R"({"prompt": [1, -3]})", "prompt", "out of range"},
       {C, R"({"prompt": [4294967296]})", "prompt", "out of range"},

@@ -13,10 +13,11 @@ namespace tandem::server {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-void EventQueue::push(const RequestEvent& ev) {
+void EventQueue::push(const RequestEvent& ev, int32_t choice_base) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     q_.push_back(ev);
+    q_.back().choice += choice_base;
   }
   cv_.notify_one();
 }
@@ -30,18 +31,19 @@ void EventQueue::wait(std::vector<RequestEvent>& out, std::chrono::milliseconds 
   }
 }
 
-Generation::Generation(Generations& owner, int32_t n, std::shared_ptr<EventQueue> q)
-    : owner_(owner), n_(n), q_(std::move(q)), completion_tokens_(n, 0), choice_done_(n, false) {}
+Generation::Generation(Generations& owner, int32_t prompts, int32_t n, std::shared_ptr<EventQueue> q)
+    : owner_(owner), per_prompt_(n), n_(prompts * n), q_(std::move(q)), prompt_tokens_(prompts, 0),
+      cached_tokens_(prompts, 0), completion_tokens_(n_, 0), choice_done_(n_, false) {}
 
 Generation::~Generation() {
   if (!finished()) cancel();
-  owner_.remove(id_);
+  for (uint64_t id : ids_) owner_.remove(id);
 }
 
 void Generation::cancel() {
   if (cancelled_) return;
   cancelled_ = true;
-  owner_.engine_.cancel(id_);
+  for (uint64_t id : ids_) owner_.engine_.cancel(id);
 }
 
 void Generation::next(std::vector<RequestEvent>& out, std::chrono::milliseconds timeout) {
@@ -51,8 +53,9 @@ void Generation::next(std::vector<RequestEvent>& out, std::chrono::milliseconds 
   for (size_t i = first; i < out.size(); ++i) {
     const RequestEvent& ev = out[i];
     if (ev.choice < 0 || ev.choice >= n_ || choice_done_[ev.choice]) continue;
-    usage_.prompt_tokens = ev.prompt_tokens;
-    usage_.cached_tokens = std::max(usage_.cached_tokens, ev.cached_prompt_tokens);
+    const int32_t k = ev.choice / per_prompt_;
+    prompt_tokens_[k] = ev.prompt_tokens;
+    cached_tokens_[k] = std::max(cached_tokens_[k], ev.cached_prompt_tokens);
     completion_tokens_[ev.choice] = ev.completion_tokens;
     if (ev.finished) {
       choice_done_[ev.choice] = true;
@@ -62,7 +65,9 @@ void Generation::next(std::vector<RequestEvent>& out, std::chrono::milliseconds 
     ++kept;
   }
   out.resize(kept);
-  usage_.completion_tokens = 0;
+  usage_ = Usage{};
+  for (int32_t c : prompt_tokens_) usage_.prompt_tokens += c;
+  for (int32_t c : cached_tokens_) usage_.cached_tokens += c;
   for (int32_t c : completion_tokens_) usage_.completion_tokens += c;
 }
 
@@ -100,24 +105,29 @@ json Generation::wait_full(const ResponseMeta& meta, const TokenText& text, cons
   return full_response(meta, choices, usage_, text);
 }
 
-std::shared_ptr<Generation> Generations::start(std::vector<int32_t> prompt, const RequestParams& params) {
+std::shared_ptr<Generation> Generations::start(std::vector<std::vector<int32_t>> prompts,
+                                               const RequestParams& params) {
   auto q = std::make_shared<EventQueue>();
-  uint64_t id = 0;
-  try {
-    id = engine_.submit(std::move(prompt), params, [q](const RequestEvent& ev) { q->push(ev); });
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::kResource)
-      throw ApiError(429, fmt::format("the server is overloaded, retry later ({})", e.what()), "server_overloaded",
-                     "", "rate_limit_exceeded");
-    if (e.kind() == ErrorKind::kInvalidArgument) throw ApiError(400, e.what(), "invalid_request_error");
-    throw ApiError(500, e.what(), "server_error");
+  // Made first: if a later prompt is refused, dropping it cancels the earlier ones.
+  auto g = std::make_shared<Generation>(*this, static_cast<int32_t>(prompts.size()), params.n, q);
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    const int32_t base = static_cast<int32_t>(k) * params.n;
+    uint64_t id = 0;
+    try {
+      id = engine_.submit(std::move(prompts[k]), params, [q, base](const RequestEvent& ev) { q->push(ev, base); });
+    } catch (const Error& e) {
+      if (e.kind() == ErrorKind::kResource)
+        throw ApiError(429, fmt::format("the server is overloaded, retry later ({})", e.what()), "server_overloaded",
+                       "", "rate_limit_exceeded");
+      if (e.kind() == ErrorKind::kInvalidArgument) throw ApiError(400, e.what(), "invalid_request_error");
+      throw ApiError(500, e.what(), "server_error");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      active_.insert(id);
+    }
+    g->ids_.push_back(id);
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    active_.insert(id);
-  }
-  auto g = std::make_shared<Generation>(*this, params.n, std::move(q));
-  g->id_ = id;
   return g;
 }
 

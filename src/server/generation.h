@@ -33,7 +33,8 @@ namespace tandem::server {
 
 class EventQueue {
  public:
-  void push(const RequestEvent& ev);
+  // choice_base: added to the event's choice (several prompts share a queue).
+  void push(const RequestEvent& ev, int32_t choice_base = 0);
   // Moves every queued event to `out`, waiting up to `timeout` for the first.
   void wait(std::vector<RequestEvent>& out, std::chrono::milliseconds timeout);
 
@@ -45,15 +46,16 @@ class EventQueue {
 
 class Generations;
 
+// One HTTP request's engine requests: one per prompt, each with n choices;
+// prompt k's choice c is choice k * n + c here.
 class Generation {
  public:
-  Generation(Generations& owner, int32_t n, std::shared_ptr<EventQueue> q);
-  ~Generation();  // cancels the engine request unless every choice finished
+  Generation(Generations& owner, int32_t prompts, int32_t n, std::shared_ptr<EventQueue> q);
+  ~Generation();  // cancels the engine requests unless every choice finished
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;
 
-  uint64_t id() const { return id_; }
-  int32_t n() const { return n_; }
+  int32_t n() const { return n_; }  // choices in all
   // Next events (see EventQueue::wait), each already counted in usage().
   // Events naming a choice outside [0, n) are dropped.
   void next(std::vector<RequestEvent>& out, std::chrono::milliseconds timeout);
@@ -68,9 +70,11 @@ class Generation {
  private:
   friend class Generations;
   Generations& owner_;
-  uint64_t id_ = 0;
+  std::vector<uint64_t> ids_;  // engine requests, one per prompt, as submitted
+  int32_t per_prompt_;         // choices per prompt
   int32_t n_;
   std::shared_ptr<EventQueue> q_;
+  std::vector<int32_t> prompt_tokens_, cached_tokens_;  // per prompt
   std::vector<int32_t> completion_tokens_;
   std::vector<bool> choice_done_;
   int32_t finished_choices_ = 0;
@@ -82,9 +86,10 @@ class Generation {
 class Generations {
  public:
   explicit Generations(Engine& engine) : engine_(engine) {}
-  // Submits to the engine. Throws ApiError: 429 when the engine's wait queue
-  // is full, 400 for what the engine refuses as invalid.
-  std::shared_ptr<Generation> start(std::vector<int32_t> prompt, const RequestParams& params);
+  // Submits one engine request per prompt. Throws ApiError: 429 when the
+  // engine's wait queue is full, 400 for what the engine refuses as invalid;
+  // the prompts submitted before the one refused are cancelled then.
+  std::shared_ptr<Generation> start(std::vector<std::vector<int32_t>> prompts, const RequestParams& params);
   void cancel_all();
   // True when none is left within `timeout`.
   bool wait_idle(std::chrono::milliseconds timeout);

@@ -130,10 +130,9 @@ struct Server::Impl {
                    "invalid_request_error", "model", "model_not_found");
   }
 
-  std::vector<int32_t> prompt_tokens(ApiRequest& r) const {
+  // The token ids of each prompt (chat: the one conversation).
+  std::vector<std::vector<int32_t>> prompt_tokens(ApiRequest& r) const {
     const Tokenizer& tok = model.tokenizer();
-    std::vector<int32_t> ids;
-    const char* param = r.endpoint == Endpoint::kChat ? "messages" : "prompt";
     if (r.endpoint == Endpoint::kChat) {
       if (!chat) throw ApiError(400, "chat is not available for this model: " + chat_error, "invalid_request_error",
                                 "messages");
@@ -143,22 +142,34 @@ struct Server::Impl {
       } catch (const Error& e) {
         throw_invalid("messages", e.what());
       }
-      ids = tok.encode(text, true, true);
       for (auto& s : chat->stop_strings()) r.params.stop.push_back(s);
-    } else if (r.prompt_is_tokens) {
-      for (int32_t id : r.prompt_tokens)
-        if (id >= tok.n_vocab())
-          throw_invalid("prompt", fmt::format("token id {} is outside the vocabulary (size {})", id, tok.n_vocab()));
-      ids = r.prompt_tokens;
-    } else {
-      ids = tok.encode(r.prompt, true, true);
+      return {checked_length(tok.encode(text, true, true), "messages", "the prompt")};
     }
-    if (ids.empty()) throw_invalid(param, fmt::format("'{}' is empty", param));
+    std::vector<std::vector<int32_t>> out;
+    for (size_t i = 0; i < r.prompts.size(); ++i) {
+      const Prompt& p = r.prompts[i];
+      const std::string name = r.prompts.size() == 1 ? "the prompt" : fmt::format("prompt[{}]", i);
+      if (p.is_tokens) {
+        for (int32_t id : p.tokens)
+          if (id >= tok.n_vocab())
+            throw_invalid("prompt", fmt::format("token id {} in {} is outside the vocabulary (size {})", id, name,
+                                                tok.n_vocab()));
+        out.push_back(checked_length(p.tokens, "prompt", name));
+      } else {
+        out.push_back(checked_length(tok.encode(p.text, true, true), "prompt", name));
+      }
+    }
+    return out;
+  }
+
+  // A prompt's ids if it leaves room to generate; `which` names it in errors.
+  std::vector<int32_t> checked_length(std::vector<int32_t> ids, const char* param, const std::string& which) const {
+    if (ids.empty()) throw_invalid(param, fmt::format("{} is empty", which));
     if (static_cast<int64_t>(ids.size()) >= max_context)
       throw ApiError(400,
-                     fmt::format("This model's maximum context length is {} tokens, but the prompt has {} tokens "
+                     fmt::format("This model's maximum context length is {} tokens, but {} has {} tokens "
                                  "(no room left to generate)",
-                                 max_context, ids.size()),
+                                 max_context, which, ids.size()),
                      "invalid_request_error", param, "context_length_exceeded");
     return ids;
   }
@@ -171,7 +182,7 @@ struct Server::Impl {
       if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
       ApiRequest r = parse_request(ep, *body);
       check_model(r.model);
-      std::vector<int32_t> prompt = prompt_tokens(r);
+      std::vector<std::vector<int32_t>> prompts = prompt_tokens(r);
       ResponseMeta meta;
       meta.endpoint = ep;
       meta.id = new_id(ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
@@ -179,7 +190,7 @@ struct Server::Impl {
       meta.created = static_cast<int64_t>(std::time(nullptr));
       meta.logprobs = r.params.logprobs >= 0;
       meta.include_usage = r.include_usage;
-      auto gen = generations.start(std::move(prompt), r.params);  // throws ApiError (429, 400)
+      auto gen = generations.start(std::move(prompts), r.params);  // throws ApiError (429, 400)
       const TokenText text = [this](int32_t id) { return model.tokenizer().token_to_piece(id, true); };
       if (!r.stream) {
         json body = gen->wait_full(meta, text, stopping);  // throws ApiError (500, 503)

@@ -130,24 +130,42 @@ int32_t checked_token(const json& t) {
   return static_cast<int32_t>(t.get<int64_t>());
 }
 
-// A string, one-element array of strings, an array of token ids, or a
-// one-element array of such arrays.
-void parse_prompt(const json& obj, ApiRequest& r) {
+// A string or an array of token ids (one prompt), or an array of strings or
+// of token-id arrays (one prompt each).
+void parse_prompt(const json& obj, ApiRequest& r, const ParseLimits& lim) {
   const json* v = field(obj, "prompt");
   if (!v) throw_invalid("prompt", "missing required field 'prompt'");
-  const json* p = v;
-  if (v->is_array() && v->size() == 1 && ((*v)[0].is_string() || (*v)[0].is_array())) p = &(*v)[0];
-  if (p->is_string()) {
-    r.prompt = p->get<std::string>();
+  const auto tokens = [](const json& a) {
+    Prompt p;
+    p.is_tokens = true;
+    p.tokens.reserve(a.size());
+    for (const json& t : a) p.tokens.push_back(checked_token(t));
+    return p;
+  };
+  if (v->is_string()) {
+    r.prompts.push_back({v->get<std::string>(), {}, false});
     return;
   }
-  if (!p->is_array()) wrong_type("prompt", "a string or an array of token ids", *p);
-  if (p->empty()) throw_invalid("prompt", "'prompt' is empty");
-  if ((*p)[0].is_string() || (*p)[0].is_array())
-    throw_invalid("prompt", fmt::format("'prompt' holds {} prompts; send one prompt per request", p->size()));
-  r.prompt_is_tokens = true;
-  r.prompt_tokens.reserve(p->size());
-  for (const json& t : *p) r.prompt_tokens.push_back(checked_token(t));
+  if (!v->is_array()) wrong_type("prompt", "a string, an array of strings or an array of token ids", *v);
+  if (v->empty()) throw_invalid("prompt", "'prompt' is empty");
+  if (!(*v)[0].is_string() && !(*v)[0].is_array()) {
+    r.prompts.push_back(tokens(*v));
+    return;
+  }
+  if (v->size() > static_cast<size_t>(lim.max_prompts))
+    throw_invalid("prompt", fmt::format("'prompt' holds {} prompts; at most {} are allowed", v->size(),
+                                        lim.max_prompts));
+  const bool strings = (*v)[0].is_string();
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& e = (*v)[i];
+    if (strings ? !e.is_string() : !e.is_array())
+      throw_invalid("prompt", fmt::format("'prompt[{}]' is {}: a list of prompts holds only strings or only "
+                                          "arrays of token ids",
+                                          i, type_name(e)));
+    if (strings) r.prompts.push_back({e.get<std::string>(), {}, false});
+    else if (e.empty()) throw_invalid("prompt", fmt::format("'prompt[{}]' is empty", i));
+    else r.prompts.push_back(tokens(e));
+  }
 }
 
 std::string message_content(const json& c, size_t i) {
@@ -209,7 +227,7 @@ ApiRequest parse_request_json(Endpoint ep, const json& j, const ParseLimits& lim
     r.model = m->get<std::string>();
   }
   if (chat) parse_messages(j, r);
-  else parse_prompt(j, r);
+  else parse_prompt(j, r, lim);
 
   RequestParams& p = r.params;
   SamplingParams& s = p.sampling;
@@ -238,6 +256,9 @@ ApiRequest parse_request_json(Endpoint ep, const json& j, const ParseLimits& lim
     s.seed = v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
   }
   if (auto v = get_int(j, "n", 1, lim.max_n)) p.n = static_cast<int32_t>(*v);
+  if (r.prompts.size() * static_cast<size_t>(p.n) > static_cast<size_t>(lim.max_choices))
+    throw_invalid("n", fmt::format("{} prompts x n = {} asks for {} choices; at most {} are allowed", r.prompts.size(),
+                                   p.n, r.prompts.size() * p.n, lim.max_choices));
   if (auto v = get_int(j, "priority", -1000000, 1000000)) p.priority = static_cast<int32_t>(*v);
   if (auto v = get_bool(j, "ignore_eos")) p.stop_at_eog = !*v;
   p.stop = parse_stop(j, lim);

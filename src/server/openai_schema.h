@@ -50,18 +50,26 @@ std::string dump_json(const nlohmann::json& j);
 enum class Endpoint { kCompletions, kChat };
 
 struct ParseLimits {
-  int32_t max_n = 16;          // choices per request
+  int32_t max_n = 16;          // choices per prompt
+  int32_t max_prompts = 64;    // prompts in one completions request
+  int32_t max_choices = 64;    // prompts x n
   int32_t max_logprobs = 20;   // top alternatives per token
   int32_t max_stop = 16;       // stop strings
+};
+
+// A completions prompt: text, or token ids when is_tokens.
+struct Prompt {
+  std::string text;
+  std::vector<int32_t> tokens;
+  bool is_tokens = false;
 };
 
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;                    // "" when not given
-  // completions: the prompt as text, or as token ids when prompt_is_tokens
-  std::string prompt;
-  std::vector<int32_t> prompt_tokens;
-  bool prompt_is_tokens = false;
+  // completions: one prompt, or several (a list of strings or of token-id
+  // lists); each is answered by n choices, prompt k's as choices k*n .. k*n+n-1
+  std::vector<Prompt> prompts;
   // chat
   std::vector<ChatMessage> messages;
 
@@ -72,8 +80,7 @@ struct ApiRequest {
 
 // Throws ApiError(400) for malformed JSON, a body that is not an object,
 // missing required fields, wrong types, values out of range, and features that
-// are recognised but not implemented (echo, suffix, logit_bias, tools, several
-// prompts in one request). Unknown fields are ignored.
+// are recognised but not implemented (echo, suffix, logit_bias, tools). Unknown fields are ignored.
 ApiRequest parse_request(Endpoint ep, std::string_view body, const ParseLimits& lim = {});
 ApiRequest parse_request_json(Endpoint ep, const nlohmann::json& body, const ParseLimits& lim = {});
 

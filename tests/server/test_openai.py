@@ -131,6 +131,36 @@ def test_n_choices_with_seed(stories):
     assert texts == [ch.text for ch in a.choices]
 
 
+def test_several_prompts_in_one_request(stories):
+    c = stories.client()
+    prompts = ["Once upon a time", "The little dog", "Sue had a red ball and"]
+    kw = dict(model="stories260K", max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    alone = [c.completions.create(prompt=p, **kw) for p in prompts]
+    both = c.completions.create(prompt=prompts, **kw)
+    # Choice k answers prompt k, as the same request alone would; usage sums the prompts.
+    assert [ch.index for ch in both.choices] == [0, 1, 2]
+    assert [ch.text for ch in both.choices] == [a.choices[0].text for a in alone]
+    assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert both.usage.completion_tokens == 18
+    # Token-id prompts and n: prompt k's choices are k*n .. k*n+n-1, streamed with those indexes.
+    ids = [tokenize(p) for p in prompts[:2]]
+    kw = dict(model="stories260K", prompt=ids, max_tokens=8, temperature=1.0, n=2, seed=7)
+    r = c.completions.create(**kw)
+    assert [ch.index for ch in r.choices] == [0, 1, 2, 3]
+    assert r.usage.prompt_tokens == len(ids[0]) + len(ids[1])
+    texts = [""] * 4
+    for chunk in c.completions.create(**kw, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == [ch.text for ch in r.choices]
+    # One bad prompt refuses the whole request, naming it.
+    got, err = error_of(stories, "/v1/completions", {"prompt": [[5], [1, 99999]]})
+    assert got == 400 and "prompt[1]" in err["message"], err
+    # Nothing is left running: every KV block is back.
+    m = wait_metrics(stories, lambda m: m["tandem_requests_running"] == 0 and m["tandem_kv_blocks_used"] == 0)
+    assert m["tandem_kv_blocks_free"] == m["tandem_kv_blocks_total"]
+
+
 def test_stop_strings(stories):
     c = stories.client()
     full = c.completions.create(model="stories260K", prompt=PROMPT, max_tokens=60, temperature=0,
@@ -202,9 +232,11 @@ def test_sixteen_concurrent_streams(stories):
 # --- disconnects, errors, metrics --------------------------------------------
 
 
-def test_client_disconnect_cancels_and_frees_blocks(stories):
+@pytest.mark.parametrize("prompt,n", [(PROMPT, 16), ([PROMPT, "The dog", "A big red", "Sue"], 4)],
+                         ids=["one-prompt", "four-prompts"])
+def test_client_disconnect_cancels_and_frees_blocks(stories, prompt, n):
     before, _ = parse_metrics(stories.metrics())
-    body = {"model": "stories260K", "prompt": PROMPT, "max_tokens": 2000, "n": 16, "temperature": 1.0,
+    body = {"model": "stories260K", "prompt": prompt, "max_tokens": 2000, "n": n, "temperature": 1.0,
             "stream": True, "ignore_eos": True}
     conn = http.client.HTTPConnection("127.0.0.1", stories.port, timeout=30)
     conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
@@ -407,6 +439,14 @@ def test_overload_gets_429_not_a_hang():
                 assert j["usage"]["completion_tokens"] == 2000
         samples, _ = parse_metrics(srv.metrics())
         assert samples["tandem_requests_rejected_total"] == statuses.count(429)
+        # Three prompts where one may run and one wait: a later one is refused, the whole request
+        # gets the 429, and those already submitted (two, or one if the engine had not yet
+        # admitted the first) are cancelled, not left to run.
+        status, _, raw_body = srv.request("POST", "/v1/completions", body={**body, "prompt": [PROMPT] * 3})
+        assert status == 429, raw_body
+        after = wait_metrics(srv, lambda m: m["tandem_requests_running"] == 0 and m["tandem_requests_waiting"] == 0
+                             and m["tandem_kv_blocks_used"] == 0)
+        assert after["tandem_requests_cancelled_total"] - samples["tandem_requests_cancelled_total"] in (1, 2)
     finally:
         assert srv.stop() == 0
 
