@@ -2,6 +2,7 @@
 // captured separately.
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -87,6 +88,23 @@ TEST(Cli, ConvertLlama2cThenRun) {
   std::filesystem::remove(out);
 }
 
+TEST(Cli, PromptFromAFileOrStdinEqualsTheSamePromptInline) {
+  const std::string args = " -n 24 --temp 0";
+  const Result inline_p = run_cli("run -m " + quote(kStories) + " -p 'Once upon a time'" + args);
+  ASSERT_EQ(inline_p.status, 0) << inline_p.err;
+  const std::filesystem::path file = std::filesystem::temp_directory_path() / ("tandem_cli_prompt_" + std::to_string(::getpid()));
+  {
+    std::ofstream(file) << "Once upon a time";
+  }
+  const Result from_file = run_cli("run -m " + quote(kStories) + " -f " + quote(file.string()) + args);
+  EXPECT_EQ(from_file.status, 0) << from_file.err;
+  EXPECT_EQ(from_file.out, inline_p.out);
+  const Result from_stdin = run_cli("run -m " + quote(kStories) + " --file -" + args + " < " + quote(file.string()));
+  EXPECT_EQ(from_stdin.status, 0) << from_stdin.err;
+  EXPECT_EQ(from_stdin.out, inline_p.out);
+  std::filesystem::remove(file);
+}
+
 TEST(Cli, ErrorsAreClearAndNonZero) {
   Result r = run_cli("run -m /nonexistent/model.gguf -p hi");
   EXPECT_EQ(r.status, 1);
@@ -95,6 +113,15 @@ TEST(Cli, ErrorsAreClearAndNonZero) {
   r = run_cli("run -m " + quote(kStories) + " -p hi --chat hi");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("exactly one of"), std::string::npos) << r.err;
+  r = run_cli("run -m " + quote(kStories) + " -p hi -f /dev/null");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("exactly one of"), std::string::npos) << r.err;
+  r = run_cli("run -m " + quote(kStories) + " -f /nonexistent/prompt.txt");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("/nonexistent/prompt.txt: cannot open"), std::string::npos) << r.err;
+  r = run_cli("run -m " + quote(kStories) + " -f /dev/null");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("empty"), std::string::npos) << r.err;
 
   r = run_cli("run -m " + quote(kStories) + " -p hi --top-p 7");
   EXPECT_EQ(r.status, 1);

@@ -1,7 +1,9 @@
 // tandem run: one prompt or one chat turn, streamed to stdout; the phase
 // report (prefill vs decode) to stderr.
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -23,7 +25,7 @@ namespace tandem::cli {
 namespace {
 
 struct RunOpts {
-  std::string model, prompt, chat, system;
+  std::string model, prompt, prompt_file, chat, system;
   std::vector<std::string> stop;
   int32_t n_predict = 256;
   int32_t threads = 0;
@@ -66,9 +68,25 @@ void print_report(const RunOpts& o, const Model& m, const GenerateReport& r, dou
              stderr);
 }
 
+// The whole of `path` ("-": standard input), as the prompt.
+std::string read_prompt_file(const std::string& path) {
+  std::FILE* f = path == "-" ? stdin : std::fopen(path.c_str(), "rb");
+  if (!f) fail(ErrorKind::kIo, "--file {}: cannot open: {}", path, std::strerror(errno));
+  std::string text;
+  char buf[1 << 16];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  const bool bad = std::ferror(f);
+  if (f != stdin) std::fclose(f);
+  if (bad) fail(ErrorKind::kIo, "--file {}: read error", path);
+  if (text.empty()) fail(ErrorKind::kInvalidArgument, "--file {}: the prompt file is empty", path);
+  return text;
+}
+
 int run(RunOpts& o) {
-  if (o.prompt.empty() == o.chat.empty())
-    fail(ErrorKind::kInvalidArgument, "give exactly one of -p TEXT or --chat TEXT");
+  if (!o.prompt.empty() + !o.prompt_file.empty() + !o.chat.empty() != 1)
+    fail(ErrorKind::kInvalidArgument, "give exactly one of -p TEXT, -f FILE or --chat TEXT");
+  if (!o.prompt_file.empty()) o.prompt = read_prompt_file(o.prompt_file);
   if (o.seed >= 0) o.sp.seed = static_cast<uint64_t>(o.seed);
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -113,6 +131,7 @@ void add_run_command(CLI::App& app, int& rc) {
   CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt or answer one chat message");
   cmd->add_option("-m,--model", o->model, "GGUF model file (default: the installed Gemma 3 270M)");
   cmd->add_option("-p,--prompt", o->prompt, "Text to continue (stdout gets exactly the continuation)");
+  cmd->add_option("-f,--file", o->prompt_file, "Read the text to continue from FILE ('-': standard input)");
   cmd->add_option("--chat", o->chat, "A user message, formatted with the model's chat template");
   cmd->add_option("--system", o->system, "System message for --chat");
   cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (-1: until the context is full)")
