@@ -1,4 +1,5 @@
 // The serving engine driven synchronously (step()) on stories260K.
+#include <algorithm>
 #include <map>
 #include <random>
 
@@ -162,6 +163,75 @@ TEST_F(EngineTest, PreemptionRecomputesAndLeaksNothing) {
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(outs[i].text[0], alone[i]) << i;
   EXPECT_EQ(m.kv_blocks_used, 0);
   EXPECT_EQ(m.kv_blocks_free, m.kv_blocks_total);
+}
+
+// The same squeeze with swap space: preempted sequences keep their K/V in host
+// memory and come back without recomputing it. Same text, no leak, and fewer
+// prompt rows run than with recompute. A request whose prompt is another's
+// gets its leading blocks from the prefix cache again when it comes back.
+TEST_F(EngineTest, PreemptionSwapsAndLeaksNothing) {
+  std::vector<std::string> prompts = {"Once upon a time", "The little dog", "Lily and Tom", "One day, a bird",
+                                      "Once upon a time"};
+  std::vector<std::string> alone;
+  for (auto& pr : prompts) {
+    Engine e(*model_, EngineConfig{.threads = 2, .max_context = 128});
+    Out o;
+    e.submit(tok(pr), greedy(100), collect(o));
+    run_until_idle(e);
+    alone.push_back(o.text[0]);
+  }
+  auto squeezed = [&](int64_t swap_bytes, std::vector<Out>& outs) {
+    // 12 blocks of 16 = 192 tokens for five sequences of ~105 tokens.
+    Engine e(*model_, EngineConfig{.threads = 2, .max_context = 128, .kv_tokens = 192, .max_seqs = 5,
+                                   .swap_bytes = swap_bytes});
+    outs.assign(prompts.size(), Out{});
+    for (size_t i = 0; i < prompts.size(); ++i) e.submit(tok(prompts[i]), greedy(100), collect(outs[i]));
+    int64_t most_swapped = 0;
+    for (int i = 0; i < 100000 && e.step(); ++i) most_swapped = std::max(most_swapped, e.metrics().swapped);
+    MetricsSnapshot m = e.metrics();
+    EXPECT_EQ(m.kv_blocks_used, 0);
+    EXPECT_EQ(m.kv_blocks_free, m.kv_blocks_total);
+    EXPECT_EQ(m.swapped, 0);
+    return std::pair{m, most_swapped};
+  };
+  std::vector<Out> recomputed, swapped;
+  const auto [rm, rmost] = squeezed(0, recomputed);
+  const auto [sm, smost] = squeezed(int64_t{64} << 20, swapped);
+  EXPECT_GT(rm.preemptions, 0u);
+  EXPECT_EQ(rm.swap_outs, 0u);
+  EXPECT_EQ(rmost, 0);
+  EXPECT_GT(sm.swap_outs, 0u);
+  EXPECT_EQ(sm.swap_outs, sm.preemptions);
+  EXPECT_GT(smost, 0);
+  EXPECT_LT(sm.prompt_tokens, rm.prompt_tokens);  // nothing recomputed
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(recomputed[i].text[0], alone[i]) << i;
+    EXPECT_EQ(swapped[i].text[0], alone[i]) << i;
+  }
+  // Space for less than one sequence's blocks: every preemption recomputes.
+  std::vector<Out> tight;
+  const auto [tm, tmost] = squeezed(1000, tight);
+  EXPECT_GT(tm.preemptions, 0u);
+  EXPECT_EQ(tm.swap_outs, 0u);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(tight[i].text[0], alone[i]) << i;
+}
+
+TEST_F(EngineTest, CancelWhileSwappedFreesEverything) {
+  Engine e(*model_, EngineConfig{.threads = 2, .max_context = 128, .kv_tokens = 192, .max_seqs = 4,
+                                 .swap_bytes = int64_t{64} << 20});
+  std::vector<Out> outs(4);
+  std::vector<uint64_t> ids;
+  const char* prompts[] = {"Once upon a time", "The little dog", "Lily and Tom", "One day, a bird"};
+  for (int i = 0; i < 4; ++i) ids.push_back(e.submit(tok(prompts[i]), greedy(100), collect(outs[i])));
+  for (int i = 0; i < 100000 && e.metrics().swapped == 0; ++i) ASSERT_TRUE(e.step());
+  for (uint64_t id : ids) e.cancel(id);
+  run_until_idle(e);
+  MetricsSnapshot m = e.metrics();
+  EXPECT_EQ(m.requests_cancelled, 4u);
+  EXPECT_EQ(m.swapped, 0);
+  EXPECT_EQ(m.running, 0);
+  EXPECT_EQ(m.kv_blocks_used, 0);
+  for (const Out& o : outs) EXPECT_EQ(o.reason.at(0), "cancelled");
 }
 
 TEST_F(EngineTest, CancelFreesBlocks) {

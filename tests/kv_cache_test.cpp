@@ -132,6 +132,49 @@ TEST(KvCache, BlocksAreHandedOutAndReturned) {
   EXPECT_EQ(kv.allocate(), -1);
 }
 
+// Blocks copied, and saved and loaded again, come back bit for bit, at every
+// layer and head; the other blocks are untouched.
+TEST(KvCache, BlockCopiesAndSwapsAreExact) {
+  for (KvType type : {KvType::kF16, KvType::kF32}) {
+    const KvShape shape{3, 2 * 24, 2 * 20, 2};
+    KvCache c(shape, 5, 16, type);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd;
+    std::vector<float> k(shape.k_width), v(shape.v_width);
+    for (int32_t l = 0; l < 3; ++l)
+      for (int32_t b = 0; b < 5; ++b)
+        for (int32_t slot = 0; slot < 16; ++slot) {
+          for (float& x : k) x = nd(rng);
+          for (float& x : v) x = nd(rng);
+          c.write(l, b, slot, k.data(), v.data());
+        }
+    auto slots = [&](int32_t b) {
+      std::vector<float> all;
+      for (int32_t l = 0; l < 3; ++l)
+        for (int32_t slot = 0; slot < 16; ++slot) {
+          c.read(l, b, slot, k.data(), v.data());
+          all.insert(all.end(), k.begin(), k.end());
+          all.insert(all.end(), v.begin(), v.end());
+        }
+      return all;
+    };
+    const auto b1 = slots(1), b3 = slots(3), b4 = slots(4);
+    c.copy_block(1, 2);
+    EXPECT_EQ(slots(2), b1);
+    std::vector<std::byte> saved(c.block_bytes());
+    EXPECT_EQ(c.block_bytes(), KvCache::bytes_per_token(shape, type) * 16);
+    c.save_block(3, saved.data());
+    c.copy_block(4, 3);  // overwrite, then restore
+    EXPECT_EQ(slots(3), b4);
+    c.load_block(3, saved.data());
+    EXPECT_EQ(slots(3), b3);
+    EXPECT_EQ(slots(1), b1);
+    EXPECT_EQ(slots(4), b4);
+    EXPECT_THROW(c.copy_block(0, 5), Error);
+    EXPECT_THROW(c.save_block(-1, saved.data()), Error);
+  }
+}
+
 TEST(KvCache, TypeNamesParse) {
   EXPECT_EQ(parse_kv_type("f16"), KvType::kF16);
   EXPECT_EQ(parse_kv_type("f32"), KvType::kF32);

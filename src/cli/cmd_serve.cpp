@@ -23,7 +23,7 @@ namespace tandem::cli {
 namespace {
 
 struct ServeOpts {
-  std::string model, host = "127.0.0.1", api_key, alias, kv_memory, policy = "latency", prepack = "auto";
+  std::string model, host = "127.0.0.1", api_key, alias, kv_memory, swap_space, policy = "latency", prepack = "auto";
   int port = 8080;
   int32_t threads = 0, ctx = 0, max_batch_tokens = 0, max_seqs = 32, max_waiting = 256, http_threads = 0;
   int64_t kv_tokens = 0;
@@ -31,14 +31,14 @@ struct ServeOpts {
   bool no_prefix_cache = false;
 };
 
-// "2147483648", "512M", "2G", "1.5GiB": binary multiples.
-int64_t parse_bytes(const std::string& s) {
+// "2147483648", "512M", "2G", "1.5GiB": binary multiples; `flag` names the option in errors.
+int64_t parse_bytes(const std::string& s, const char* flag) {
   size_t used = 0;
   double v = 0;
   try {
     v = std::stod(s, &used);
   } catch (const std::exception&) {
-    fail(ErrorKind::kInvalidArgument, "--kv-memory: '{}' is not a size (e.g. 512M, 2G)", s);
+    fail(ErrorKind::kInvalidArgument, "{}: '{}' is not a size (e.g. 512M, 2G)", flag, s);
   }
   std::string unit = s.substr(used);
   std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -47,9 +47,9 @@ int64_t parse_bytes(const std::string& s) {
   else if (unit == "k" || unit == "kb" || unit == "kib") mult = 1024.0;
   else if (unit == "m" || unit == "mb" || unit == "mib") mult = 1024.0 * 1024;
   else if (unit == "g" || unit == "gb" || unit == "gib") mult = 1024.0 * 1024 * 1024;
-  else fail(ErrorKind::kInvalidArgument, "--kv-memory: unknown unit '{}' in '{}' (use K, M or G)", unit, s);
+  else fail(ErrorKind::kInvalidArgument, "{}: unknown unit '{}' in '{}' (use K, M or G)", flag, unit, s);
   const double bytes = v * mult;
-  if (!(bytes >= 1) || bytes > 1e15) fail(ErrorKind::kInvalidArgument, "--kv-memory: '{}' is out of range", s);
+  if (!(bytes >= 1) || bytes > 1e15) fail(ErrorKind::kInvalidArgument, "{}: '{}' is out of range", flag, s);
   return static_cast<int64_t>(bytes);
 }
 
@@ -75,7 +75,8 @@ int serve(const ServeOpts& o) {
   ec.threads = o.threads;
   ec.max_context = o.ctx > 0 ? o.ctx : std::min(model->config().n_ctx_train, 4096);
   ec.kv_tokens = o.kv_tokens;
-  ec.kv_bytes = o.kv_memory.empty() ? 0 : parse_bytes(o.kv_memory);
+  ec.kv_bytes = o.kv_memory.empty() ? 0 : parse_bytes(o.kv_memory, "--kv-memory");
+  ec.swap_bytes = o.swap_space.empty() ? 0 : parse_bytes(o.swap_space, "--swap-space");
   ec.max_batch_tokens = o.max_batch_tokens;
   ec.max_seqs = o.max_seqs;
   ec.max_waiting = o.max_waiting;
@@ -130,6 +131,9 @@ void add_serve_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   auto* mem = cmd->add_option("--kv-memory", o->kv_memory, "KV cache pool size in bytes (suffixes K, M, G)");
   cmd->add_option("--kv-tokens", o->kv_tokens, "KV cache pool size in tokens")->excludes(mem);
+  cmd->add_option("--swap-space", o->swap_space,
+                  "Host memory for the K/V of preempted sequences (suffixes K, M, G); without it they are "
+                  "recomputed");
   cmd->add_option("--max-batch-tokens", o->max_batch_tokens, "Tokens per engine step (0: policy default)")
       ->capture_default_str();
   cmd->add_option("--max-seqs", o->max_seqs, "Sequences per engine step")->capture_default_str();

@@ -97,17 +97,7 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c) : model(m), cfg(c), pool(c.t
   if (n_blocks > INT32_MAX) fail(ErrorKind::kInvalidArgument, "KV pool of {} blocks is too large", n_blocks);
   kv = std::make_unique<KvCache>(shape, static_cast<int32_t>(n_blocks), c.block_size, c.kv_type);
   blocks = std::make_unique<BlockManager>(static_cast<int32_t>(n_blocks), c.block_size, c.prefix_caching);
-  // Copy-on-write of a shared block. Rare (a fork's partly filled block, a
-  // fully cached prompt), so a slot-by-slot copy through f32 is fine: an f16
-  // value survives the round trip exactly.
-  blocks->set_copy_block([this, shape](int32_t src, int32_t dst) {
-    std::vector<float> k(shape.k_width), v(shape.v_width);
-    for (int32_t l = 0; l < shape.n_layer; ++l)
-      for (int32_t slot = 0; slot < kv->block_size(); ++slot) {
-        kv->read(l, src, slot, k.data(), v.data());
-        kv->write(l, dst, slot, k.data(), v.data());
-      }
-  });
+  blocks->set_copy_block([this](int32_t src, int32_t dst) { kv->copy_block(src, dst); });  // copy-on-write
   SchedulerConfig sc;
   const bool latency = c.policy == SchedulePolicy::kLatency;
   sc.max_batch_tokens = c.max_batch_tokens > 0 ? c.max_batch_tokens : (latency ? 256 : 1024);
@@ -116,6 +106,15 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c) : model(m), cfg(c), pool(c.t
   sc.max_seqs = c.max_seqs;
   sc.max_context = max_context;
   sched = std::make_unique<Scheduler>(sc, *blocks);
+  if (c.swap_bytes < 0) fail(ErrorKind::kInvalidArgument, "swap space must be >= 0 bytes, got {}", c.swap_bytes);
+  if (c.swap_bytes > 0) {
+    SwapSpace swap;
+    swap.bytes = static_cast<size_t>(c.swap_bytes);
+    swap.block_bytes = kv->block_bytes();
+    swap.save = [this](int32_t block, std::byte* out) { kv->save_block(block, out); };
+    swap.load = [this](int32_t block, const std::byte* in) { kv->load_block(block, in); };
+    sched->set_swap(std::move(swap));
+  }
   if (latency && c.step_factor > 1.0) {
     PacerConfig pc;
     pc.step_factor = c.step_factor;
@@ -354,6 +353,8 @@ void Engine::Impl::update_gauges() {
   std::lock_guard<std::mutex> lock(metrics_mu);
   metrics.running = static_cast<int64_t>(sched->n_running());
   metrics.waiting = static_cast<int64_t>(sched->n_waiting());
+  metrics.swapped = static_cast<int64_t>(sched->n_swapped());
+  metrics.swap_outs = sched->swap_outs();
   metrics.kv_blocks_used = bs.used;
   metrics.kv_blocks_free = bs.free;
   metrics.kv_blocks_cached = bs.cached_free;

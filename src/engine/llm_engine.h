@@ -44,6 +44,9 @@ struct EngineConfig {
   // <= 1 turns pacing off (prompt chunks are then sized by tokens alone).
   double step_factor = 1.5;
   bool prefix_caching = true;
+  // Host memory for the K/V of preempted sequences (bytes); 0: they are
+  // recomputed instead (see engine/scheduler.h).
+  int64_t swap_bytes = 0;
 };
 
 class Engine {

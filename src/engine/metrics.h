@@ -36,6 +36,7 @@ struct MetricsSnapshot {
   uint64_t prompt_tokens = 0, generation_tokens = 0;
   uint64_t prefix_cache_queried_tokens = 0, prefix_cache_hit_tokens = 0;
   uint64_t preemptions = 0;
+  uint64_t swap_outs = 0;  // preemptions that swapped K/V out instead of recomputing
   // Forward steps by phase (indexed by Phase): how many, their wall time and
   // rows. Mean step time and rows per step say what the scheduler and pacer
   // made of a load, which the step count alone does not.

@@ -1,6 +1,8 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <new>
+#include <span>
 
 #include "kv/block_manager.h"
 
@@ -41,11 +43,12 @@ void Scheduler::add_running(std::unique_ptr<Sequence> seq) {
 }
 
 std::unique_ptr<Sequence> Scheduler::remove(Sequence* seq) {
-  for (auto* list : {&running_}) {
+  for (auto* list : {&running_, &swapped_}) {
     auto it = std::find_if(list->begin(), list->end(), [&](const auto& s) { return s.get() == seq; });
     if (it != list->end()) {
       auto out = std::move(*it);
       list->erase(it);
+      swap_used_ -= out->swapped_kv.size();
       return out;
     }
   }
@@ -61,9 +64,49 @@ void Scheduler::preempt(Sequence* seq) {
   if (it == running_.end()) return;
   std::unique_ptr<Sequence> s = std::move(*it);
   running_.erase(it);
-  blocks_.free(s->blocks);  // recompute: prompt and generated tokens run again as a prefill
   ++preemptions_;
+  if (swap_out(*s)) {
+    s->status = SeqStatus::kSwapped;
+    auto at = std::find_if(swapped_.begin(), swapped_.end(), [&](const auto& w) { return before(*s, *w); });
+    swapped_.insert(at, std::move(s));
+    return;
+  }
+  blocks_.free(s->blocks);  // recompute: prompt and generated tokens run again as a prefill
   insert_waiting(std::move(s));
+}
+
+bool Scheduler::swap_out(Sequence& s) {
+  const int32_t computed = s.n_computed();
+  if (swap_.bytes == 0 || computed == 0) return false;
+  const int32_t n = blocks_.blocks_for(computed);
+  const size_t bytes = size_t(n) * swap_.block_bytes;
+  if (bytes > swap_.bytes - swap_used_) return false;
+  try {
+    s.swapped_kv.resize(bytes);
+  } catch (const std::bad_alloc&) {
+    return false;  // the host is out of memory too: recompute instead
+  }
+  for (int32_t i = 0; i < n; ++i) swap_.save(s.blocks.table[i], s.swapped_kv.data() + size_t(i) * swap_.block_bytes);
+  s.swapped_computed = computed;
+  swap_used_ += bytes;
+  ++swap_outs_;
+  blocks_.free(s.blocks);
+  return true;
+}
+
+bool Scheduler::swap_in(Sequence& s) {
+  const std::span<const int32_t> computed(s.tokens.data(), size_t(s.swapped_computed));
+  if (!blocks_.can_allocate(computed)) return false;
+  // Leading blocks still in the prefix cache are shared again as they are;
+  // the table from the first writable block on gets the saved K/V.
+  blocks_.allocate(s.blocks, computed);
+  for (int32_t i = s.n_computed() / blocks_.block_size(); i < blocks_.blocks_for(s.swapped_computed); ++i)
+    swap_.load(s.blocks.table[i], s.swapped_kv.data() + size_t(i) * swap_.block_bytes);
+  blocks_.commit(s.blocks, s.tokens, s.swapped_computed);
+  swap_used_ -= s.swapped_kv.size();
+  std::vector<std::byte>().swap(s.swapped_kv);
+  s.swapped_computed = 0;
+  return true;
 }
 
 // Makes positions up to `end` of `needy` writable, preempting the running
@@ -103,16 +146,24 @@ std::vector<ScheduledSeq> Scheduler::schedule(int32_t prefill_budget) {
   int32_t left = std::min(budget, prefill_budget);
   if (left <= 0) return batch;
 
-  // 2. Admissions, by (priority, arrival), head-of-line so that order holds
-  // and nobody starves. An admitted sequence holds its prompt's blocks and
+  // 2. Admissions of swapped and waiting sequences together, by (priority,
+  // arrival), head-of-line so that order holds and nobody starves. A swapped
+  // one gets its K/V back; an admitted one holds its prompt's blocks and
   // competes for prompt tokens below; it need not run this step.
-  while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < cfg_.max_seqs) {
-    Sequence* s = waiting_.front().get();
-    if (!blocks_.can_allocate(s->tokens)) break;
-    blocks_.allocate(s->blocks, s->tokens);  // n_computed = prompt tokens found in the prefix cache
-    if (s->n_generated() == 0) s->n_cached_prompt = s->n_computed();
-    std::unique_ptr<Sequence> owned = std::move(waiting_.front());
-    waiting_.pop_front();
+  while ((!waiting_.empty() || !swapped_.empty()) && static_cast<int32_t>(running_.size()) < cfg_.max_seqs) {
+    const bool swapped = !swapped_.empty() && (waiting_.empty() || before(*swapped_.front(), *waiting_.front()));
+    std::unique_ptr<Sequence>& next = swapped ? swapped_.front() : waiting_.front();
+    Sequence* s = next.get();
+    if (swapped) {
+      if (!swap_in(*s)) break;
+    } else {
+      if (!blocks_.can_allocate(s->tokens)) break;
+      blocks_.allocate(s->blocks, s->tokens);  // n_computed = prompt tokens found in the prefix cache
+      if (s->n_generated() == 0) s->n_cached_prompt = s->n_computed();
+    }
+    std::unique_ptr<Sequence> owned = std::move(next);
+    if (swapped) swapped_.erase(swapped_.begin());
+    else waiting_.pop_front();
     owned->status = SeqStatus::kRunning;
     running_.push_back(std::move(owned));
   }

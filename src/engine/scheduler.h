@@ -11,11 +11,17 @@
 // When a running sequence needs a block and none is free, the lowest-priority,
 // latest-arrived running sequence is preempted: its blocks are freed and it
 // goes back to the front of its priority in the wait queue to be recomputed
-// later (it keeps its generated tokens).
+// later (it keeps its generated tokens). With swap space (set_swap), its K/V
+// is first copied out to host memory instead, while the space lasts; swapped
+// sequences come back, K/V copied in, before any waiting one is admitted. On
+// a CPU both are memory, so a swap costs two copies of the sequence's K/V where
+// a recompute costs a prefill of all its tokens.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -24,6 +30,15 @@
 namespace tandem {
 
 class BlockManager;
+
+// Where swapped K/V goes: a budget of host memory and the copies in and out
+// of the pool's blocks (the engine wires them to its KvCache).
+struct SwapSpace {
+  size_t bytes = 0;        // 0: no swapping, preempted sequences are recomputed
+  size_t block_bytes = 0;  // K/V bytes of one block
+  std::function<void(int32_t block, std::byte* out)> save;
+  std::function<void(int32_t block, const std::byte* in)> load;
+};
 
 struct SchedulerConfig {
   int32_t max_batch_tokens = 256;
@@ -48,11 +63,15 @@ class Scheduler {
   std::vector<ScheduledSeq> schedule(int32_t prefill_budget = INT32_MAX);
   // Removes a finished sequence (its blocks must already be freed).
   std::unique_ptr<Sequence> remove(Sequence* seq);
-  void preempt(Sequence* seq);               // frees blocks, back to waiting
+  // Frees its blocks; to the swapped list (K/V saved) when swap space allows,
+  // else back to waiting.
+  void preempt(Sequence* seq);
+  void set_swap(SwapSpace swap) { swap_ = std::move(swap); }
 
   template <typename F>
   void for_each(F&& f) {
     for (auto& s : running_) f(*s);
+    for (auto& s : swapped_) f(*s);
     for (auto& s : waiting_) f(*s);
   }
   // Adds a running sequence directly (forked choices share their parent's blocks).
@@ -64,18 +83,26 @@ class Scheduler {
   size_t n_waiting() const { return waiting_.size(); }
   // Sequences with prompt tokens still to compute: waiting, or running a prefill.
   int32_t n_prefilling() const;
+  size_t n_swapped() const { return swapped_.size(); }
+  size_t swap_bytes_used() const { return swap_used_; }
   uint64_t preemptions() const { return preemptions_; }
-  bool idle() const { return running_.empty() && waiting_.empty(); }
+  uint64_t swap_outs() const { return swap_outs_; }
+  bool idle() const { return running_.empty() && waiting_.empty() && swapped_.empty(); }
 
  private:
   bool make_room(Sequence* needy, int32_t end, std::vector<ScheduledSeq>& batch);
   void insert_waiting(std::unique_ptr<Sequence> seq);
+  bool swap_out(Sequence& s);  // false when the space is short (nothing changes then)
+  bool swap_in(Sequence& s);   // false when the pool is short (nothing changes then)
 
   SchedulerConfig cfg_;
   BlockManager& blocks_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::deque<std::unique_ptr<Sequence>> waiting_;  // sorted: priority desc, arrival asc
-  uint64_t preemptions_ = 0;
+  std::vector<std::unique_ptr<Sequence>> swapped_;  // in scheduling order
+  SwapSpace swap_;
+  size_t swap_used_ = 0;
+  uint64_t preemptions_ = 0, swap_outs_ = 0;
 };
 
 }  // namespace tandem

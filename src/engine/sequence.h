@@ -2,6 +2,7 @@
 // it, how much of it has K/V in the cache, and its generation state.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -14,7 +15,7 @@
 
 namespace tandem {
 
-enum class SeqStatus { kWaiting, kRunning, kFinished };
+enum class SeqStatus { kWaiting, kRunning, kSwapped, kFinished };
 
 // Shared by the choices of one request.
 struct RequestState {
@@ -39,6 +40,10 @@ struct Sequence {
   int32_t n_cached_prompt = 0;       // prompt tokens that came from the prefix cache
   SeqBlocks blocks;                  // blocks.n_computed: tokens whose K/V is in the cache
   bool fork_pending = false;         // choice 0 of an n > 1 request, until its prompt is done
+  // Swapped out (preempted with swap space): the K/V of positions
+  // [0, swapped_computed), whole blocks, as KvCache::save_block wrote them.
+  std::vector<std::byte> swapped_kv;
+  int32_t swapped_computed = 0;
 
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<StreamDecoder> decoder;

@@ -149,6 +149,44 @@ void KvCache::read(int32_t layer, int32_t block, int32_t slot, float* k, float* 
   }
 }
 
+void KvCache::check_block(int32_t block) const {
+  if (block < 0 || block >= n_blocks_)
+    fail(ErrorKind::kInvalidArgument, "KV block {} is outside the pool of {}", block, n_blocks_);
+}
+
+template <typename F>
+void KvCache::for_each_run(int32_t block, F&& f) const {
+  check_block(block);
+  const size_t esize = kv_type_size(type_);
+  const size_t k_run = size_t(block_size_) * k_head() * esize, v_run = size_t(block_size_) * v_head() * esize;
+  for (int32_t l = 0; l < shape_.n_layer; ++l)
+    for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
+      f(k_.get() + block_offset(l, block, h, k_head()), k_run);
+      f(v_.get() + block_offset(l, block, h, v_head()), v_run);
+    }
+}
+
+void KvCache::copy_block(int32_t src, int32_t dst) {
+  check_block(dst);
+  // A run of block dst lies (dst - src) runs of its kind after src's.
+  const ptrdiff_t blocks_apart = ptrdiff_t(dst) - src;
+  for_each_run(src, [&](std::byte* run, size_t n) { std::memcpy(run + blocks_apart * ptrdiff_t(n), run, n); });
+}
+
+void KvCache::save_block(int32_t block, std::byte* out) const {
+  for_each_run(block, [&](const std::byte* run, size_t n) {
+    std::memcpy(out, run, n);
+    out += n;
+  });
+}
+
+void KvCache::load_block(int32_t block, const std::byte* in) {
+  for_each_run(block, [&](std::byte* run, size_t n) {
+    std::memcpy(run, in, n);
+    in += n;
+  });
+}
+
 KvLayerView KvCache::layer_view(int32_t layer, const int32_t* blocks) const {
   KvLayerView view;
   view.keys = k_.get() + key_offset(layer, 0, 0, 0);

@@ -101,9 +101,24 @@ class KvCache {
   // Reads a slot back as f32 (for tests and tools; attention uses views).
   void read(int32_t layer, int32_t block, int32_t slot, float* k, float* v) const;
 
+  // K/V bytes of one block over every layer and head.
+  size_t block_bytes() const { return bytes_per_token(shape_, type_) * size_t(block_size_); }
+  // Block `dst` gets block `src`'s K/V, bit for bit (copy-on-write).
+  void copy_block(int32_t src, int32_t dst);
+  // A block's K/V as block_bytes() bytes, and back (swapping a preempted
+  // sequence out of the pool and in again). kInvalidArgument for a block
+  // outside the pool.
+  void save_block(int32_t block, std::byte* out) const;
+  void load_block(int32_t block, const std::byte* in);
+
   KvLayerView layer_view(int32_t layer, const int32_t* blocks) const;
 
  private:
+  void check_block(int32_t block) const;
+  // Calls f(run, bytes) for each (layer, head) run of K and of V that
+  // `block` holds, in one fixed order.
+  template <typename F>
+  void for_each_run(int32_t block, F&& f) const;
   // Elements of one head's K or V row.
   int32_t k_head() const { return shape_.k_width / shape_.n_head_kv; }
   int32_t v_head() const { return shape_.v_width / shape_.n_head_kv; }

@@ -65,6 +65,8 @@ std::string render_prometheus(const MetricsSnapshot& m) {
   single(out, "tandem_requests_rejected_total", "counter", "Requests refused because the wait queue was full.",
          m.requests_rejected);
   single(out, "tandem_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.", m.preemptions);
+  single(out, "tandem_swap_outs_total", "counter", "Preempted sequences whose K/V was swapped to host memory.",
+         m.swap_outs);
   single(out, "tandem_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
          m.prefix_cache_hit_tokens);
   single(out, "tandem_prefix_cache_queried_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.",

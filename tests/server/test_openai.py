@@ -460,17 +460,20 @@ def test_port_in_use_is_an_error(stories):
 
 def test_bad_flags_are_refused():
     for flags, msg in ((["--policy", "fastest"], b"--policy"), (["--kv-memory", "12Q"], b"--kv-memory"),
-                       (["--port", "70000"], b"--port")):
+                       (["--port", "70000"], b"--port"), (["--swap-space", "-1G"], b"--swap-space")):
         r = subprocess.run([CLI, "serve", "-m", STORIES, "--host", "127.0.0.1", *flags], capture_output=True,
                            timeout=60, stdin=subprocess.DEVNULL)
         assert r.returncode != 0, flags
         assert msg in r.stderr, (flags, r.stderr)
 
 
-def test_preemption_with_a_small_kv_pool():
+@pytest.mark.parametrize("swap", [None, "64M"], ids=["recompute", "swap"])
+def test_preemption_with_a_small_kv_pool(swap):
     # 16 blocks of 16 tokens for 6 requests that each grow to ~200 tokens:
     # the scheduler must preempt, and everything must still finish and free.
-    srv = start_server(STORIES, "--kv-tokens", "256", "--ctx-size", "256", "--no-prefix-cache")
+    # With --swap-space the preempted K/V waits in host memory instead of being recomputed.
+    extra = ["--swap-space", swap] if swap else []
+    srv = start_server(STORIES, "--kv-tokens", "256", "--ctx-size", "256", "--no-prefix-cache", *extra)
     try:
         bodies = [{"model": "stories260K", "prompt": f"{PROMPT} {i}", "max_tokens": 190, "temperature": 0,
                    "ignore_eos": True} for i in range(6)]
@@ -485,6 +488,11 @@ def test_preemption_with_a_small_kv_pool():
             assert j["choices"][0]["text"] == want  # recompute after preemption gives the same tokens
         samples = wait_metrics(srv, lambda m: m["tandem_requests_running"] == 0)
         assert samples["tandem_preemptions_total"] > 0
+        if swap:
+            assert samples["tandem_swap_outs_total"] == samples["tandem_preemptions_total"]
+        else:
+            assert samples["tandem_swap_outs_total"] == 0
+        assert samples["tandem_requests_swapped"] == 0
         assert samples["tandem_kv_blocks_used"] == 0
         assert samples["tandem_kv_blocks_free"] == samples["tandem_kv_blocks_total"] == 16
     finally:
