@@ -95,14 +95,15 @@ bool Scheduler::swap_out(Sequence& s) {
 }
 
 bool Scheduler::swap_in(Sequence& s) {
-  const std::span<const int32_t> computed(s.tokens.data(), size_t(s.swapped_computed));
-  if (!blocks_.can_allocate(computed)) return false;
+  // Blocks for every token, as an admission takes: the next one to compute
+  // has its slot, so the sequence does not preempt another at its first step.
+  if (!blocks_.can_allocate(s.tokens)) return false;
   // Leading blocks still in the prefix cache are shared again as they are;
   // the table from the first writable block on gets the saved K/V.
-  blocks_.allocate(s.blocks, computed);
+  blocks_.allocate(s.blocks, s.tokens);
   for (int32_t i = s.n_computed() / blocks_.block_size(); i < blocks_.blocks_for(s.swapped_computed); ++i)
     swap_.load(s.blocks.table[i], s.swapped_kv.data() + size_t(i) * swap_.block_bytes);
-  blocks_.commit(s.blocks, s.tokens, s.swapped_computed);
+  blocks_.commit(s.blocks, s.tokens, std::max(s.n_computed(), s.swapped_computed));
   swap_used_ -= s.swapped_kv.size();
   std::vector<std::byte>().swap(s.swapped_kv);
   s.swapped_computed = 0;
