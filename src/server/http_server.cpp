@@ -53,6 +53,8 @@ std::string random_hex(std::mt19937_64& rng) { return fmt::format("{:016x}", rng
 // Larger request bodies get a 413.
 constexpr size_t kMaxBodyBytes = size_t{64} << 20;
 
+std::string body_too_large() { return fmt::format("the request body is larger than {} MiB", kMaxBodyBytes >> 20); }
+
 // The request body, read through httplib's content reader. A plain handler
 // would let the library parse a body sent as application/x-www-form-urlencoded
 // (curl -d's default) as form fields first, and turn any such body over its
@@ -74,11 +76,11 @@ std::optional<std::string> read_body(const httplib::Request& req, httplib::Respo
   });
   if (ok) return body;
   // httplib has set the status: 413 over the payload limit, 400 otherwise.
-  const int status = res.status == 413 ? 413 : 400;
-  send_error(res, ApiError(status,
-                           status == 413 ? fmt::format("the request body is larger than {} MiB", kMaxBodyBytes >> 20)
-                                         : "the request body could not be read (no Content-Length, or the "
-                                           "connection broke off)",
+  const bool too_large = res.status == 413;
+  send_error(res, ApiError(too_large ? 413 : 400,
+                           too_large ? body_too_large()
+                                     : "the request body could not be read (no Content-Length, or the connection "
+                                       "broke off)",
                            "invalid_request_error"));
   res.set_header("Connection", "close");  // the rest of an unread body must not be taken for a request
   return std::nullopt;
@@ -235,7 +237,7 @@ struct Server::Impl {
       if (!res.body.empty() || res.is_chunked_content_provider_) return httplib::Server::HandlerResponse::Unhandled;
       std::string msg = fmt::format("HTTP error {}", res.status);
       if (res.status == 404) msg = fmt::format("Unknown route: {} {}", req.method, req.path);
-      if (res.status == 413) msg = fmt::format("the request body is larger than {} MiB", kMaxBodyBytes >> 20);
+      if (res.status == 413) msg = body_too_large();
       send_error(res, ApiError(res.status, msg, "invalid_request_error", "", res.status == 404 ? "not_found" : ""));
       return httplib::Server::HandlerResponse::Handled;
     }));
