@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "core/memory_info.h"
 #include "core/thread_pool.h"
 #include "engine/generator.h"
 #include "engine/llm_engine.h"
@@ -225,6 +226,25 @@ TEST_F(EngineTest, CancelFreesBlocks) {
   MetricsSnapshot m = e.metrics();
   EXPECT_EQ(m.requests_cancelled, 1u);
   EXPECT_EQ(m.kv_blocks_used, 0);
+}
+
+// Pool and swap space are committed lazily, so sizes beyond the memory
+// available are refused at start, not found out by the OOM killer later.
+TEST_F(EngineTest, PoolOrSwapBeyondTheAvailableMemoryIsRefused) {
+  const auto avail = available_memory_bytes();
+  ASSERT_TRUE(avail.has_value());
+  const int64_t too_much = static_cast<int64_t>(*avail) + (int64_t{1} << 30);
+  for (const EngineConfig& c : {EngineConfig{.threads = 1, .max_context = 64, .kv_bytes = too_much},
+                                EngineConfig{.threads = 1, .max_context = 64, .swap_bytes = too_much}}) {
+    try {
+      Engine e(*model_, c);
+      FAIL() << "expected the engine to refuse " << too_much << " bytes";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.kind(), ErrorKind::kResource);
+      EXPECT_NE(std::string(err.what()).find("memory available"), std::string::npos) << err.what();
+    }
+  }
+  EXPECT_THROW(Engine(*model_, EngineConfig{.threads = 1, .max_context = 64, .swap_bytes = -1}), Error);
 }
 
 TEST_F(EngineTest, BoundedWaitQueueAndBadRequests) {

@@ -5,8 +5,10 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <optional>
 
 #include "core/error.h"
+#include "core/memory_info.h"
 #include "core/thread_pool.h"
 #include "engine/prefill_pacer.h"
 #include "engine/scheduler.h"
@@ -86,15 +88,30 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c) : model(m), cfg(c), pool(c.t
     fail(ErrorKind::kInvalidArgument, "block size, max sequences must be positive and max waiting >= 0");
   const KvShape shape = m.kv_shape();
   const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(shape, c.kv_type));
+  if (c.swap_bytes < 0) fail(ErrorKind::kInvalidArgument, "swap space must be >= 0 bytes, got {}", c.swap_bytes);
+  // The pool and the swap space are committed as they fill, so the kernel
+  // accepts sizes beyond the machine's memory and the OOM killer settles it
+  // later: a size asked for must fit what is available now, and the default
+  // takes at most half of it.
+  const std::optional<uint64_t> avail = available_memory_bytes();
   int64_t tokens = c.kv_tokens;
   if (tokens <= 0 && c.kv_bytes > 0) tokens = c.kv_bytes / per_token;
-  if (tokens <= 0)
+  const bool sized_by_default = tokens <= 0;
+  if (sized_by_default) {
     tokens = std::min<int64_t>(int64_t{c.max_seqs} * max_context, kDefaultKvCapBytes / per_token);
+    if (avail) tokens = std::min<int64_t>(tokens, static_cast<int64_t>(*avail / 2) / per_token);
+  }
   const int64_t n_blocks = tokens / c.block_size;
   if (n_blocks < (max_context + c.block_size - 1) / c.block_size)
-    fail(ErrorKind::kInvalidArgument, "the KV pool ({} tokens) cannot hold one full context of {} tokens", tokens,
-         max_context);
+    fail(sized_by_default ? ErrorKind::kResource : ErrorKind::kInvalidArgument,
+         "the KV pool ({} tokens{}) cannot hold one full context of {} tokens", tokens,
+         sized_by_default ? ", half the memory available" : "", max_context);
   if (n_blocks > INT32_MAX) fail(ErrorKind::kInvalidArgument, "KV pool of {} blocks is too large", n_blocks);
+  const uint64_t need = static_cast<uint64_t>(n_blocks) * c.block_size * per_token + static_cast<uint64_t>(c.swap_bytes);
+  if (avail && need > *avail)
+    fail(ErrorKind::kResource,
+         "the KV pool ({} MiB) and swap space ({} MiB) need more than the {} MiB of memory available; ask for less",
+         (static_cast<uint64_t>(n_blocks) * c.block_size * per_token) >> 20, c.swap_bytes >> 20, *avail >> 20);
   kv = std::make_unique<KvCache>(shape, static_cast<int32_t>(n_blocks), c.block_size, c.kv_type);
   blocks = std::make_unique<BlockManager>(static_cast<int32_t>(n_blocks), c.block_size, c.prefix_caching);
   blocks->set_copy_block([this](int32_t src, int32_t dst) { kv->copy_block(src, dst); });  // copy-on-write
@@ -106,7 +123,6 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c) : model(m), cfg(c), pool(c.t
   sc.max_seqs = c.max_seqs;
   sc.max_context = max_context;
   sched = std::make_unique<Scheduler>(sc, *blocks);
-  if (c.swap_bytes < 0) fail(ErrorKind::kInvalidArgument, "swap space must be >= 0 bytes, got {}", c.swap_bytes);
   if (c.swap_bytes > 0) {
     SwapSpace swap;
     swap.bytes = static_cast<size_t>(c.swap_bytes);
