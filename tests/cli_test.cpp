@@ -1,6 +1,7 @@
 // The `tandem` program as a user runs it: a real process, stdout and stderr
 // captured separately.
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -103,6 +104,28 @@ TEST(Cli, PromptFromAFileOrStdinEqualsTheSamePromptInline) {
   EXPECT_EQ(from_stdin.status, 0) << from_stdin.err;
   EXPECT_EQ(from_stdin.out, inline_p.out);
   std::filesystem::remove(file);
+}
+
+// When repacking would take more memory than is available, the weights stay
+// in the file's layout: a warning, and the same greedy text.
+TEST(Cli, TooLittleMemoryToRepackWarnsAndRunsFromTheFile) {
+  const std::string model = (std::filesystem::temp_directory_path() /
+                             ("tandem_cli_q8_" + std::to_string(::getpid()) + ".gguf")).string();
+  const Result synth = run_cli("synth -o " + quote(model) + " --vocab-from " +
+                               quote(test::shared_path("models/vocab/ggml-vocab-llama-spm.gguf")) +
+                               " --arch llama --layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2 --type q8_0");
+  ASSERT_EQ(synth.status, 0) << synth.err;
+  const std::string run = "run -m " + quote(model) + " -p 'Once upon a time' -n 12 --temp 0 --ignore-eos";
+  const Result packed = run_cli(run);
+  ASSERT_EQ(packed.status, 0) << packed.err;
+  EXPECT_EQ(packed.err.find("warning"), std::string::npos) << packed.err;
+  ::setenv("TANDEM_MEMORY_AVAILABLE", "1000000", 1);  // inherited by the command run_cli starts
+  const Result in_file = run_cli(run);
+  ::unsetenv("TANDEM_MEMORY_AVAILABLE");
+  EXPECT_EQ(in_file.status, 0) << in_file.err;
+  EXPECT_NE(in_file.err.find("warning: repacking the weights takes"), std::string::npos) << in_file.err;
+  EXPECT_EQ(in_file.out, packed.out);
+  std::filesystem::remove(model);
 }
 
 TEST(Cli, ErrorsAreClearAndNonZero) {

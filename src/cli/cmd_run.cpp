@@ -91,6 +91,7 @@ int run(RunOpts& o) {
 
   const auto t0 = std::chrono::steady_clock::now();
   auto model = Model::load(resolve_model_path(o.model), parse_prepack_mode(o.prepack));
+  if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   ThreadPool pool(o.threads);
   Generator gen(*model, pool, o.ctx, parse_kv_type(o.kv_type));
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

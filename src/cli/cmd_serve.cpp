@@ -71,6 +71,7 @@ int serve(const ServeOpts& o) {
   signal(SIGPIPE, SIG_IGN);
 
   auto model = Model::load(resolve_model_path(o.model), parse_prepack_mode(o.prepack));
+  if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   EngineConfig ec;
   ec.threads = o.threads;
   ec.max_context = o.ctx > 0 ? o.ctx : std::min(model->config().n_ctx_train, 4096);

@@ -12,7 +12,8 @@ namespace tandem {
 
 // The smaller of /proc/meminfo's MemAvailable and, inside a cgroup v2 with a
 // memory limit, that limit less the group's current use. nullopt when neither
-// can be read (not Linux, /proc not mounted).
+// can be read (not Linux, /proc not mounted). TANDEM_MEMORY_AVAILABLE=BYTES in
+// the environment stands in for all of it (to try the checks on small sizes).
 std::optional<uint64_t> available_memory_bytes();
 
 // Parses MemAvailable (kB) out of /proc/meminfo's text; nullopt when absent.

@@ -6,7 +6,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
+#include "core/memory_info.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"
 #include "gguf/gguf.h"
@@ -123,12 +126,28 @@ void Model::prepack_weights(PrepackMode mode) {
   std::vector<WeightMatrix*> all = {&w_.output};
   for (LayerWeights& L : w_.layers)
     for (WeightMatrix* W : L.matrices()) all.push_back(W);
+  // Panels for every row (q8_0; any type under kAll), else q4_0 / q5_0 / q4_K /
+  // f16 / bf16 tiles for the whole 16-row tiles.
+  const auto bytes_for = [&](const WeightMatrix& W) {
+    const size_t panels = prepacked_bytes(W, level, mode);
+    return panels ? panels : tiles_bytes(W, level);
+  };
+  // The copies are new memory (the file's pages are page cache, given back as
+  // the copying goes): when they would not fit, the weights stay where they
+  // are, slower to decode but loaded, where the OOM killer would end the load.
+  size_t total = 0;
+  for (const WeightMatrix* W : all) total += bytes_for(*W);
+  if (const auto avail = available_memory_bytes(); avail && total > *avail) {
+    load_warning_ = fmt::format(
+        "repacking the weights takes {} MiB and {} MiB of memory are available: they stay in the file's layout "
+        "(decode is slower; --prepack off chooses that without this warning)",
+        total >> 20, *avail >> 20);
+    return;
+  }
   std::unique_ptr<ThreadPool> pool;
   for (WeightMatrix* W : all) {
-    // Panels for every row (q8_0; any type under kAll), else q4_0 / q5_0 / q4_K /
-    // f16 / bf16 tiles for the whole 16-row tiles.
     const size_t panels = prepacked_bytes(*W, level, mode);
-    const size_t bytes = panels ? panels : tiles_bytes(*W, level);
+    const size_t bytes = bytes_for(*W);
     if (bytes == 0) continue;
     // Embedding lookups read q32 panels and tiles (dequantize_prepacked_row);
     // a tied embedding in K-quant panels keeps its file rows for them.

@@ -109,10 +109,14 @@ class Model {
   std::vector<Repacked> packed_;
 
   void prepack_weights(PrepackMode mode);
+  std::string load_warning_;
 
  public:
   // Bytes of weights held repacked in memory (instead of the file's pages).
   size_t packed_bytes() const;
+  // What the load had to do differently from what was asked (repacking
+  // skipped for lack of memory), for the caller to show; "" when nothing.
+  const std::string& load_warning() const { return load_warning_; }
   // The memory a decode step streams: every linear layer's and the output
   // matrix's bytes, where they are (repacked buffers, tiles, the mapping),
   // so a benchmark can time a plain read of the very same pages.

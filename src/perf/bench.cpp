@@ -4,6 +4,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <numeric>
 
@@ -146,6 +147,7 @@ BenchResult run_bench(const BenchOptions& opts) {
 
   const auto t0 = Clock::now();
   std::unique_ptr<Model> model = Model::load(opts.model_path, parse_prepack_mode(opts.prepack));
+  if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   const ModelConfig& c = model->config();
   if (static_cast<int64_t>(P) + N > c.n_ctx_train)
     fail(ErrorKind::kInvalidArgument, "bench: -p {} plus -n {} exceeds the model's training context of {} tokens", P,
