@@ -21,9 +21,7 @@ std::optional<uint64_t> read_cgroup_value(const char* path) {
   const auto text = read_text(path);
   if (!text) return std::nullopt;
   try {
-    size_t used = 0;
-    const unsigned long long v = std::stoull(*text, &used);
-    return static_cast<uint64_t>(v);
+    return static_cast<uint64_t>(std::stoull(*text));
   } catch (const std::exception&) {
     return std::nullopt;  // "max", or unreadable
   }

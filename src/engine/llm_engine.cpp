@@ -107,11 +107,11 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c) : model(m), cfg(c), pool(c.t
          "the KV pool ({} tokens{}) cannot hold one full context of {} tokens", tokens,
          sized_by_default ? ", half the memory available" : "", max_context);
   if (n_blocks > INT32_MAX) fail(ErrorKind::kInvalidArgument, "KV pool of {} blocks is too large", n_blocks);
-  const uint64_t need = static_cast<uint64_t>(n_blocks) * c.block_size * per_token + static_cast<uint64_t>(c.swap_bytes);
-  if (avail && need > *avail)
+  const uint64_t pool_bytes = static_cast<uint64_t>(n_blocks) * c.block_size * per_token;
+  if (avail && pool_bytes + static_cast<uint64_t>(c.swap_bytes) > *avail)
     fail(ErrorKind::kResource,
          "the KV pool ({} MiB) and swap space ({} MiB) need more than the {} MiB of memory available; ask for less",
-         (static_cast<uint64_t>(n_blocks) * c.block_size * per_token) >> 20, c.swap_bytes >> 20, *avail >> 20);
+         pool_bytes >> 20, c.swap_bytes >> 20, *avail >> 20);
   kv = std::make_unique<KvCache>(shape, static_cast<int32_t>(n_blocks), c.block_size, c.kv_type);
   blocks = std::make_unique<BlockManager>(static_cast<int32_t>(n_blocks), c.block_size, c.prefix_caching);
   blocks->set_copy_block([this](int32_t src, int32_t dst) { kv->copy_block(src, dst); });  // copy-on-write
