@@ -3,8 +3,8 @@
 //
 //   1. Running sequences that are decoding take one token each (decode is
 //      never stalled by prefill: that is what chunked prefill buys).
-//   2. Waiting sequences are admitted by (priority, arrival) while the
-//      sequence limit and the KV blocks allow.
+//   2. Waiting and swapped-out sequences are admitted together by (priority,
+//      arrival) while the sequence limit and the KV blocks allow.
 //   3. Sequences with prompt tokens left share the step's prompt-token budget
 //      (the smaller of what decodes left of the step budget and the pacer's
 //      share), in chunks.
@@ -12,10 +12,10 @@
 // latest-arrived running sequence is preempted: its blocks are freed and it
 // goes back to the front of its priority in the wait queue to be recomputed
 // later (it keeps its generated tokens). With swap space (set_swap), its K/V
-// is first copied out to host memory instead, while the space lasts; swapped
-// sequences come back, K/V copied in, before any waiting one is admitted. On
-// a CPU both are memory, so a swap costs two copies of the sequence's K/V where
-// a recompute costs a prefill of all its tokens.
+// is first copied out to host memory instead, while the space lasts, and
+// copied back in when the sequence's turn comes in step 2. On a CPU both are
+// memory, so a swap costs two copies of the sequence's K/V where a recompute
+// costs a prefill of all its tokens.
 #pragma once
 
 #include <cstddef>
