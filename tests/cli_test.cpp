@@ -95,7 +95,7 @@ TEST(Cli, PromptFromAFileOrStdinEqualsTheSamePromptInline) {
   ASSERT_EQ(inline_p.status, 0) << inline_p.err;
   const std::filesystem::path file = std::filesystem::temp_directory_path() / ("tandem_cli_prompt_" + std::to_string(::getpid()));
   {
-    std::ofstream(file) << "Once upon a time";
+    std::ofstream(file) << "Once upon a time\n";  // as an editor saves it: the line break is dropped
   }
   const Result from_file = run_cli("run -m " + quote(kStories) + " -f " + quote(file.string()) + args);
   EXPECT_EQ(from_file.status, 0) << from_file.err;

@@ -68,7 +68,8 @@ void print_report(const RunOpts& o, const Model& m, const GenerateReport& r, dou
              stderr);
 }
 
-// The whole of `path` ("-": standard input), as the prompt.
+// The whole of `path` ("-": standard input), as the prompt, less one final
+// line break (the one an editor adds; llama.cpp's -f drops it too).
 std::string read_prompt_file(const std::string& path) {
   std::FILE* f = path == "-" ? stdin : std::fopen(path.c_str(), "rb");
   if (!f) fail(ErrorKind::kIo, "--file {}: cannot open: {}", path, std::strerror(errno));
@@ -79,6 +80,8 @@ std::string read_prompt_file(const std::string& path) {
   const bool bad = std::ferror(f);
   if (f != stdin) std::fclose(f);
   if (bad) fail(ErrorKind::kIo, "--file {}: read error", path);
+  if (text.ends_with('\n')) text.pop_back();
+  if (text.ends_with('\r')) text.pop_back();
   if (text.empty()) fail(ErrorKind::kInvalidArgument, "--file {}: the prompt file is empty", path);
   return text;
 }
