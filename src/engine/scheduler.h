@@ -84,7 +84,6 @@ class Scheduler {
   // Sequences with prompt tokens still to compute: waiting, or running a prefill.
   int32_t n_prefilling() const;
   size_t n_swapped() const { return swapped_.size(); }
-  size_t swap_bytes_used() const { return swap_used_; }
   uint64_t preemptions() const { return preemptions_; }
   uint64_t swap_outs() const { return swap_outs_; }
   bool idle() const { return running_.empty() && waiting_.empty() && swapped_.empty(); }
