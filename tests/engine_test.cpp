@@ -1,16 +1,19 @@
 // The serving engine driven synchronously (step()) on stories260K.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <random>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/memory_info.h"
 #include "core/thread_pool.h"
 #include "engine/generator.h"
 #include "engine/llm_engine.h"
+#include "kv/kv_cache.h"
 #include "model/model.h"
 #include "test_support.h"
 #include "tokenizer/tokenizer.h"
@@ -31,12 +34,20 @@ class EngineTest : public ::testing::Test {
     std::map<int32_t, std::string> text;
     std::map<int32_t, std::vector<int32_t>> tokens;
     std::map<int32_t, std::string> reason;
+    std::map<int32_t, std::vector<TokenLogprob>> prompt_lp;
+    std::map<int32_t, std::vector<std::vector<TokenLogprob>>> prompt_top;
     int32_t cached = 0;
     int finished = 0;
   };
 
   static EventSink collect(Out& o) {
     return [&o](const RequestEvent& ev) {
+      if (!ev.prompt_logprobs.empty()) {
+        EXPECT_TRUE(o.tokens[ev.choice].empty()) << "prompt logprobs after a token";
+        EXPECT_EQ(o.prompt_lp.count(ev.choice), 0u) << "prompt logprobs twice";
+        o.prompt_lp[ev.choice] = ev.prompt_logprobs;
+        o.prompt_top[ev.choice] = ev.prompt_top_logprobs;
+      }
       o.text[ev.choice] += ev.text;
       auto& t = o.tokens[ev.choice];
       t.insert(t.end(), ev.tokens.begin(), ev.tokens.end());
@@ -141,6 +152,100 @@ TEST_F(EngineTest, ChoicesShareThePrompt) {
   ASSERT_EQ(o.text.size(), 3u);
   EXPECT_FALSE(o.text[0] == o.text[1] && o.text[1] == o.text[2]);
   EXPECT_EQ(e.metrics().kv_blocks_used, 0);
+}
+
+// Prompt logprobs (the OpenAI API's echo with max_tokens 0, as lm-eval-harness
+// scores text) against llama.cpp's, made by scripts/gen_prompt_logprob_refs.py
+// on this model with an f32 KV cache: in one pass, in 5-token chunks, after the
+// same prompt was cached (a scored prompt computes every position anyway),
+// and for both choices of n = 2.
+TEST_F(EngineTest, PromptLogprobsMatchLlamaCpp) {
+  const auto refs = nlohmann::json::parse(test::read_file(test::testdata_path("llamacpp/prompt_logprobs_stories260k.json")));
+  for (int32_t budget : {0, 5}) {
+    Engine e(*model_, EngineConfig{.threads = 2, .max_context = 256, .kv_type = KvType::kF32, .max_batch_tokens = budget});
+    for (const auto& cs : refs["cases"]) {
+      const auto ids = cs["prompt_ids"].get<std::vector<int32_t>>();
+      const auto want = cs["logprobs"].get<std::vector<double>>();
+      const auto top1 = cs["top1"].get<std::vector<int32_t>>();
+      const auto margin = cs["top2_margin"].get<std::vector<double>>();
+      Out warm;
+      e.submit(ids, greedy(2), collect(warm));
+      run_until_idle(e);
+      RequestParams p = greedy(0);
+      p.prompt_logprobs = 2;
+      p.n = 2;
+      Out o;
+      e.submit(ids, p, collect(o));
+      run_until_idle(e);
+      EXPECT_EQ(o.cached, 0);
+      ASSERT_EQ(o.finished, 2);
+      for (int32_t c = 0; c < 2; ++c) {
+        EXPECT_EQ(o.reason[c], "length");
+        EXPECT_TRUE(o.tokens[c].empty());
+        const auto& lp = o.prompt_lp[c];
+        const auto& top = o.prompt_top[c];
+        ASSERT_EQ(lp.size(), ids.size());
+        ASSERT_EQ(top.size(), ids.size());
+        EXPECT_TRUE(std::isnan(lp[0].logprob));
+        EXPECT_TRUE(top[0].empty());
+        double worst = 0;
+        for (size_t i = 1; i < ids.size(); ++i) {
+          EXPECT_EQ(lp[i].token, ids[i]);
+          worst = std::max(worst, std::abs(lp[i].logprob - want[i - 1]));
+          ASSERT_EQ(top[i].size(), 2u);
+          EXPECT_GE(top[i][0].logprob, top[i][1].logprob);
+          EXPECT_GE(top[i][0].logprob, lp[i].logprob);
+          if (margin[i - 1] > 1e-3) {
+            EXPECT_EQ(top[i][0].token, top1[i - 1]) << "position " << i;
+          }
+        }
+        EXPECT_LT(worst, 1e-4) << "budget " << budget;
+      }
+    }
+    EXPECT_EQ(e.metrics().kv_blocks_used, 0);
+  }
+}
+
+// Scored prompts under preemption (recomputed or swapped, mid-prompt too):
+// the same prompt logprobs and text as alone, each prompt position reported
+// once, no block lost.
+TEST_F(EngineTest, PromptLogprobsSurvivePreemption) {
+  std::vector<std::string> prompts = {
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun.",
+      "The little dog ran to the big tree and barked at the bird. The bird flew away to its nest.",
+      "Lily and Tom went to the park to play. They saw a big slide and a swing and ran to them.",
+      "One day, a bird"};
+  auto params = [] {
+    RequestParams p = greedy(60);
+    p.prompt_logprobs = 1;
+    return p;
+  };
+  std::vector<Out> alone(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Engine e(*model_, EngineConfig{.threads = 2, .max_context = 128});
+    e.submit(tok(prompts[i]), params(), collect(alone[i]));
+    run_until_idle(e);
+  }
+  for (int64_t swap : {int64_t{0}, int64_t{64} << 20}) {
+    Engine e(*model_, EngineConfig{.threads = 2, .max_context = 128, .kv_tokens = 128, .max_batch_tokens = 6,
+                                   .max_seqs = 4, .swap_bytes = swap});
+    std::vector<Out> outs(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) e.submit(tok(prompts[i]), params(), collect(outs[i]));
+    run_until_idle(e);
+    const MetricsSnapshot m = e.metrics();
+    EXPECT_GT(m.preemptions, 0u) << "swap " << swap;
+    EXPECT_EQ(m.kv_blocks_used, 0);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(outs[i].text[0], alone[i].text[0]) << i;
+      const auto& a = alone[i].prompt_lp[0];
+      const auto& b = outs[i].prompt_lp[0];
+      ASSERT_EQ(a.size(), b.size()) << i;
+      for (size_t k = 1; k < a.size(); ++k) {
+        EXPECT_EQ(b[k].logprob, a[k].logprob) << i << " position " << k;
+        EXPECT_EQ(outs[i].prompt_top[0][k][0].token, alone[i].prompt_top[0][k][0].token);
+      }
+    }
+  }
 }
 
 // A pool too small for all sequences at once forces preemption; everything

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/logprobs.h"
 
 namespace tandem {
 namespace {
@@ -515,6 +516,40 @@ TEST(FindStopTest, StreamingNeverEmitsPartOfAStop) {
     if (m.pos != std::string::npos) break;
   }
   EXPECT_EQ(emitted, "The answer is <4>.");
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// token_logprob (the API's logprobs) against a plain log-softmax and a full
+// sort, on odd vocabulary sizes with repeated values (ties go to the lower id).
+TEST(LogprobsTest, MatchesPlainLogSoftmaxAndFullSort) {
+  std::mt19937 rng(11);
+  for (int32_t nv : {1, 7, 1001, 32003}) {
+    std::vector<float> lg(nv);
+    std::uniform_int_distribution<int> level(-40, 40);
+    for (float& x : lg) x = 0.25f * static_cast<float>(level(rng));  // many exact ties
+    double sum = 0;
+    for (float x : lg) sum += std::exp(static_cast<double>(x));
+    std::vector<int32_t> order(nv);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return lg[a] > lg[b]; });
+    for (int32_t k : {0, 1, 5, 20}) {
+      const int32_t tok = nv / 2;
+      std::vector<TokenLogprob> top;
+      const TokenLogprob lp = token_logprob(lg, tok, k, &top);
+      EXPECT_EQ(lp.token, tok);
+      EXPECT_NEAR(lp.logprob, lg[tok] - std::log(sum), 1e-5) << nv;
+      ASSERT_EQ(static_cast<int32_t>(top.size()), k == 0 ? 0 : std::min(k, nv)) << nv << " " << k;
+      for (size_t i = 0; i < top.size(); ++i) {
+        EXPECT_EQ(top[i].token, order[i]) << nv << " rank " << i;
+        EXPECT_NEAR(top[i].logprob, lg[order[i]] - std::log(sum), 1e-5);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -60,6 +60,46 @@ TEST(Scheduler, ShortPromptOvertakesALongOneButTheLongOneKeepsMoving) {
   EXPECT_EQ(sp->n_uncomputed(), 0);
 }
 
+// A prompt being scored (prompt_logprobs) takes at most max_prompt_logit_rows
+// rows a step, all scored prompts together, and skips the prefix cache; the
+// others fill the rest of the budget.
+TEST(Scheduler, ScoredPromptsAreCappedAndComputedInFull) {
+  BlockManager bm(64, 16, true);
+  SchedulerConfig cfg{.max_batch_tokens = 64, .max_seqs = 8, .prefill_chunk = 64, .max_prompt_logit_rows = 10};
+  Scheduler sched(cfg, bm);
+  // A first sequence computes and publishes the first two blocks of prompt 1.
+  auto warm = make_seq(1, 40);
+  Sequence* pw = warm.get();
+  sched.add(std::move(warm));
+  auto b = sched.schedule();
+  EXPECT_EQ(tokens_of(b, pw), 40);
+  commit(bm, b);
+  sched.remove(pw);
+  auto scored = [](uint64_t arrival) {
+    auto s = make_seq(arrival, 40);
+    s->tokens = make_seq(1, 40)->tokens;  // prompt 1 again
+    s->req->params.prompt_logprobs = 0;
+    s->prompt_lp.push_back({s->tokens[0], 0});
+    return s;
+  };
+  auto a = scored(2), c = scored(3);
+  auto plain = make_seq(4, 100);
+  Sequence *pa = a.get(), *pc = c.get(), *pp = plain.get();
+  sched.add(std::move(a));
+  sched.add(std::move(c));
+  sched.add(std::move(plain));
+  b = sched.schedule();
+  EXPECT_EQ(pa->n_cached_prompt, 0);  // its blocks are cached, but it must compute them
+  EXPECT_EQ(tokens_of(b, pa) + tokens_of(b, pc), 10);
+  EXPECT_EQ(tokens_of(b, pp), 54);
+  // Once every prompt position is scored, the cap no longer applies.
+  pa->prompt_lp.resize(40);
+  commit(bm, b);
+  b = sched.schedule();
+  EXPECT_EQ(tokens_of(b, pa), 40 - pa->n_computed());
+  EXPECT_LE(tokens_of(b, pc), 10);
+}
+
 TEST(Scheduler, ArrivalOrderWithoutShortestFirst) {
   BlockManager bm(256, 16, false);
   SchedulerConfig cfg{.max_batch_tokens = 64, .max_seqs = 8, .prefill_chunk = 64};

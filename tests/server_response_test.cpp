@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 
 namespace tandem::server {
@@ -79,6 +80,19 @@ TEST(ServerResponse, FullCompletion) {
   EXPECT_EQ(j["usage"]["completion_tokens"], 3);
   EXPECT_EQ(j["usage"]["total_tokens"], 13);
   EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+}
+
+// An echoed prompt's first token has nothing before it to predict it: null
+// logprob and null alternatives, while the offsets still count its piece.
+TEST(ServerResponse, EchoedFirstTokenHasNullLogprob) {
+  const json lp = completion_logprobs_json({{1, std::numeric_limits<float>::quiet_NaN()}, {2, -0.25f}},
+                                           {{}, {{2, -0.25f}, {3, -1.5f}}}, piece, 0);
+  EXPECT_EQ(lp["tokens"], json({"t1", "t2"}));
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_EQ(lp["token_logprobs"][1], -0.25);
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_EQ(lp["top_logprobs"][1], json({{"t2", -0.25}, {"t3", -1.5}}));
+  EXPECT_EQ(lp["text_offset"], json({0, 2}));
 }
 
 TEST(ServerResponse, FullChatWithLogprobs) {

@@ -173,7 +173,10 @@ TEST(ServerSchema, BadRequestsAre400NamingTheField) {
       {C, R"({"prompt": [4294967296]})", "prompt", "out of range"},
       {C, R"({"prompt": "x", "model": 3})", "model", "must be a string"},
       {C, R"({"prompt": "x", "max_tokens": -1})", "max_tokens", "between 1 and"},
-      {C, R"({"prompt": "x", "max_tokens": 0})", "max_tokens", "between 1 and"},
+      {C, R"({"prompt": "x", "max_tokens": 0})", "max_tokens", "needs 'echo': true"},
+      {C, R"({"prompt": "x", "echo": true, "max_tokens": -1})", "max_tokens", "between 0 and"},
+      {C, R"({"prompt": "x", "echo": 1})", "echo", "must be a boolean"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "echo": true})", "echo", "not supported"},
       {C, R"({"prompt": "x", "max_tokens": 1.5})", "max_tokens", "must be an integer"},
       {C, R"({"prompt": "x", "max_tokens": "10"})", "max_tokens", "got a string"},
       {C, R"({"prompt": "x", "max_tokens": 99999999999999999999})", "max_tokens", "must be an integer"},
@@ -198,7 +201,6 @@ TEST(ServerSchema, BadRequestsAre400NamingTheField) {
       {C, R"({"prompt": "x", "stream": "yes"})", "stream", "must be a boolean"},
       {C, R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options", "only allowed"},
       {C, R"({"prompt": "x", "stream": true, "stream_options": 1})", "stream_options", "must be an object"},
-      {C, R"({"prompt": "x", "echo": true})", "echo", "not supported"},
       {C, R"({"prompt": "x", "suffix": "end"})", "suffix", "not supported"},
       {C, R"({"prompt": "x", "logit_bias": {"50256": -100}})", "logit_bias", "not supported"},
       {C, R"({"prompt": "x", "best_of": 3})", "best_of", "not supported"},
@@ -239,6 +241,13 @@ TEST(ServerSchema, AcceptedEdgeValues) {
   EXPECT_EQ(completion(R"({"prompt": "x", "n": 16, "best_of": 16})").params.n, 16);
   EXPECT_EQ(completion(R"({"prompt": "x", "logprobs": 0})").params.logprobs, 0);
   EXPECT_FALSE(completion(R"({"prompt": "x", "echo": false, "suffix": "", "logit_bias": {}})").stream);
+  // echo: the prompt's logprobs are asked for with the generated ones; max_tokens 0 scores the prompt alone.
+  const ApiRequest e = completion(R"({"prompt": "x", "echo": true, "max_tokens": 0, "logprobs": 2})");
+  EXPECT_TRUE(e.echo);
+  EXPECT_EQ(e.params.max_tokens, 0);
+  EXPECT_EQ(e.params.prompt_logprobs, 2);
+  EXPECT_EQ(completion(R"({"prompt": "x", "echo": true})").params.prompt_logprobs, -1);
+  EXPECT_EQ(completion(R"({"prompt": "x", "logprobs": 2})").params.prompt_logprobs, -1);
   EXPECT_TRUE(chat(R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "text"}})")
                   .messages.size() == 1);
 }

@@ -5,11 +5,13 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <optional>
 
 #include "core/error.h"
 #include "core/memory_info.h"
 #include "core/thread_pool.h"
+#include "engine/logprobs.h"
 #include "engine/prefill_pacer.h"
 #include "engine/scheduler.h"
 #include "engine/step_log.h"
@@ -22,6 +24,7 @@ namespace {
 
 constexpr int32_t kMaxChoices = 16;
 constexpr int64_t kDefaultKvCapBytes = int64_t{2} << 30;
+constexpr int64_t kPromptLogitBytes = int64_t{64} << 20;
 
 }  // namespace
 
@@ -65,8 +68,19 @@ struct Engine::Impl {
     std::exception_ptr error;
   };
   std::vector<Sampled> sampled;
+  struct Scored {  // a prompt position whose logprob this step's logits give
+    Sequence* seq;
+    int32_t pos;       // the prompt token scored
+    int64_t logit_row;
+  };
+  std::vector<Scored> scored;
+  std::vector<int64_t> last_row;  // per scheduled sequence: logits row of its last token, or -1
 
   bool step();
+  void score_prompts();  // prompt logprobs from this step's logits, for `scored`
+  void emit_prompt(Sequence* seq);
+  // The first token of a choice (after its prompt's logprobs, when asked).
+  void first_token(Sequence* seq, const float* logits, int32_t token);
   void drain_inbox();
   // Accepts `token`, sampled from `logits` (and forks the other choices of an n > 1 request).
   void handle_logits(Sequence* seq, const float* logits, int32_t token);
@@ -122,6 +136,10 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c) : model(m), cfg(c), pool(c.t
   sc.shortest_prompt_first = latency;
   sc.max_seqs = c.max_seqs;
   sc.max_context = max_context;
+  // Scoring a prompt keeps a row of logits per position: at most 64 MiB of
+  // them a step (64 rows of Gemma 3's 262k vocabulary, 512 of a 32k one).
+  sc.max_prompt_logit_rows = static_cast<int32_t>(
+      std::max<int64_t>(16, kPromptLogitBytes / (int64_t{mc.n_vocab} * int64_t{sizeof(float)})));
   sched = std::make_unique<Scheduler>(sc, *blocks);
   if (c.swap_bytes > 0) {
     SwapSpace swap;
@@ -225,23 +243,8 @@ void Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
   RequestEvent ev;
   ev.tokens.push_back(token);
   if (p.logprobs >= 0) {
-    // log-softmax of the model's distribution (before sampling filters).
-    const int32_t nv = model.config().n_vocab;
-    const float mx = *std::max_element(lg, lg + nv);
-    double sum = 0;
-    for (int32_t i = 0; i < nv; ++i) sum += std::exp(static_cast<double>(lg[i] - mx));
-    const float lse = mx + static_cast<float>(std::log(sum));
-    ev.logprobs.push_back({token, lg[token] - lse});
     std::vector<TokenLogprob> top;
-    if (p.logprobs > 0) {
-      std::vector<int32_t> idx(nv);
-      for (int32_t i = 0; i < nv; ++i) idx[i] = i;
-      const int32_t k = std::min(p.logprobs, nv);
-      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-        return lg[a] != lg[b] ? lg[a] > lg[b] : a < b;
-      });
-      for (int32_t i = 0; i < k; ++i) top.push_back({idx[i], lg[idx[i]] - lse});
-    }
+    ev.logprobs.push_back(token_logprob(std::span<const float>(lg, model.config().n_vocab), token, p.logprobs, &top));
     ev.top_logprobs.push_back(std::move(top));
   }
   seq->tokens.push_back(token);
@@ -273,13 +276,16 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
       child->tokens = seq->tokens;
       child->n_prompt = seq->n_prompt;
       child->n_cached_prompt = seq->n_cached_prompt;
+      child->prompt_lp = seq->prompt_lp;
+      child->prompt_top = seq->prompt_top;
       child->blocks = blocks->fork(seq->blocks);
       Sequence* raw = child.get();
       sched->add_running(std::move(child));
-      accept_token(raw, raw->sampler->sample(std::span<const float>(lg, nv), raw->tokens), lg);
+      first_token(raw, lg, raw->sampler->sample(std::span<const float>(lg, nv), raw->tokens));
     }
   }
-  accept_token(seq, t, lg);
+  if (seq->n_generated() == 0) first_token(seq, lg, t);
+  else accept_token(seq, t, lg);
 }
 
 bool Engine::Impl::step() {
@@ -290,23 +296,33 @@ bool Engine::Impl::step() {
   if (sched_batch.empty()) return false;
 
   // Rows of every scheduled sequence, in order; a row wants logits when it is
-  // the sequence's last uncomputed token.
+  // the sequence's last uncomputed token, or when it predicts a prompt token
+  // whose logprob is asked for (the logits of row p score token p + 1).
   batch.clear();
   seq_kv.resize(sched_batch.size());
   seq_kv_ptrs.resize(sched_batch.size());
-  int32_t n_decode = 0, n_prefill_rows = 0, n_prompt_rows = 0;
+  scored.clear();
+  last_row.assign(sched_batch.size(), -1);
+  int32_t n_decode = 0, n_prefill_rows = 0, n_prompt_rows = 0, n_logit_rows = 0;
   for (size_t i = 0; i < sched_batch.size(); ++i) {
     Sequence* s = sched_batch[i].seq;
     const int32_t n = sched_batch[i].n_tokens, start = s->n_computed();
+    const int32_t n_tok = static_cast<int32_t>(s->tokens.size());
+    const int32_t score_from = s->wants_prompt_logits() ? static_cast<int32_t>(s->prompt_lp.size()) : s->n_prompt;
     seq_kv[i].blocks = s->blocks.table;
     seq_kv[i].n_tokens = start;
     seq_kv_ptrs[i] = &seq_kv[i];
     for (int32_t j = 0; j < n; ++j) {
       const int32_t pos = start + j;
-      batch.push_back({s->tokens[pos], pos, static_cast<int32_t>(i), pos + 1 == static_cast<int32_t>(s->tokens.size())});
+      const bool score = pos + 1 >= score_from && pos + 1 < s->n_prompt;
+      if (score) scored.push_back({s, pos + 1, n_logit_rows});
+      const bool last = pos + 1 == n_tok;
+      if (last) last_row[i] = n_logit_rows;
+      batch.push_back({s->tokens[pos], pos, static_cast<int32_t>(i), score || last});
+      n_logit_rows += score || last;
       if (pos < s->n_prompt) ++n_prompt_rows;
     }
-    if (n == 1 && start + 1 == static_cast<int32_t>(s->tokens.size()) && start >= s->n_prompt) ++n_decode;
+    if (n == 1 && start + 1 == n_tok && start >= s->n_prompt) ++n_decode;
     else n_prefill_rows += n;
   }
 
@@ -333,13 +349,10 @@ bool Engine::Impl::step() {
   // tokens do not depend on which thread draws them. Then, in batch order on
   // this thread, commit blocks and accept the tokens (events, stops, forks).
   // A 262k vocabulary makes a greedy pick ~50 us a sequence.
-  // A sequence has logits when this step computed its last token.
-  auto has_logits = [](const ScheduledSeq& ss) {
-    return ss.seq->n_computed() + ss.n_tokens == static_cast<int32_t>(ss.seq->tokens.size());
-  };
+  score_prompts();
   sampled.clear();
-  for (const ScheduledSeq& ss : sched_batch)
-    if (has_logits(ss)) sampled.push_back({ss.seq, logits.data() + sampled.size() * nv, -1, nullptr});
+  for (size_t i = 0; i < sched_batch.size(); ++i)
+    if (last_row[i] >= 0) sampled.push_back({sched_batch[i].seq, logits.data() + last_row[i] * nv, -1, nullptr});
   auto sample = [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       Sampled& x = sampled[i];
@@ -352,16 +365,49 @@ bool Engine::Impl::step() {
   };
   pool.parallel_for(static_cast<int64_t>(sampled.size()), 1, sample);  // inline for one sequence
   size_t si = 0;
-  for (const ScheduledSeq& ss : sched_batch) {
-    Sequence* s = ss.seq;
-    const bool last = has_logits(ss);  // before commit moves n_computed
-    blocks->commit(s->blocks, s->tokens, s->n_computed() + ss.n_tokens);
-    if (!last) continue;
+  for (size_t i = 0; i < sched_batch.size(); ++i) {
+    Sequence* s = sched_batch[i].seq;
+    blocks->commit(s->blocks, s->tokens, s->n_computed() + sched_batch[i].n_tokens);
+    if (last_row[i] < 0) continue;
     const Sampled& x = sampled[si++];
     if (x.error) std::rethrow_exception(x.error);
     handle_logits(s, x.logits, x.token);
   }
   return true;
+}
+
+void Engine::Impl::score_prompts() {
+  if (scored.empty()) return;
+  // Positions of one sequence come in order and continue its prompt_lp.
+  for (const Scored& x : scored) {
+    x.seq->prompt_lp.resize(x.pos + 1);
+    x.seq->prompt_top.resize(x.pos + 1);
+  }
+  const int32_t nv = model.config().n_vocab;
+  pool.parallel_for(static_cast<int64_t>(scored.size()), 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const Scored& x = scored[i];
+      Sequence& s = *x.seq;
+      s.prompt_lp[x.pos] = token_logprob(std::span<const float>(logits.data() + x.logit_row * nv, nv), s.tokens[x.pos],
+                                         s.req->params.prompt_logprobs, &s.prompt_top[x.pos]);
+    }
+  });
+}
+
+void Engine::Impl::emit_prompt(Sequence* seq) {
+  RequestEvent ev;
+  ev.prompt_logprobs = seq->prompt_lp;
+  ev.prompt_top_logprobs = seq->prompt_top;
+  emit(seq, std::move(ev));
+}
+
+void Engine::Impl::first_token(Sequence* seq, const float* lg, int32_t token) {
+  if (seq->req->params.prompt_logprobs >= 0) emit_prompt(seq);
+  if (seq->req->params.max_tokens == 0) {
+    finish(seq, "length");  // the prompt alone was asked for (echo)
+    return;
+  }
+  accept_token(seq, token, lg);
 }
 
 void Engine::Impl::update_gauges() {
@@ -432,6 +478,8 @@ uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params
   if (params.n < 1 || params.n > kMaxChoices)
     fail(ErrorKind::kInvalidArgument, "n = {} is outside [1, {}]", params.n, kMaxChoices);
   if (params.logprobs > 20) fail(ErrorKind::kInvalidArgument, "logprobs = {} is more than 20", params.logprobs);
+  if (params.prompt_logprobs > 20)
+    fail(ErrorKind::kInvalidArgument, "prompt_logprobs = {} is more than 20", params.prompt_logprobs);
   Sampler check(params.sampling);  // throws on absurd sampling parameters
 
   auto req = std::make_shared<RequestState>();
@@ -456,6 +504,10 @@ uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params
   s->arrival_order = I.next_arrival++;
   s->tokens = std::move(prompt);
   s->n_prompt = req->n_prompt;
+  if (params.prompt_logprobs >= 0) {  // nothing comes before the first token to score it
+    s->prompt_lp.push_back({s->tokens[0], std::numeric_limits<float>::quiet_NaN()});
+    s->prompt_top.emplace_back();
+  }
   s->fork_pending = params.n > 1;
   I.inbox.push_back(std::move(s));
   I.inbox_cv.notify_all();

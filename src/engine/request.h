@@ -12,12 +12,16 @@ namespace tandem {
 
 struct RequestParams {
   SamplingParams sampling;
-  int32_t max_tokens = 256;        // < 0: until the context is full
+  int32_t max_tokens = 256;        // < 0: until the context is full; 0: the prompt alone (its logprobs)
   std::vector<std::string> stop;   // stop strings (not included in the text)
   bool stop_at_eog = true;         // end at EOS / end-of-turn tokens
   int32_t priority = 0;            // higher is scheduled first
   int32_t n = 1;                   // choices; they share the prompt's KV blocks
   int32_t logprobs = -1;           // -1: none; 0: the chosen token's; k > 0: plus the top k
+  // Logprobs of the prompt's own tokens, as `logprobs` counts them (the
+  // OpenAI API's echo). Every prompt position is computed for it: no prefix
+  // cache hits for this request's prompt.
+  int32_t prompt_logprobs = -1;
 };
 
 struct TokenLogprob {
@@ -34,6 +38,10 @@ struct RequestEvent {
   std::vector<int32_t> tokens;                      // new token ids
   std::vector<TokenLogprob> logprobs;               // per new token (when asked)
   std::vector<std::vector<TokenLogprob>> top_logprobs;
+  // With prompt_logprobs, once per choice before its first token: one entry
+  // per prompt token; the first token has no logprob (NaN, no alternatives).
+  std::vector<TokenLogprob> prompt_logprobs;
+  std::vector<std::vector<TokenLogprob>> prompt_top_logprobs;
   bool finished = false;
   std::string finish_reason;                        // "stop", "length", "cancelled", "error"
   std::string error;                                // when finish_reason == "error"

@@ -97,10 +97,12 @@ bool Scheduler::swap_out(Sequence& s) {
 bool Scheduler::swap_in(Sequence& s) {
   // Blocks for every token, as an admission takes: the next one to compute
   // has its slot, so the sequence does not preempt another at its first step.
-  if (!blocks_.can_allocate(s.tokens)) return false;
+  // A prompt still being scored must compute what it has not saved.
+  const bool use_cache = !s.wants_prompt_logits();
+  if (!blocks_.can_allocate(s.tokens, use_cache)) return false;
   // Leading blocks still in the prefix cache are shared again as they are;
   // the table from the first writable block on gets the saved K/V.
-  blocks_.allocate(s.blocks, s.tokens);
+  blocks_.allocate(s.blocks, s.tokens, use_cache);
   for (int32_t i = s.n_computed() / blocks_.block_size(); i < blocks_.blocks_for(s.swapped_computed); ++i)
     swap_.load(s.blocks.table[i], s.swapped_kv.data() + size_t(i) * swap_.block_bytes);
   blocks_.commit(s.blocks, s.tokens, std::max(s.n_computed(), s.swapped_computed));
@@ -158,8 +160,10 @@ std::vector<ScheduledSeq> Scheduler::schedule(int32_t prefill_budget) {
     if (swapped) {
       if (!swap_in(*s)) break;
     } else {
-      if (!blocks_.can_allocate(s->tokens)) break;
-      blocks_.allocate(s->blocks, s->tokens);  // n_computed = prompt tokens found in the prefix cache
+      // A prompt being scored (prompt_logprobs) computes every position.
+      const bool use_cache = !s->wants_prompt_logits();
+      if (!blocks_.can_allocate(s->tokens, use_cache)) break;
+      blocks_.allocate(s->blocks, s->tokens, use_cache);  // n_computed = prompt tokens found in the prefix cache
       if (s->n_generated() == 0) s->n_cached_prompt = s->n_computed();
     }
     std::unique_ptr<Sequence> owned = std::move(next);
@@ -186,11 +190,15 @@ std::vector<ScheduledSeq> Scheduler::schedule(int32_t prefill_budget) {
       return a->n_uncomputed() < b->n_uncomputed();
     });
   std::vector<int32_t> give(prompts.size(), 0);
+  int32_t logit_rows = cfg_.max_prompt_logit_rows;
   auto grant = [&](size_t i, int32_t most) {
-    const int32_t n = std::min({prompts[i]->n_uncomputed() - give[i], cfg_.prefill_chunk - give[i], left, most});
+    const bool scored = prompts[i]->wants_prompt_logits();
+    const int32_t n = std::min({prompts[i]->n_uncomputed() - give[i], cfg_.prefill_chunk - give[i], left, most,
+                                scored ? logit_rows : INT32_MAX});
     if (n > 0) {
       give[i] += n;
       left -= n;
+      if (scored) logit_rows -= n;
     }
   };
   const size_t oi = std::find(prompts.begin(), prompts.end(), oldest) - prompts.begin();

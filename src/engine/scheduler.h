@@ -46,6 +46,9 @@ struct SchedulerConfig {
   int32_t prefill_chunk = 256;   // most prompt tokens of one sequence per step
   bool shortest_prompt_first = false;  // order prompt chunks by remaining length (latency policy)
   int32_t max_context = 4096;
+  // Prompt rows per step that may ask for logits to score the prompt
+  // (prompt_logprobs): each one is a vocabulary of floats.
+  int32_t max_prompt_logit_rows = 512;
 };
 
 struct ScheduledSeq {

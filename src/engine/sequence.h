@@ -45,6 +45,12 @@ struct Sequence {
   std::vector<std::byte> swapped_kv;
   int32_t swapped_computed = 0;
 
+  // Prompt logprobs (params.prompt_logprobs >= 0), for prompt positions
+  // [0, prompt_lp.size()); position 0 is NaN. Positions past it still want
+  // the logits of the row before them, and no prefix-cache hits.
+  std::vector<TokenLogprob> prompt_lp;
+  std::vector<std::vector<TokenLogprob>> prompt_top;
+
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<StreamDecoder> decoder;
   std::string text;                  // generated text so far
@@ -56,6 +62,10 @@ struct Sequence {
   int32_t n_computed() const { return blocks.n_computed; }
   int32_t n_uncomputed() const { return static_cast<int32_t>(tokens.size()) - blocks.n_computed; }
   int32_t priority() const { return req->params.priority; }
+  // Whether prompt positions still need their logprobs computed.
+  bool wants_prompt_logits() const {
+    return req->params.prompt_logprobs >= 0 && static_cast<int32_t>(prompt_lp.size()) < n_prompt;
+  }
 };
 
 }  // namespace tandem

@@ -60,10 +60,10 @@ int32_t BlockManager::find(BlockRef parent, std::span<const int32_t> tokens, uin
   return b;
 }
 
-BlockManager::Plan BlockManager::plan(std::span<const int32_t> tokens) const {
+BlockManager::Plan BlockManager::plan(std::span<const int32_t> tokens, bool use_cache) const {
   Plan p;
   const size_t bs = size_t(block_size_);
-  if (prefix_caching_) {
+  if (prefix_caching_ && use_cache) {
     BlockRef parent;
     for (size_t i = 0; (i + 1) * bs <= tokens.size(); ++i) {
       auto t = tokens.subspan(i * bs, bs);
@@ -90,16 +90,16 @@ BlockManager::Plan BlockManager::plan(std::span<const int32_t> tokens) const {
   return p;
 }
 
-bool BlockManager::can_allocate(std::span<const int32_t> tokens) const {
-  return !tokens.empty() && plan(tokens).need <= n_free();
+bool BlockManager::can_allocate(std::span<const int32_t> tokens, bool use_cache) const {
+  return !tokens.empty() && plan(tokens, use_cache).need <= n_free();
 }
 
-void BlockManager::allocate(SeqBlocks& s, std::span<const int32_t> tokens) {
+void BlockManager::allocate(SeqBlocks& s, std::span<const int32_t> tokens, bool use_cache) {
   if (!s.table.empty() || s.n_tokens != 0)
     fail(ErrorKind::kInvalidArgument, "allocate: the sequence already holds {} blocks ({} tokens)", s.table.size(),
          s.n_tokens);
   if (tokens.empty()) fail(ErrorKind::kInvalidArgument, "allocate: the token list is empty");
-  const Plan p = plan(tokens);
+  const Plan p = plan(tokens, use_cache);
   if (p.need > n_free())
     fail(ErrorKind::kResource, "KV cache full: {} tokens need {} more blocks, {} free", tokens.size(), p.need,
          n_free());
@@ -128,6 +128,7 @@ void BlockManager::allocate(SeqBlocks& s, std::span<const int32_t> tokens) {
     }
   }
   s.n_computed = s.n_cached_tokens;
+  if (!use_cache) return;  // not a lookup: the hit ratio leaves it out
   queried_tokens_ += tokens.size();
   hit_tokens_ += uint64_t(s.n_cached_tokens);
 }

@@ -100,10 +100,12 @@ class BlockManager {
 
   // Whether allocate(tokens) would succeed now, including the private copy a
   // fully cached prompt needs for its last token.
-  bool can_allocate(std::span<const int32_t> tokens) const;
+  // use_cache = false: no prefix-cache hits (every position is computed
+  // again; the blocks are still published as they complete).
+  bool can_allocate(std::span<const int32_t> tokens, bool use_cache = true) const;
   // `s` must be empty and `tokens` non-empty (kInvalidArgument). Throws
   // kResource, changing nothing, when the pool is short.
-  void allocate(SeqBlocks& s, std::span<const int32_t> tokens);
+  void allocate(SeqBlocks& s, std::span<const int32_t> tokens, bool use_cache = true);
 
   // Blocks that append(s, end) would take from the pool.
   int32_t append_cost(const SeqBlocks& s, int32_t end) const;
@@ -175,7 +177,7 @@ class BlockManager {
   bool is_current(BlockRef r) const {
     return r.block >= 0 && blocks_[r.block].published && blocks_[r.block].epoch == r.epoch;
   }
-  Plan plan(std::span<const int32_t> tokens) const;
+  Plan plan(std::span<const int32_t> tokens, bool use_cache) const;
 
   int32_t take_free();          // precondition: n_free() > 0
   void acquire(int32_t b);      // one more reference to a used or cached-free block

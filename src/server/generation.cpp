@@ -54,6 +54,13 @@ void Generation::next(std::vector<RequestEvent>& out, std::chrono::milliseconds 
     const RequestEvent& ev = out[i];
     if (ev.choice < 0 || ev.choice >= n_ || choice_done_[ev.choice]) continue;
     const int32_t k = ev.choice / per_prompt_;
+    if (!echo_.empty() && !echoed_[ev.choice]) {
+      echoed_[ev.choice] = true;
+      RequestEvent& e = out[i];
+      e.text.insert(0, echo_[k]);
+      e.logprobs.insert(e.logprobs.begin(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
+      e.top_logprobs.insert(e.top_logprobs.begin(), e.prompt_top_logprobs.begin(), e.prompt_top_logprobs.end());
+    }
     prompt_tokens_[k] = ev.prompt_tokens;
     cached_tokens_[k] = std::max(cached_tokens_[k], ev.cached_prompt_tokens);
     completion_tokens_[ev.choice] = ev.completion_tokens;
@@ -106,10 +113,15 @@ json Generation::wait_full(const ResponseMeta& meta, const TokenText& text, cons
 }
 
 std::shared_ptr<Generation> Generations::start(std::vector<std::vector<int32_t>> prompts,
-                                               const RequestParams& params) {
+                                               const RequestParams& params, std::vector<std::string> echo) {
   auto q = std::make_shared<EventQueue>();
   // Made first: if a later prompt is refused, dropping it cancels the earlier ones.
   auto g = std::make_shared<Generation>(*this, static_cast<int32_t>(prompts.size()), params.n, q);
+  if (!echo.empty()) {
+    if (echo.size() != prompts.size()) throw ApiError(500, "echo texts do not match the prompts", "server_error");
+    g->echo_ = std::move(echo);
+    g->echoed_.assign(g->n_, false);
+  }
   for (size_t k = 0; k < prompts.size(); ++k) {
     const int32_t base = static_cast<int32_t>(k) * params.n;
     uint64_t id = 0;

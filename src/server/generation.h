@@ -57,7 +57,8 @@ class Generation {
 
   int32_t n() const { return n_; }  // choices in all
   // Next events (see EventQueue::wait), each already counted in usage().
-  // Events naming a choice outside [0, n) are dropped.
+  // Events naming a choice outside [0, n) are dropped. With echo, a choice's
+  // first event starts with its prompt's text and the prompt's logprobs.
   void next(std::vector<RequestEvent>& out, std::chrono::milliseconds timeout);
   bool finished() const { return finished_choices_ == n_; }
   const Usage& usage() const { return usage_; }
@@ -77,6 +78,8 @@ class Generation {
   std::vector<int32_t> prompt_tokens_, cached_tokens_;  // per prompt
   std::vector<int32_t> completion_tokens_;
   std::vector<bool> choice_done_;
+  std::vector<std::string> echo_;  // per prompt; empty: no echo
+  std::vector<bool> echoed_;       // per choice
   int32_t finished_choices_ = 0;
   Usage usage_;
   bool cancelled_ = false;
@@ -89,7 +92,9 @@ class Generations {
   // Submits one engine request per prompt. Throws ApiError: 429 when the
   // engine's wait queue is full, 400 for what the engine refuses as invalid;
   // the prompts submitted before the one refused are cancelled then.
-  std::shared_ptr<Generation> start(std::vector<std::vector<int32_t>> prompts, const RequestParams& params);
+  // echo: per prompt, the text that leads each of its choices (empty: none).
+  std::shared_ptr<Generation> start(std::vector<std::vector<int32_t>> prompts, const RequestParams& params,
+                                    std::vector<std::string> echo = {});
   void cancel_all();
   // True when none is left within `timeout`.
   bool wait_idle(std::chrono::milliseconds timeout);

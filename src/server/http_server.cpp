@@ -192,7 +192,11 @@ struct Server::Impl {
       meta.created = static_cast<int64_t>(std::time(nullptr));
       meta.logprobs = r.params.logprobs >= 0;
       meta.include_usage = r.include_usage;
-      auto gen = generations.start(std::move(prompts), r.params);  // throws ApiError (429, 400)
+      std::vector<std::string> echo;
+      if (r.echo)
+        for (size_t k = 0; k < r.prompts.size(); ++k)
+          echo.push_back(r.prompts[k].is_tokens ? model.tokenizer().decode(prompts[k]) : r.prompts[k].text);
+      auto gen = generations.start(std::move(prompts), r.params, std::move(echo));  // throws ApiError (429, 400)
       const TokenText text = [this](int32_t id) { return model.tokenizer().token_to_piece(id, true); };
       if (!r.stream) {
         json body = gen->wait_full(meta, text, stopping);  // throws ApiError (500, 503)

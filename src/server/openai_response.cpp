@@ -1,5 +1,7 @@
 #include "server/openai_response.h"
 
+#include <cmath>
+
 namespace tandem::server {
 
 using nlohmann::json;
@@ -30,9 +32,14 @@ json completion_logprobs_json(const std::vector<TokenLogprob>& lp, const std::ve
   for (size_t i = 0; i < lp.size(); ++i) {
     const std::string piece = text(lp[i].token);
     tokens.push_back(piece);
-    values.push_back(lp[i].logprob);
     offsets.push_back(offset);
     offset += piece.size();
+    if (std::isnan(lp[i].logprob)) {  // an echoed prompt's first token: nothing predicts it
+      values.push_back(nullptr);
+      if (i < top.size()) tops.push_back(nullptr);
+      continue;
+    }
+    values.push_back(lp[i].logprob);
     if (i < top.size()) {
       json alts = json::object();
       for (const TokenLogprob& a : top[i]) alts[text(a.token)] = a.logprob;

@@ -240,7 +240,12 @@ ApiRequest parse_request_json(Endpoint ep, const json& j, const ParseLimits& lim
   p.max_tokens = chat ? -1 : 16;
 
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
-  if (auto v = get_int(j, "max_tokens", 1, kMaxInt)) p.max_tokens = static_cast<int32_t>(*v);
+  // echo (completions): the prompt leads each choice's text; with max_tokens
+  // 0 it is all of it, which is how a prompt is scored (its logprobs).
+  if (!chat) r.echo = get_bool(j, "echo").value_or(false);
+  if (const json* v = field(j, "max_tokens"); v && !r.echo && v->is_number_integer() && v->get<int64_t>() == 0)
+    throw_invalid("max_tokens", "'max_tokens' must be at least 1 ('max_tokens': 0 needs 'echo': true)");
+  if (auto v = get_int(j, "max_tokens", r.echo ? 0 : 1, kMaxInt)) p.max_tokens = static_cast<int32_t>(*v);
   if (auto v = get_int(j, "max_completion_tokens", 1, kMaxInt)) p.max_tokens = static_cast<int32_t>(*v);
   if (auto v = get_number(j, "temperature", {0, 2})) s.temperature = static_cast<float>(*v);
   if (auto v = get_number(j, "top_p", {0, 1, true})) s.top_p = static_cast<float>(*v);
@@ -270,6 +275,7 @@ ApiRequest parse_request_json(Endpoint ep, const json& j, const ParseLimits& lim
     p.logprobs = lp ? static_cast<int32_t>(top.value_or(0)) : -1;
   } else {
     if (auto v = get_int(j, "logprobs", 0, lim.max_logprobs)) p.logprobs = static_cast<int32_t>(*v);
+    if (r.echo) p.prompt_logprobs = p.logprobs;
   }
 
   r.stream = get_bool(j, "stream").value_or(false);
@@ -283,7 +289,7 @@ ApiRequest parse_request_json(Endpoint ep, const json& j, const ParseLimits& lim
   // something else than what was asked.
   if (auto v = get_int(j, "best_of", 1, lim.max_n); v && *v != p.n)
     throw_invalid("best_of", "'best_of' other than 'n' is not supported");
-  reject_if_present(j, "echo", "the prompt is not echoed");
+  if (chat) reject_if_present(j, "echo", "chat does not echo its messages");
   reject_if_present(j, "suffix", "no insertion mode");
   reject_if_present(j, "logit_bias", "no logit bias");
   reject_if_present(j, "tools", "no tool calling");

@@ -76,11 +76,12 @@ struct ApiRequest {
   RequestParams params;                 // params.logprobs: -1 none, else top-k count
   bool stream = false;
   bool include_usage = false;           // stream_options.include_usage
+  bool echo = false;                    // completions: each choice's text starts with its prompt
 };
 
 // Throws ApiError(400) for malformed JSON, a body that is not an object,
 // missing required fields, wrong types, values out of range, and features that
-// are recognised but not implemented (echo, suffix, logit_bias, tools). Unknown fields are ignored.
+// are recognised but not implemented (suffix, logit_bias, tools; echo for chat). Unknown fields are ignored.
 ApiRequest parse_request(Endpoint ep, std::string_view body, const ParseLimits& lim = {});
 ApiRequest parse_request_json(Endpoint ep, const nlohmann::json& body, const ParseLimits& lim = {});
 
