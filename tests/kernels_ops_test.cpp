@@ -3,6 +3,7 @@
 // GELU table (the +-10 clamps, f16 overflow, infinities, signed zeros).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
@@ -141,6 +142,32 @@ TEST(KernelsOps, GatedSiluWithinUlpsOfScalarAtEveryLevel) {
     std::vector<float> g(16, std::numeric_limits<float>::quiet_NaN()), u(16, 1.0f);
     gated_activation_at(level, Activation::kSilu, g.data(), u.data(), 16);
     for (float v : g) EXPECT_TRUE(std::isnan(v)) << kernel_level_name(level);
+  }
+}
+
+// log(sum e^x) at every level against a double-precision sum, on odd sizes,
+// logits-like spreads, a -inf entry (a masked token) and one dominant value.
+TEST(KernelsOps, LogSumExpMatchesDoubleAtEveryLevel) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  for (int64_t n : {1, 2, 7, 15, 16, 17, 33, 1001, 32000 + 3, 262144 + 5}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      std::vector<float> x(n);
+      for (float& v : x) v = normal(rng) + (variant == 1 ? 60.0f : 0.0f);
+      if (variant == 2) {
+        x[n / 2] = 300.0f;  // everything else is e^-300-ish next to it
+        if (n > 1) x[0] = -std::numeric_limits<float>::infinity();
+      }
+      long double sum = 0, mx = *std::max_element(x.begin(), x.end());
+      for (float v : x) sum += std::exp(static_cast<long double>(v) - mx);
+      const double want = static_cast<double>(mx + std::log(sum));
+      for (KernelLevel level : kAllKernelLevels) {
+        if (!cpu_supports_level(level)) continue;
+        const float got = log_sum_exp_at(level, x.data(), n);
+        EXPECT_NEAR(got, want, 2e-6 * std::max(1.0, std::abs(want)))
+            << kernel_level_name(level) << " n=" << n << " variant " << variant;
+      }
+    }
   }
 }
 

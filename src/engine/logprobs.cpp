@@ -1,16 +1,14 @@
 #include "engine/logprobs.h"
 
 #include <algorithm>
-#include <cmath>
+
+#include "kernels/ops.h"
 
 namespace tandem {
 
 TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int32_t top_k,
                            std::vector<TokenLogprob>* top) {
-  const float mx = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l - mx));
-  const float lse = mx + static_cast<float>(std::log(sum));
+  const float lse = log_sum_exp(logits.data(), static_cast<int64_t>(logits.size()));
   if (top) top->clear();
   if (top && top_k > 0) {
     // A sorted window of the best k seen so far: most tokens fail the test

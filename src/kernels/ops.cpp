@@ -1,5 +1,6 @@
 #include "kernels/ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -73,6 +74,77 @@ double sum_squares(KernelLevel level, const float* x, int64_t n) {
 }
 
 }  // namespace
+
+namespace {
+
+float log_sum_exp_scalar(const float* x, int64_t n) {
+  float mx = x[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i] - mx));
+  return mx + static_cast<float>(std::log(sum));
+}
+
+#if defined(__x86_64__)
+// A 262k vocabulary through libm's exp is ~1 ms a row; a prompt scored
+// (echo) runs it for every position.
+__attribute__((target("avx512f"))) float log_sum_exp_avx512(const float* x, int64_t n) {
+  __m512 m = _mm512_set1_ps(x[0]);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
+  float mx = _mm512_reduce_max_ps(m);
+  for (; i < n; ++i) mx = std::max(mx, x[i]);
+  const __m512 vmx = _mm512_set1_ps(mx);
+  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __m512 e = simd::exp_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmx));
+    a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+  }
+  double sum = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+  for (; i < n; ++i) sum += std::exp(static_cast<double>(x[i] - mx));
+  return mx + static_cast<float>(std::log(sum));
+}
+
+__attribute__((target("avx2,fma"))) float log_sum_exp_avx2(const float* x, int64_t n) {
+  __m256 m = _mm256_set1_ps(x[0]);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float mx = lanes[0];
+  for (float v : lanes) mx = std::max(mx, v);
+  for (; i < n; ++i) mx = std::max(mx, x[i]);
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256 e = simd::exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx));
+    a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  alignas(32) double d[4];
+  _mm256_store_pd(d, _mm256_add_pd(a0, a1));
+  double sum = (d[0] + d[2]) + (d[1] + d[3]);
+  for (; i < n; ++i) sum += std::exp(static_cast<double>(x[i] - mx));
+  return mx + static_cast<float>(std::log(sum));
+}
+#endif
+
+}  // namespace
+
+float log_sum_exp_at(KernelLevel level, const float* x, int64_t n) {
+#if defined(__x86_64__)
+  if (level >= KernelLevel::kAvx512) return log_sum_exp_avx512(x, n);
+  if (level >= KernelLevel::kAvx2) return log_sum_exp_avx2(x, n);
+#endif
+  (void)level;
+  return log_sum_exp_scalar(x, n);
+}
+
+float log_sum_exp(const float* x, int64_t n) {
+  static const KernelLevel level = active_kernel_level();
+  return log_sum_exp_at(level, x, n);
+}
 
 void rms_norm_at(KernelLevel level, const float* x, const float* w, int64_t n, float eps, float* out) {
   const double sum = sum_squares(level, x, n);

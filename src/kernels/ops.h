@@ -40,6 +40,13 @@ void rope_apply(const RopeParams& p, const float* cos_v, const float* sin_v, flo
 void gated_activation(Activation act, float* gate, const float* up, int64_t n);
 void gated_activation_at(KernelLevel level, Activation act, float* gate, const float* up, int64_t n);
 
+// log(sum_i e^x[i]) over n >= 1 floats: the normalizer of a log-softmax
+// (logprobs over a vocabulary). The scalar level sums e^(x - max) in double
+// with libm; the SIMD levels use the softmax's e^x on floats, summed in
+// double lanes (relative difference ~1e-7).
+float log_sum_exp(const float* x, int64_t n);
+float log_sum_exp_at(KernelLevel level, const float* x, int64_t n);
+
 float gelu_tanh(float x);  // llama.cpp-equivalent (f16-table) GELU
 float silu(float x);
 
