@@ -363,6 +363,47 @@ TEST(SamplerTest, PenaltiesApplyBeforeTopK) {
   EXPECT_EQ(s.sample(std::vector<float>{1.0f, 0.9f, 0.1f}, std::vector<int32_t>{0}), 1);
 }
 
+// logit_bias (OpenAI's): added before the penalties, in any order of ids,
+// sampled or greedy, on a vocabulary large enough for the heap path.
+TEST(SamplerTest, LogitBiasComesFirst) {
+  SamplingParams p = plain(0.0f);
+  p.logit_bias = {{1, 0.2001f}};
+  EXPECT_EQ(greedy_pick({1.0f, 0.8f}, {}, p), 1);
+  p.logit_bias = {{1, 0.1999f}};
+  EXPECT_EQ(greedy_pick({1.0f, 0.8f}, {}, p), 0);
+  // -100 on the best token hands it to the second; ids given out of order.
+  p.logit_bias = {{2, 0.5f}, {0, -100.0f}};
+  EXPECT_EQ(greedy_pick({1.0f, 0.8f, 0.1f}, {}, p), 1);
+  // Then the repeat penalty, on the biased logit: (0.6 + 0.6) / 2 = 0.6 < 0.7.
+  p = plain(0.0f);
+  p.repeat_penalty = 2.0f;
+  p.logit_bias = {{0, 0.6f}};
+  EXPECT_EQ(greedy_pick({0.6f, 0.7f}, {0}, p), 1);
+  EXPECT_EQ(greedy_pick({0.6f, 0.5f}, {0}, p), 0);
+  // Sampled: +100 leaves no other choice; top-k sees the biased logits.
+  std::vector<float> big(5001, 0.0f);
+  big[17] = 5.0f;
+  SamplingParams t = plain(1.0f);
+  t.top_k = 3;
+  t.seed = 3;
+  t.logit_bias = {{4000, 100.0f}};
+  Sampler s(t);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(big, {}), 4000);
+  // Bad entries are refused by name.
+  SamplingParams bad = plain(0.0f);
+  bad.logit_bias = {{3, 1.0f}, {3, 2.0f}};
+  EXPECT_THROW(Sampler{bad}, Error);
+  bad.logit_bias = {{-1, 1.0f}};
+  EXPECT_THROW(Sampler{bad}, Error);
+  bad.logit_bias = {{1, std::numeric_limits<float>::infinity()}};
+  EXPECT_THROW(Sampler{bad}, Error);
+  SamplingParams far = plain(0.0f);
+  far.logit_bias = {{9, 1.0f}};
+  Sampler fs(far);
+  const std::vector<float> two = {1.0f, 2.0f};
+  EXPECT_THROW(fs.sample(two, {}), Error);
+}
+
 TEST(SamplerTest, NaNAndMinusInfAreNeverPicked) {
   const std::vector<float> logits = {kNaN, -kInf, 0.0f, kNaN, 0.0f, -kInf};
   EXPECT_EQ(greedy_pick(logits, {}, plain(0.0f)), 2);

@@ -202,7 +202,14 @@ TEST(ServerSchema, BadRequestsAre400NamingTheField) {
       {C, R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options", "only allowed"},
       {C, R"({"prompt": "x", "stream": true, "stream_options": 1})", "stream_options", "must be an object"},
       {C, R"({"prompt": "x", "suffix": "end"})", "suffix", "not supported"},
-      {C, R"({"prompt": "x", "logit_bias": {"50256": -100}})", "logit_bias", "not supported"},
+      {C, R"({"prompt": "x", "logit_bias": [1, 2]})", "logit_bias", "must be an object"},
+      {C, R"({"prompt": "x", "logit_bias": {"abc": 1}})", "logit_bias", "keys must be token ids"},
+      {C, R"({"prompt": "x", "logit_bias": {"-3": 1}})", "logit_bias", "keys must be token ids"},
+      {C, R"({"prompt": "x", "logit_bias": {"12x": 1}})", "logit_bias", "keys must be token ids"},
+      {C, R"({"prompt": "x", "logit_bias": {"5": 101}})", "logit_bias", "in [-100, 100]"},
+      {C, R"({"prompt": "x", "logit_bias": {"5": "1"}})", "logit_bias", "in [-100, 100]"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "logit_bias": {"5": -101}})", "logit_bias",
+       "in [-100, 100]"},
       {C, R"({"prompt": "x", "best_of": 3})", "best_of", "not supported"},
       {H, R"({})", "messages", "missing required field 'messages'"},
       {H, R"({"messages": []})", "messages", "empty"},
@@ -248,6 +255,11 @@ TEST(ServerSchema, AcceptedEdgeValues) {
   EXPECT_EQ(e.params.prompt_logprobs, 2);
   EXPECT_EQ(completion(R"({"prompt": "x", "echo": true})").params.prompt_logprobs, -1);
   EXPECT_EQ(completion(R"({"prompt": "x", "logprobs": 2})").params.prompt_logprobs, -1);
+  const auto bias = chat(R"({"messages": [{"role": "user", "content": "a"}], "logit_bias": {"7": -100, "3": 2.5}})")
+                        .params.sampling.logit_bias;
+  ASSERT_EQ(bias.size(), 2u);
+  EXPECT_EQ(bias[0], (std::pair<int32_t, float>{3, 2.5f}));  // nlohmann orders the keys
+  EXPECT_EQ(bias[1], (std::pair<int32_t, float>{7, -100.0f}));
   EXPECT_TRUE(chat(R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "text"}})")
                   .messages.size() == 1);
 }

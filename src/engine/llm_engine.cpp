@@ -480,6 +480,9 @@ uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params
   if (params.logprobs > 20) fail(ErrorKind::kInvalidArgument, "logprobs = {} is more than 20", params.logprobs);
   if (params.prompt_logprobs > 20)
     fail(ErrorKind::kInvalidArgument, "prompt_logprobs = {} is more than 20", params.prompt_logprobs);
+  for (const auto& [id, bias] : params.sampling.logit_bias)
+    if (id < 0 || id >= nv)
+      fail(ErrorKind::kInvalidArgument, "logit_bias token id {} is outside the vocabulary (0..{})", id, nv - 1);
   Sampler check(params.sampling);  // throws on absurd sampling parameters
 
   auto req = std::make_shared<RequestState>();

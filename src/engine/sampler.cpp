@@ -52,16 +52,25 @@ std::mt19937 make_rng(uint64_t seed) {
   return std::mt19937(seq);
 }
 
-// The penalized logits of the tokens in the penalty window, sorted by id.
-std::vector<Penalized> penalize(const SamplingParams& p, std::span<const float> logits,
-                                std::span<const int32_t> history) {
+// The logits that bias and penalties change (biased tokens and those in the
+// penalty window), sorted by id. `bias` is sorted by id.
+std::vector<Penalized> penalize(const SamplingParams& p, std::span<const std::pair<int32_t, float>> bias,
+                                std::span<const float> logits, std::span<const int32_t> history) {
   std::vector<Penalized> out;
+  for (const auto& [id, b] : bias) {
+    if (static_cast<size_t>(id) >= logits.size())
+      fail(ErrorKind::kInvalidArgument, "sampling: logit_bias token {} is outside the vocabulary of {} tokens", id,
+           logits.size());
+    out.push_back({id, clean(clean(logits[static_cast<size_t>(id)]) + b)});
+  }
   const bool active = p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
   if (!active || p.repeat_last_n == 0 || history.empty()) return out;
   size_t window = history.size();
   if (p.repeat_last_n > 0) window = std::min(window, static_cast<size_t>(p.repeat_last_n));
   std::vector<int32_t> ids(history.end() - static_cast<std::ptrdiff_t>(window), history.end());
   std::sort(ids.begin(), ids.end());
+  const size_t n_biased = out.size();
+  size_t bi = 0;  // walks the biased entries alongside
   for (size_t i = 0; i < ids.size();) {
     const int32_t id = ids[i];
     if (id < 0 || static_cast<size_t>(id) >= logits.size()) {
@@ -71,13 +80,17 @@ std::vector<Penalized> penalize(const SamplingParams& p, std::span<const float> 
     size_t j = i;
     while (j < ids.size() && ids[j] == id) ++j;
     const float count = static_cast<float>(j - i);
-    float l = clean(logits[static_cast<size_t>(id)]);
+    while (bi < n_biased && out[bi].id < id) ++bi;
+    const bool biased = bi < n_biased && out[bi].id == id;
+    float l = biased ? out[bi].logit : clean(logits[static_cast<size_t>(id)]);
     // llama.cpp's rule: dividing a negative logit would raise it, so those are multiplied.
     l = l <= 0.0f ? l * p.repeat_penalty : l / p.repeat_penalty;
     l -= count * p.frequency_penalty + p.presence_penalty;
-    out.push_back({id, clean(l)});
+    if (biased) out[bi].logit = clean(l);
+    else out.push_back({id, clean(l)});
     i = j;
   }
+  std::sort(out.begin(), out.end(), [](const Penalized& a, const Penalized& b) { return a.id < b.id; });
   return out;
 }
 
@@ -281,6 +294,14 @@ Sampler::Sampler(const SamplingParams& p) : p_(p) {
   }
   require_finite(p.frequency_penalty, "frequency_penalty");
   require_finite(p.presence_penalty, "presence_penalty");
+  std::sort(p_.logit_bias.begin(), p_.logit_bias.end());
+  for (size_t i = 0; i < p_.logit_bias.size(); ++i) {
+    const auto [id, b] = p_.logit_bias[i];
+    if (id < 0) fail(ErrorKind::kInvalidArgument, "sampling: logit_bias token {} is negative", id);
+    if (i > 0 && p_.logit_bias[i - 1].first == id)
+      fail(ErrorKind::kInvalidArgument, "sampling: logit_bias names token {} twice", id);
+    require_finite(b, "a logit_bias value");
+  }
   rng_ = make_rng(p.seed);
 }
 
@@ -290,7 +311,7 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   if (n > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     fail(ErrorKind::kInvalidArgument, "sampling: {} logits exceed the token id range", n);
   }
-  const std::vector<Penalized> pen = penalize(p_, logits, history);
+  const std::vector<Penalized> pen = penalize(p_, p_.logit_bias, logits, history);
 
   // A temperature so small that 1/T overflows is greedy in all but name.
   const bool greedy = p_.temperature <= 0.0f || !std::isfinite(1.0f / p_.temperature);

@@ -1,5 +1,5 @@
 // Picks the next token from logits. The chain follows llama.cpp's order:
-// penalties -> top-k -> top-p -> min-p -> temperature -> draw. temperature <= 0
+// logit bias -> penalties -> top-k -> top-p -> min-p -> temperature -> draw. temperature <= 0
 // (negative included, as in llama.cpp) is greedy: argmax of the penalized
 // logits, lowest id on ties, the other filters ignored. Seeded: same seed, same
 // logits, same picks. NaN logits count as -inf; -inf tokens are never picked.
@@ -24,6 +24,9 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;  // OpenAI-style, subtracts count * f
   float presence_penalty = 0.0f;   // subtracts p once for any token seen
   uint64_t seed = 0xFFFFFFFF;      // 0xFFFFFFFF: random seed; all 64 bits count
+  // Added to these tokens' logits before anything else (OpenAI's logit_bias);
+  // any order, each id once.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 class Sampler {

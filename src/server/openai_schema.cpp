@@ -1,5 +1,6 @@
 #include "server/openai_schema.h"
 
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -105,6 +106,27 @@ void reject_if_present(const json& obj, const char* key, const char* why) {
   const bool empty = (v->is_string() && v->get<std::string>().empty()) || (v->is_boolean() && !v->get<bool>()) ||
                      ((v->is_object() || v->is_array()) && v->empty());
   if (!empty) throw_invalid(key, fmt::format("'{}' is not supported: {}", key, why));
+}
+
+// {"token id": bias, ...}, bias in [-100, 100] as OpenAI takes it. Whether
+// an id is inside the vocabulary is the engine's check.
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v, const ParseLimits& lim) {
+  if (!v.is_object()) wrong_type("logit_bias", "an object of token ids to numbers", v);
+  if (v.size() > static_cast<size_t>(lim.max_logit_bias))
+    throw_invalid("logit_bias", fmt::format("'logit_bias' has {} entries; at most {} are allowed", v.size(),
+                                            lim.max_logit_bias));
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [key, val] : v.items()) {
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || key.empty() || id < 0 || id > INT32_MAX)
+      throw_invalid("logit_bias", fmt::format("'logit_bias' keys must be token ids, got '{}'", key));
+    if (!val.is_number() || !(val.get<double>() >= -100.0 && val.get<double>() <= 100.0))
+      throw_invalid("logit_bias", fmt::format("'logit_bias' values must be numbers in [-100, 100], got {} for token {}",
+                                              val.dump(), key));
+    out.emplace_back(static_cast<int32_t>(id), static_cast<float>(val.get<double>()));
+  }
+  return out;
 }
 
 std::vector<std::string> parse_stop(const json& obj, const ParseLimits& lim) {
@@ -267,6 +289,7 @@ ApiRequest parse_request_json(Endpoint ep, const json& j, const ParseLimits& lim
   if (auto v = get_int(j, "priority", -1000000, 1000000)) p.priority = static_cast<int32_t>(*v);
   if (auto v = get_bool(j, "ignore_eos")) p.stop_at_eog = !*v;
   p.stop = parse_stop(j, lim);
+  if (const json* lb = field(j, "logit_bias")) s.logit_bias = parse_logit_bias(*lb, lim);
 
   if (chat) {
     const bool lp = get_bool(j, "logprobs").value_or(false);
@@ -291,7 +314,6 @@ ApiRequest parse_request_json(Endpoint ep, const json& j, const ParseLimits& lim
     throw_invalid("best_of", "'best_of' other than 'n' is not supported");
   if (chat) reject_if_present(j, "echo", "chat does not echo its messages");
   reject_if_present(j, "suffix", "no insertion mode");
-  reject_if_present(j, "logit_bias", "no logit bias");
   reject_if_present(j, "tools", "no tool calling");
   reject_if_present(j, "functions", "no function calling");
   if (const json* rf = field(j, "response_format")) {

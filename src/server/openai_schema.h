@@ -55,6 +55,7 @@ struct ParseLimits {
   int32_t max_choices = 64;    // prompts x n
   int32_t max_logprobs = 20;   // top alternatives per token
   int32_t max_stop = 16;       // stop strings
+  int32_t max_logit_bias = 1024;  // logit_bias entries
 };
 
 // A completions prompt: text, or token ids when is_tokens.
@@ -81,7 +82,7 @@ struct ApiRequest {
 
 // Throws ApiError(400) for malformed JSON, a body that is not an object,
 // missing required fields, wrong types, values out of range, and features that
-// are recognised but not implemented (suffix, logit_bias, tools; echo for chat). Unknown fields are ignored.
+// are recognised but not implemented (suffix, tools; echo for chat). Unknown fields are ignored.
 ApiRequest parse_request(Endpoint ep, std::string_view body, const ParseLimits& lim = {});
 ApiRequest parse_request_json(Endpoint ep, const nlohmann::json& body, const ParseLimits& lim = {});
 

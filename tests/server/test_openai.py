@@ -254,6 +254,25 @@ def test_echo_scores_the_prompt(stories):
                                   extra_body={"echo": True})
 
 
+def test_logit_bias(stories):
+    c = stories.client()
+    kw = dict(model="stories260K", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=1,
+              extra_body={"ignore_eos": True})
+    plain = c.completions.create(**kw).choices[0]
+    # +100 on one token: greedy picks it every time (logprobs stay the model's own).
+    the = tokenize("the")[-1]  # " the" (SentencePiece adds the space)
+    forced = c.completions.create(logit_bias={str(the): 100}, **kw).choices[0]
+    assert forced.text == " the" * 6
+    assert all(v < 0 for v in forced.logprobs.token_logprobs)
+    # -100 on the token greedy chose first: the second best comes instead.
+    first = plain.logprobs.tokens[0]
+    banned = c.completions.create(logit_bias={str(tokenize(first)[-1]): -100}, **kw).choices[0]
+    assert banned.logprobs.tokens[0] != first
+    # Ids outside the vocabulary are a 400.
+    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+        c.completions.create(logit_bias={"999999": 1}, **kw)
+
+
 def test_sixteen_concurrent_streams(stories):
     c = stories.client()
 
