@@ -284,3 +284,26 @@ TEST(ServerSchema, DumpJsonReplacesInvalidUtf8) {
 
 }  // namespace
 }  // namespace tandem::server
+
+namespace tandem::server {
+namespace {
+
+TEST(ServerSchema, TokenizeAndDetokenizeForms) {
+  TokenizeRequest v = parse_tokenize(R"({"model": "m", "prompt": "hi"})");  // vLLM: special tokens by default
+  EXPECT_EQ(v.model, "m");
+  EXPECT_EQ(v.text, "hi");
+  EXPECT_TRUE(v.add_special);
+  EXPECT_FALSE(parse_tokenize(R"({"prompt": "hi", "add_special_tokens": false})").add_special);
+  TokenizeRequest l = parse_tokenize(R"({"content": "yo"})");  // llama.cpp: none by default
+  EXPECT_EQ(l.text, "yo");
+  EXPECT_FALSE(l.add_special);
+  EXPECT_TRUE(parse_tokenize(R"({"content": "yo", "add_special": true})").add_special);
+  EXPECT_EQ(parse_detokenize(R"({"tokens": [1, 2, 3]})").tokens, (std::vector<int32_t>{1, 2, 3}));
+  for (const char* bad : {R"({})", R"({"prompt": 1})", R"({"content": null})", R"([1])", R"({"prompt": "x", "add_special_tokens": 1})"})
+    EXPECT_THROW(parse_tokenize(bad), ApiError) << bad;
+  for (const char* bad : {R"({})", R"({"tokens": 1})", R"({"tokens": [1.5]})", R"({"tokens": [-2]})", R"({"tokens": [4294967296]})", "nope"})
+    EXPECT_THROW(parse_detokenize(bad), ApiError) << bad;
+}
+
+}  // namespace
+}  // namespace tandem::server

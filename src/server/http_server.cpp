@@ -225,6 +225,36 @@ struct Server::Impl {
     }
   }
 
+  // /tokenize and /detokenize, answered in both vLLM's and llama.cpp's keys.
+  void handle_tokens(bool encode, const httplib::Request& req, httplib::Response& res,
+                     const httplib::ContentReader& reader) {
+    const std::optional<std::string> body = read_body(req, res, reader);
+    if (!body) return;
+    const Tokenizer& tok = model.tokenizer();
+    try {
+      json out;
+      if (encode) {
+        const TokenizeRequest r = parse_tokenize(*body);
+        check_model(r.model);
+        const std::vector<int32_t> ids = tok.encode(r.text, r.add_special, true);
+        out = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", max_context}};
+      } else {
+        const DetokenizeRequest r = parse_detokenize(*body);
+        check_model(r.model);
+        for (int32_t id : r.tokens)
+          if (id >= tok.n_vocab())
+            throw_invalid("tokens", fmt::format("token id {} is outside the vocabulary (size {})", id, tok.n_vocab()));
+        const std::string text = tok.decode(r.tokens);
+        out = {{"prompt", text}, {"content", text}};
+      }
+      res.set_content(dump_json(out), "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    } catch (const Error& e) {
+      send_error(res, ApiError(400, e.what(), "invalid_request_error"));
+    }
+  }
+
   void routes() {
     // Responses are small and streams must reach the client event by event,
     // so nothing is compressed (httplib would buffer a gzip stream).
@@ -274,15 +304,24 @@ struct Server::Impl {
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(render_prometheus(engine.metrics()), "text/plain; version=0.0.4; charset=utf-8");
     });
+    const auto post_only = [this](const char* path) {
+      http.Get(path, [](const httplib::Request& req, httplib::Response& res) {
+        send_error(res, ApiError(405, fmt::format("{} takes POST, not GET", req.path), "invalid_request_error"));
+        res.set_header("Allow", "POST");
+      });
+    };
+    for (const auto& [path, encode] : {std::pair{"/tokenize", true}, std::pair{"/detokenize", false}}) {
+      const bool enc = encode;
+      http.Post(path, [this, enc](const httplib::Request& req, httplib::Response& res,
+                                  const httplib::ContentReader& reader) { handle_tokens(enc, req, res, reader); });
+      post_only(path);
+    }
     for (const auto& [path, ep] : {std::pair{"/v1/completions", Endpoint::kCompletions},
                                    std::pair{"/v1/chat/completions", Endpoint::kChat}}) {
       const Endpoint e = ep;
       http.Post(path, [this, e](const httplib::Request& req, httplib::Response& res,
                                 const httplib::ContentReader& reader) { handle_generate(e, req, res, reader); });
-      http.Get(path, [](const httplib::Request& req, httplib::Response& res) {
-        send_error(res, ApiError(405, fmt::format("{} takes POST, not GET", req.path), "invalid_request_error"));
-        res.set_header("Allow", "POST");
-      });
+      post_only(path);
     }
   }
 

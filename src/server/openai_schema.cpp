@@ -144,11 +144,12 @@ std::vector<std::string> parse_stop(const json& obj, const ParseLimits& lim) {
   return out;
 }
 
-int32_t checked_token(const json& t) {
-  if (!t.is_number_integer()) throw_invalid("prompt", fmt::format("token ids in 'prompt' must be integers, got {}", type_name(t)));
+int32_t checked_token(const json& t, const char* param = "prompt") {
+  if (!t.is_number_integer())
+    throw_invalid(param, fmt::format("token ids in '{}' must be integers, got {}", param, type_name(t)));
   if (t.is_number_unsigned() ? t.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())
                              : (t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()))
-    throw_invalid("prompt", fmt::format("token id {} in 'prompt' is out of range", t.dump()));
+    throw_invalid(param, fmt::format("token id {} in '{}' is out of range", t.dump(), param));
   return static_cast<int32_t>(t.get<int64_t>());
 }
 
@@ -233,10 +234,53 @@ void parse_messages(const json& obj, ApiRequest& r) {
 
 }  // namespace
 
+namespace {
+
+json parse_object(std::string_view body) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw_invalid("", "the request body is not valid JSON");
+  if (!j.is_object()) throw_invalid("", fmt::format("the request body must be a JSON object, got {}", type_name(j)));
+  return j;
+}
+
+std::string model_field(const json& j) {
+  const json* m = field(j, "model");
+  if (!m) return {};
+  if (!m->is_string()) wrong_type("model", "a string", *m);
+  return m->get<std::string>();
+}
+
+}  // namespace
+
 ApiRequest parse_request(Endpoint ep, std::string_view body, const ParseLimits& lim) {
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw_invalid("", "the request body is not valid JSON");
   return parse_request_json(ep, j, lim);
+}
+
+TokenizeRequest parse_tokenize(std::string_view body) {
+  const json j = parse_object(body);
+  TokenizeRequest r;
+  r.model = model_field(j);
+  // vLLM: "prompt", "add_special_tokens" (default true); llama.cpp: "content", "add_special" (default false).
+  const bool vllm = field(j, "prompt") != nullptr;
+  const char* key = vllm ? "prompt" : "content";
+  auto text = get_string(j, key);
+  if (!text) throw_invalid("prompt", "missing required field 'prompt' (or llama.cpp's 'content')");
+  r.text = std::move(*text);
+  r.add_special = get_bool(j, vllm ? "add_special_tokens" : "add_special").value_or(vllm);
+  return r;
+}
+
+DetokenizeRequest parse_detokenize(std::string_view body) {
+  const json j = parse_object(body);
+  DetokenizeRequest r;
+  r.model = model_field(j);
+  const json* t = field(j, "tokens");
+  if (!t) throw_invalid("tokens", "missing required field 'tokens'");
+  if (!t->is_array()) wrong_type("tokens", "an array of token ids", *t);
+  for (const json& id : *t) r.tokens.push_back(checked_token(id, "tokens"));
+  return r;
 }
 
 ApiRequest parse_request_json(Endpoint ep, const json& j, const ParseLimits& lim) {

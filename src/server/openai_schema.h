@@ -84,6 +84,22 @@ struct ApiRequest {
 // missing required fields, wrong types, values out of range, and features that
 // are recognised but not implemented (suffix, tools; echo for chat). Unknown fields are ignored.
 ApiRequest parse_request(Endpoint ep, std::string_view body, const ParseLimits& lim = {});
+
+// POST /tokenize, in vLLM's form ({"prompt", "add_special_tokens": default
+// true}) or llama.cpp's ({"content", "add_special": default false}).
+struct TokenizeRequest {
+  std::string model;
+  std::string text;
+  bool add_special = true;  // BOS (and whatever else the vocabulary adds)
+};
+TokenizeRequest parse_tokenize(std::string_view body);
+
+// POST /detokenize: {"tokens": [ids]} (vLLM and llama.cpp alike).
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+DetokenizeRequest parse_detokenize(std::string_view body);
 ApiRequest parse_request_json(Endpoint ep, const nlohmann::json& body, const ParseLimits& lim = {});
 
 }  // namespace tandem::server

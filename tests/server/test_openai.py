@@ -273,6 +273,29 @@ def test_logit_bias(stories):
         c.completions.create(logit_bias={"999999": 1}, **kw)
 
 
+def test_tokenize_and_detokenize(stories):
+    """vLLM's and llama.cpp's forms of POST /tokenize and /detokenize."""
+    def post(path, body):
+        status, _, raw = stories.request("POST", path, body=body)
+        return status, json.loads(raw)
+
+    ids = tokenize(PROMPT)  # the CLI: BOS first
+    status, r = post("/tokenize", {"model": "stories260K", "prompt": PROMPT})
+    assert status == 200 and r["tokens"] == ids and r["count"] == len(ids) and r["max_model_len"] > 0
+    assert post("/tokenize", {"prompt": PROMPT, "add_special_tokens": False})[1]["tokens"] == ids[1:]
+    assert post("/tokenize", {"content": PROMPT})[1]["tokens"] == ids[1:]  # llama.cpp: no BOS unless asked
+    assert post("/tokenize", {"content": PROMPT, "add_special": True})[1]["tokens"] == ids
+    status, r = post("/detokenize", {"tokens": ids[1:]})
+    assert status == 200 and r["prompt"] == r["content"] == PROMPT
+    for path, body, param in [("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": 3}, "prompt"),
+                              ("/detokenize", {"tokens": "x"}, "tokens"), ("/detokenize", {"tokens": [-1]}, "tokens"),
+                              ("/detokenize", {"tokens": [10 ** 6]}, "tokens"),
+                              ("/tokenize", {"prompt": "x", "model": "nope"}, "model")]:
+        status, err = error_of(stories, path, body)
+        assert status in (400, 404) and err["param"] == param, (path, body, err)
+    assert stories.request("GET", "/tokenize")[0] == 405
+
+
 def test_sixteen_concurrent_streams(stories):
     c = stories.client()
 
