@@ -404,6 +404,33 @@ TEST(SamplerTest, LogitBiasComesFirst) {
   EXPECT_THROW(fs.sample(two, {}), Error);
 }
 
+// A constraint (constrained decoding): refused picks are drawn again from the
+// allowed tokens only, greedy or sampled, and the allowed ones keep their odds.
+TEST(SamplerTest, ConstraintRedrawsFromTheAllowedTokens) {
+  struct Odd : TokenConstraint {
+    bool allows(int32_t t) const override { return t % 2 == 1; }
+  };
+  const Odd odd;
+  EXPECT_EQ(Sampler(plain(0.0f)).sample(std::vector<float>{5.0f, 1.0f, 3.0f, 2.0f}, {}, &odd), 3);
+  // Sampled: tokens 0..3 with weights 4:1:2:1 (logits log w); odd ones only: 1 and 3, 1:1.
+  const std::vector<float> lg = {std::log(4.0f), 0.0f, std::log(2.0f), 0.0f};
+  SamplingParams p = plain(1.0f, 77);
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  Sampler s(p);
+  std::vector<int> counts(4, 0);
+  const int draws = 20000;
+  for (int i = 0; i < draws; ++i) ++counts[s.sample(lg, {}, &odd)];
+  EXPECT_EQ(counts[0] + counts[2], 0);
+  expect_frequencies(counts, {0.0, 0.5, 0.0, 0.5}, draws);
+  struct None : TokenConstraint {
+    bool allows(int32_t) const override { return false; }
+  };
+  const None none;
+  EXPECT_THROW(s.sample(lg, {}, &none), Error);
+}
+
 TEST(SamplerTest, NaNAndMinusInfAreNeverPicked) {
   const std::vector<float> logits = {kNaN, -kInf, 0.0f, kNaN, 0.0f, -kInf};
   EXPECT_EQ(greedy_pick(logits, {}, plain(0.0f)), 2);

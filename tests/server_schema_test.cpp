@@ -228,8 +228,10 @@ TEST(ServerSchema, BadRequestsAre400NamingTheField) {
        "top_logprobs", "between 0 and 20"},
       {H, R"({"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]})", "tools",
        "not supported"},
-      {H, R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_object"}})",
-       "response_format", "only"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_schema"}})",
+       "response_format", "only 'text' and 'json_object'"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "response_format": "json"})", "response_format",
+       "must be an object"},
   };
   for (const BadCase& c : cases) {
     const ApiError e = error_of(c.ep, c.body);
@@ -262,6 +264,10 @@ TEST(ServerSchema, AcceptedEdgeValues) {
   EXPECT_EQ(bias[1], (std::pair<int32_t, float>{7, -100.0f}));
   EXPECT_TRUE(chat(R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "text"}})")
                   .messages.size() == 1);
+  EXPECT_FALSE(completion(R"({"prompt": "x"})").params.json_object);
+  EXPECT_TRUE(completion(R"({"prompt": "x", "response_format": {"type": "json_object"}})").params.json_object);
+  EXPECT_TRUE(chat(R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_object"}})")
+                  .params.json_object);
 }
 
 TEST(ServerSchema, ErrorJsonShape) {

@@ -6,6 +6,7 @@
 #include <deque>
 #include <exception>
 #include <limits>
+#include <mutex>
 #include <optional>
 
 #include "core/error.h"
@@ -18,6 +19,7 @@
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tandem {
 namespace {
@@ -89,6 +91,10 @@ struct Engine::Impl {
   void emit(Sequence* seq, RequestEvent ev);
   void fail_all(const std::string& error);
   std::unique_ptr<Sequence> make_seq(const std::shared_ptr<RequestState>& req, int32_t choice);
+  // Every token's text, made at the first constrained request (any thread).
+  std::shared_ptr<const std::vector<std::string>> token_pieces();
+  std::once_flag pieces_once;
+  std::shared_ptr<const std::vector<std::string>> pieces;
   void update_gauges();
 };
 
@@ -167,7 +173,18 @@ std::unique_ptr<Sequence> Engine::Impl::make_seq(const std::shared_ptr<RequestSt
   if (sp.seed != 0xFFFFFFFF) sp.seed += static_cast<uint64_t>(choice);  // distinct, reproducible choices
   s->sampler = std::make_unique<Sampler>(sp);
   s->decoder = std::make_unique<StreamDecoder>(model.tokenizer());
+  if (req->params.json_object) s->json = std::make_unique<JsonConstraint>(token_pieces(), model.tokenizer());
   return s;
+}
+
+std::shared_ptr<const std::vector<std::string>> Engine::Impl::token_pieces() {
+  std::call_once(pieces_once, [this] {
+    const Tokenizer& tok = model.tokenizer();
+    auto v = std::make_shared<std::vector<std::string>>(static_cast<size_t>(tok.n_vocab()));
+    for (int32_t id = 0; id < tok.n_vocab(); ++id) (*v)[static_cast<size_t>(id)] = tok.token_to_piece(id);
+    pieces = std::move(v);
+  });
+  return pieces;
 }
 
 void Engine::Impl::drain_inbox() {
@@ -240,6 +257,7 @@ void Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
     finish(seq, "stop");
     return;
   }
+  if (seq->json) seq->json->accept(token);
   RequestEvent ev;
   ev.tokens.push_back(token);
   if (p.logprobs >= 0) {
@@ -256,7 +274,7 @@ void Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
     seq->emitted = upto;
   }
   emit(seq, std::move(ev));
-  if (m.pos != std::string::npos) {
+  if (m.pos != std::string::npos || (seq->json && seq->json->complete())) {
     finish(seq, "stop");
   } else if ((p.max_tokens >= 0 && seq->n_generated() >= p.max_tokens) ||
              static_cast<int32_t>(seq->tokens.size()) >= max_context) {
@@ -281,7 +299,7 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
       child->blocks = blocks->fork(seq->blocks);
       Sequence* raw = child.get();
       sched->add_running(std::move(child));
-      first_token(raw, lg, raw->sampler->sample(std::span<const float>(lg, nv), raw->tokens));
+      first_token(raw, lg, raw->sampler->sample(std::span<const float>(lg, nv), raw->tokens, raw->json.get()));
     }
   }
   if (seq->n_generated() == 0) first_token(seq, lg, t);
@@ -357,7 +375,7 @@ bool Engine::Impl::step() {
     for (int64_t i = i0; i < i1; ++i) {
       Sampled& x = sampled[i];
       try {
-        x.token = x.seq->sampler->sample(std::span<const float>(x.logits, nv), x.seq->tokens);
+        x.token = x.seq->sampler->sample(std::span<const float>(x.logits, nv), x.seq->tokens, x.seq->json.get());
       } catch (...) {
         x.error = std::current_exception();
       }

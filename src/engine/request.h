@@ -22,6 +22,9 @@ struct RequestParams {
   // OpenAI API's echo). Every prompt position is computed for it: no prefix
   // cache hits for this request's prompt.
   int32_t prompt_logprobs = -1;
+  // The output is one JSON object (response_format json_object): tokens that
+  // cannot continue one are never picked, and the output ends with the object.
+  bool json_object = false;
 };
 
 struct TokenLogprob {

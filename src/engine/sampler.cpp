@@ -305,7 +305,21 @@ Sampler::Sampler(const SamplingParams& p) : p_(p) {
   rng_ = make_rng(p.seed);
 }
 
-int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history,
+                        const TokenConstraint* constraint) {
+  const int32_t first = pick(logits, history);
+  if (!constraint || constraint->allows(first)) return first;
+  masked_.assign(logits.begin(), logits.end());
+  bool any = false;
+  for (size_t i = 0; i < masked_.size(); ++i) {
+    if (constraint->allows(static_cast<int32_t>(i))) any = true;
+    else masked_[i] = kNegInf;
+  }
+  if (!any) fail(ErrorKind::kInvalidArgument, "sampling: no token of the vocabulary can continue the constrained output");
+  return pick(masked_, history);
+}
+
+int32_t Sampler::pick(std::span<const float> logits, std::span<const int32_t> history) {
   const size_t n = logits.size();
   if (n == 0) fail(ErrorKind::kInvalidArgument, "sampling: empty logits");
   if (n > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {

@@ -29,17 +29,31 @@ struct SamplingParams {
   std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
+// Which tokens may come next (constrained decoding, e.g. JSON output).
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  virtual bool allows(int32_t token) const = 0;
+};
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p);  // throws kInvalidArgument on absurd values
   // history: the tokens so far (prompt + generated) that penalties look at.
-  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  // With a constraint, a pick it refuses is drawn again with every refused
+  // token removed (as llama.cpp applies a grammar): the same distribution as
+  // masking first, at the cost of one check for most picks.
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history,
+                 const TokenConstraint* constraint = nullptr);
   const SamplingParams& params() const { return p_; }
 
  private:
+  int32_t pick(std::span<const float> logits, std::span<const int32_t> history);
+
   SamplingParams p_;
   std::mt19937 rng_;
   std::vector<std::pair<float, int32_t>> cand_;  // reused scratch
+  std::vector<float> masked_;                    // reused scratch
 };
 
 // Finds the earliest occurrence of any stop string in `text` (empty stop

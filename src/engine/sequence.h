@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/json_grammar.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "kv/block_manager.h"
@@ -52,6 +53,7 @@ struct Sequence {
   std::vector<std::vector<TokenLogprob>> prompt_top;
 
   std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<JsonConstraint> json;  // params.json_object
   std::unique_ptr<StreamDecoder> decoder;
   std::string text;                  // generated text so far
   size_t emitted = 0;                // bytes of `text` already sent

@@ -362,8 +362,11 @@ ApiRequest parse_request_json(Endpoint ep, const json& j, const ParseLimits& lim
   reject_if_present(j, "functions", "no function calling");
   if (const json* rf = field(j, "response_format")) {
     if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
-    if (get_string(*rf, "type").value_or("text") != "text")
-      throw_invalid("response_format", "only 'response_format' {\"type\": \"text\"} is supported");
+    const std::string type = get_string(*rf, "type").value_or("text");
+    if (type == "json_object") p.json_object = true;
+    else if (type != "text")
+      throw_invalid("response_format", fmt::format("'response_format' type '{}' is not supported (only 'text' and "
+                                                   "'json_object')", type));
   }
   return r;
 }

@@ -635,3 +635,33 @@ def test_chat_logprobs_and_system(gemma):
         assert t.logprob == pytest.approx(max(a.logprob for a in t.top_logprobs), abs=1e-5)  # greedy
     if r.choices[0].finish_reason == "length":
         assert b"".join(bytes(t.bytes) for t in content).decode() == r.choices[0].message.content
+
+
+def test_gemma_json_object(gemma):
+    """response_format json_object: the output is one JSON object and ends with it (without it the model
+    goes on to the next few-shot line), greedy, sampled, streamed; chat takes it too."""
+    c = gemma.client()
+    prompt = ('Person: Ada, 36, London\nJSON: {"name": "Ada", "age": 36, "city": "London"}\n'
+              'Person: Bob, 41, Paris\nJSON:')
+    fmt = {"type": "json_object"}
+    free = c.completions.create(model="gemma-test", prompt=prompt, max_tokens=30, temperature=0).choices[0].text
+    assert "\n" in free.strip()  # the premise: unconstrained, it does not stop at the object
+    r = c.completions.create(model="gemma-test", prompt=prompt, max_tokens=60, temperature=0,
+                             extra_body={"response_format": fmt})
+    ch = r.choices[0]
+    assert ch.finish_reason == "stop" and json.loads(ch.text) == {"name": "Bob", "age": 41, "city": "Paris"}
+    streamed = "".join(chunk.choices[0].text for chunk in c.completions.create(
+        model="gemma-test", prompt=prompt, max_tokens=60, temperature=0, stream=True,
+        extra_body={"response_format": fmt}) if chunk.choices)
+    assert streamed == ch.text
+    r = c.completions.create(model="gemma-test", prompt=prompt, max_tokens=60, temperature=1.0, seed=3, n=4,
+                             extra_body={"response_format": fmt})
+    for ch in r.choices:
+        assert ch.finish_reason == "stop" and isinstance(json.loads(ch.text), dict), ch.text
+    msgs = [{"role": "user", "content": "Describe a cat as JSON."}]
+    r = c.chat.completions.create(model="gemma-test", messages=msgs, max_tokens=24, temperature=0,
+                                  response_format=fmt)
+    assert r.choices[0].message.content.lstrip().startswith("{")
+    with pytest.raises(openai.BadRequestError, match="json_schema"):
+        c.chat.completions.create(model="gemma-test", messages=msgs, max_tokens=4,
+                                  response_format={"type": "json_schema", "json_schema": {"name": "x"}})
