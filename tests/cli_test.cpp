@@ -171,3 +171,31 @@ TEST(Cli, ChatOnDefaultModel) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// llama-perplexity's output: the running value per chunk, then the estimate;
+// --json for scripts; a text too short for two chunks is an error that says so.
+TEST(Cli, PerplexityPrintsLikeLlamaCpp) {
+  const std::string text = quote(test::testdata_path("perplexity/stories.txt"));
+  test::CliResult r = test::run_cli("perplexity -m " + quote(kStories) + " -f " + text + " -c 128 --kv-type f32");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("[1]", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find(",[14]3.56"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Final estimate: PPL = 3.562"), std::string::npos) << r.out;
+  r = test::run_cli("perplexity -m " + quote(kStories) + " -f " + text + " -c 128 --chunks 2 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["chunks"], 2);
+  EXPECT_EQ(j["scored"], 2 * 63);
+  r = test::run_cli("perplexity -m " + quote(kStories) + " -f " + text + " -c 1024");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("needs at least 2048"), std::string::npos) << r.err;
+  r = test::run_cli("perplexity -m " + quote(kStories) + " -f /nonexistent/text.txt");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("cannot open"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,6 +1,5 @@
 // tandem run: one prompt or one chat turn, streamed to stdout; the phase
 // report (prefill vs decode) to stderr.
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -68,28 +67,10 @@ void print_report(const RunOpts& o, const Model& m, const GenerateReport& r, dou
              stderr);
 }
 
-// The whole of `path` ("-": standard input), as the prompt, less one final
-// line break (the one an editor adds; llama.cpp's -f drops it too).
-std::string read_prompt_file(const std::string& path) {
-  std::FILE* f = path == "-" ? stdin : std::fopen(path.c_str(), "rb");
-  if (!f) fail(ErrorKind::kIo, "--file {}: cannot open: {}", path, std::strerror(errno));
-  std::string text;
-  char buf[1 << 16];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-  const bool bad = std::ferror(f);
-  if (f != stdin) std::fclose(f);
-  if (bad) fail(ErrorKind::kIo, "--file {}: read error", path);
-  if (text.ends_with('\n')) text.pop_back();
-  if (text.ends_with('\r')) text.pop_back();
-  if (text.empty()) fail(ErrorKind::kInvalidArgument, "--file {}: the prompt file is empty", path);
-  return text;
-}
-
 int run(RunOpts& o) {
   if (!o.prompt.empty() + !o.prompt_file.empty() + !o.chat.empty() != 1)
     fail(ErrorKind::kInvalidArgument, "give exactly one of -p TEXT, -f FILE or --chat TEXT");
-  if (!o.prompt_file.empty()) o.prompt = read_prompt_file(o.prompt_file);
+  if (!o.prompt_file.empty()) o.prompt = read_text_file(o.prompt_file, "--file");
   if (o.seed >= 0) o.sp.seed = static_cast<uint64_t>(o.seed);
 
   const auto t0 = std::chrono::steady_clock::now();

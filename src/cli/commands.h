@@ -13,5 +13,6 @@ void add_convert_command(CLI::App& app, int& rc);
 void add_bench_command(CLI::App& app, int& rc);
 void add_synth_command(CLI::App& app, int& rc);
 void add_serve_command(CLI::App& app, int& rc);
+void add_perplexity_command(CLI::App& app, int& rc);
 
 }  // namespace tandem::cli

@@ -1,6 +1,9 @@
 #include "cli/common.h"
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include <CLI/CLI.hpp>
@@ -30,6 +33,22 @@ std::string resolve_model_path(const std::string& flag) {
   if (!dir.empty() && std::filesystem::exists(path)) return path;
   fail(ErrorKind::kInvalidArgument,
        "no model given (-m FILE) and the default model is not installed at {} (run scripts/setup.sh)", path);
+}
+
+std::string read_text_file(const std::string& path, const char* flag) {
+  std::FILE* f = path == "-" ? stdin : std::fopen(path.c_str(), "rb");
+  if (!f) fail(ErrorKind::kIo, "{} {}: cannot open: {}", flag, path, std::strerror(errno));
+  std::string text;
+  char buf[1 << 16];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  const bool bad = std::ferror(f);
+  if (f != stdin) std::fclose(f);
+  if (bad) fail(ErrorKind::kIo, "{} {}: read error", flag, path);
+  if (text.ends_with('\n')) text.pop_back();
+  if (text.ends_with('\r')) text.pop_back();
+  if (text.empty()) fail(ErrorKind::kInvalidArgument, "{} {}: the file is empty", flag, path);
+  return text;
 }
 
 }  // namespace tandem::cli

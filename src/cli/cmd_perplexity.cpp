@@ -1,0 +1,90 @@
+// tandem perplexity: a text file's perplexity, as llama.cpp's llama-perplexity
+// prints it ("[1]8.1234,[2]..." then "Final estimate: PPL = ... +/- ..."), so
+// the two compare on the same model file and text.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/thread_pool.h"
+#include "eval/perplexity.h"
+#include "gguf/gguf.h"
+#include "kernels/dot.h"
+#include "kernels/prepack.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem::cli {
+namespace {
+
+struct PerplexityOpts {
+  std::string model, file;
+  int32_t ctx = 512;
+  int32_t chunks = -1;
+  int32_t threads = 0;
+  std::string kv_type = "f16";
+  std::string prepack = "auto";
+  bool json = false;
+};
+
+int run(const PerplexityOpts& o) {
+  const std::string text = read_text_file(o.file, "--file");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto model = Model::load(resolve_model_path(o.model), parse_prepack_mode(o.prepack));
+  if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
+  ThreadPool pool(o.threads);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::vector<int32_t> tokens = model->tokenizer().encode(text, true, false);  // as llama-perplexity: BOS, no special-token parsing
+  PerplexityOptions po;
+  po.n_ctx = o.ctx;
+  po.max_chunks = o.chunks;
+  po.kv_type = parse_kv_type(o.kv_type);
+  std::fprintf(stderr, "perplexity: %zu tokens, chunks of %d, the second half of each scored; %d threads, %s kernels\n",
+               tokens.size(), o.ctx, pool.size(), cpu_kernel_level());
+  const PerplexityResult r = perplexity(*model, pool, tokens, po, [&](int32_t k, const PerplexityResult& so_far) {
+    if (o.json) return;
+    std::fprintf(stdout, "[%d]%.4f,", k, so_far.ppl);
+    std::fflush(stdout);
+  });
+  if (o.json) {
+    const nlohmann::json j = {{"model", model->file().path()}, {"tokens", r.n_tokens},    {"ctx", o.ctx},
+                              {"chunks", r.n_chunks},          {"scored", r.n_scored},    {"nll", r.nll},
+                              {"ppl", r.ppl},                  {"ppl_error", r.ppl_error}, {"load_s", load_s},
+                              {"seconds", r.seconds}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", r.ppl, r.ppl_error);
+  std::fputs(fmt::format("--- {} chunks of {} tokens in {:.2f} s ({:.1f} tok/s), loaded in {:.3f} s\n", r.n_chunks,
+                         o.ctx, r.seconds, r.n_chunks * o.ctx / std::max(r.seconds, 1e-9), load_s)
+                 .c_str(),
+             stderr);
+  return 0;
+}
+
+}  // namespace
+
+void add_perplexity_command(CLI::App& app, int& rc) {
+  auto o = std::make_shared<PerplexityOpts>();
+  CLI::App* cmd = app.add_subcommand("perplexity", "Perplexity of a text file, computed as llama.cpp's llama-perplexity");
+  cmd->add_option("-m,--model", o->model, "GGUF model file (default: the installed Gemma 3 270M)");
+  cmd->add_option("-f,--file", o->file, "The text ('-': standard input)")->required();
+  cmd->add_option("-c,--ctx-size", o->ctx, "Tokens per chunk; the second half of each is scored")
+      ->capture_default_str();
+  cmd->add_option("--chunks", o->chunks, "Chunks to score (-1: all)")->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads, "Threads (0: physical cores)")->capture_default_str();
+  cmd->add_option("--kv-type", o->kv_type, "KV cache element type: f16 or f32")
+      ->check(CLI::IsMember({"f16", "f32"}))
+      ->capture_default_str();
+  add_prepack_option(cmd, o->prepack);
+  cmd->add_flag("--json", o->json, "Print one JSON object instead of llama.cpp's lines");
+  cmd->callback([o, &rc] { rc = run(*o); });
+}
+
+}  // namespace tandem::cli
