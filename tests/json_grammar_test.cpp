@@ -3,6 +3,9 @@
 // first byte that no valid document could have there.
 #include "engine/json_grammar.h"
 
+#include "core/error.h"
+#include "engine/json_schema.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -144,6 +147,86 @@ TEST(JsonGrammar, AgreesWithAParserOnRandomDocuments) {
   }
   EXPECT_GT(valid, 1000);
   EXPECT_GT(invalid, 300);
+}
+
+// response_format json_schema: the document must also fit the schema; each
+// kind of violation is refused at its first byte.
+TEST(JsonGrammar, SchemaIsEnforcedByteByByte) {
+  const CompiledSchema schema = compile_schema(nlohmann::json::parse(R"({
+    "type": "object",
+    "title": "Pet",
+    "properties": {
+      "name": {"type": "string", "description": "any text"},
+      "age": {"type": "integer"},
+      "score": {"type": "number"},
+      "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 2},
+      "kind": {"$ref": "#/$defs/Kind"},
+      "nick": {"type": ["string", "null"]},
+      "home": {"type": "object", "properties": {"city": {"const": "Oslo"}}, "required": ["city"],
+               "additionalProperties": false}
+    },
+    "required": ["name", "age", "kind"],
+    "$defs": {"Kind": {"enum": ["cat", "dog", 3, true, null]}}
+  })"));
+  auto rec = [&] { return JsonRecognizer(JsonRecognizer::Limits{}, &schema); };
+  for (const std::string doc : {
+           R"({"name":"x","age":3,"kind":"cat"})",
+           R"({ "age": -2, "name": "y", "kind": 3, "tags": ["a", "b"], "nick": null, "score": 1.5e3 })",
+           R"({"kind":null,"name":"","age":0,"nick":"n","home":{"city":"Oslo"}})",
+           R"({"kind":true,"name":"q\"r","age":12,"score":-7})",
+       }) {
+    EXPECT_TRUE(accepts_whole(doc, rec())) << doc;
+  }
+  const std::vector<std::pair<std::string, size_t>> bad = {
+      {R"({"name":"x","age":3})", 19},             // "kind" is required
+      {R"({"name":1)", 8},                          // not a string
+      {R"({"age":3.5)", 8},                         // not an integer
+      {R"({"age":3e2)", 8},
+      {R"({"kind":"cow")", 10},                     // no such enum value
+      {R"({"kind":"ca")", 11},                      // only part of one
+      {R"({"kind":30)", 9},
+      {R"({"extra":1)", 2},                         // not a property
+      {R"({"name":"a","name")", 14},               // twice
+      {R"({"tags":[])", 9},                         // minItems
+      {R"({"tags":["a","b",)", 16},                 // maxItems: no comma after the last item
+      {R"({"tags":["a","b","a")", 16},
+      {R"({"tags":["c")", 10},
+      {R"({"home":{"city":"Bergen"})", 17},
+      {R"({"home":{}})", 9},
+      {R"([1])", 0},                                // the root is an object
+  };
+  for (const auto& [doc, at] : bad) EXPECT_EQ(refused_at(doc, rec()), at) << doc;
+  // Every property given: no comma can follow.
+  const std::string full =
+      R"({"name":"x","age":3,"score":1,"tags":["a"],"kind":"dog","nick":null,"home":{"city":"Oslo"})";
+  EXPECT_EQ(refused_at(full + ",", rec()), full.size());
+  EXPECT_TRUE(accepts_whole(full + "}", rec()));
+}
+
+TEST(JsonGrammar, SchemaKeywordsOutsideTheSubsetAreRefusedByName) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"type": "string", "pattern": "^a"})", "'pattern' is not supported"},
+      {R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 3}}})", "schema.properties.a"},
+      {R"({"$ref": "#/$defs/X"})", "names no definition"},
+      {R"({"$ref": "http://x/y"})", "not supported"},
+      {R"({"$defs": {"A": {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}}}, "$ref": "#/$defs/A"})",
+       "recursive"},
+      {R"({"type": "object", "properties": {"a": {}}, "required": ["b"]})", "'b' is not among the properties"},
+      {R"({"enum": [{"a": 1}]})", "only strings, numbers"},
+      {R"({"type": "object", "additionalProperties": {"type": "string"}})", "only true or false"},
+      {R"({"type": "text"})", "unknown type 'text'"},
+      {R"({"anyOf": [{"type": "string"}]})", "'anyOf' is not supported"},
+      {R"({"type": "array", "minItems": 3, "maxItems": 2})", "minItems is above maxItems"},
+      {R"({"type": "string", "enum": [1, true]})", "no value of the enum has an allowed type"},
+  };
+  for (const auto& [schema, msg] : cases) {
+    try {
+      compile_schema(nlohmann::json::parse(schema));
+      ADD_FAILURE() << "accepted: " << schema;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(msg), std::string::npos) << schema << " -> " << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -229,7 +229,12 @@ TEST(ServerSchema, BadRequestsAre400NamingTheField) {
       {H, R"({"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]})", "tools",
        "not supported"},
       {H, R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_schema"}})",
-       "response_format", "only 'text' and 'json_object'"},
+       "response_format", "needs"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a+"}}}})",
+       "response_format", "'pattern' is not supported"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "grammar"}})",
+       "response_format", "only 'text', 'json_object' and 'json_schema'"},
       {H, R"({"messages": [{"role": "user", "content": "a"}], "response_format": "json"})", "response_format",
        "must be an object"},
   };
@@ -268,6 +273,11 @@ TEST(ServerSchema, AcceptedEdgeValues) {
   EXPECT_TRUE(completion(R"({"prompt": "x", "response_format": {"type": "json_object"}})").params.json_object);
   EXPECT_TRUE(chat(R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_object"}})")
                   .params.json_object);
+  const auto schema = completion(R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema":
+      {"name": "p", "strict": true, "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}})")
+                          .params.json_schema;
+  ASSERT_TRUE(schema);
+  EXPECT_EQ(schema->nodes[schema->root].properties.size(), 1u);
 }
 
 TEST(ServerSchema, ErrorJsonShape) {

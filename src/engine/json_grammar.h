@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/json_schema.h"
 #include "engine/sampler.h"
 
 namespace tandem {
@@ -23,7 +24,10 @@ class JsonRecognizer {
     int32_t max_depth = 64;   // at most 64: the open containers are bits of one word
   };
   JsonRecognizer() : JsonRecognizer(Limits{}) {}
-  explicit JsonRecognizer(const Limits& lim) : lim_(lim) {}
+  // With a schema (kept by the caller), the document must also satisfy it
+  // (engine/json_schema.h says what is enforced); its root decides the
+  // document's type instead of object_only.
+  explicit JsonRecognizer(const Limits& lim, const CompiledSchema* schema = nullptr);
 
   // False when `c` cannot come next; the state is then unspecified (feed a
   // copy to test a candidate).
@@ -42,9 +46,17 @@ class JsonRecognizer {
   enum class Num : uint8_t { kMinus, kZero, kInt, kDot, kFrac, kExp, kExpSign, kExpDigits };
 
   bool start_value(char c);
-  void end_value();
+  bool end_value();
   bool number_step(char c);
   bool number_terminal() const;
+  // Schema checks (no-ops without a schema).
+  bool match_literal(char c);
+  bool key_start();
+  bool key_char(char c);
+  bool may_close(bool object) const;
+  bool close(bool object);
+  bool more_possible(bool object) const;
+  int32_t value_node() const;
 
   Limits lim_;
   // Open containers, innermost in bit depth_ - 1, 1 = object. A plain word so
@@ -58,19 +70,37 @@ class JsonRecognizer {
   const char* literal_ = nullptr;
   int32_t pos_ = 0;          // literal: characters matched; \u: hex digits read
   int32_t whitespace_ = 0;   // in a row
+
+  // With a schema: the open containers' nodes, and the candidates (object
+  // keys, or enum values) that the current key or value may still become.
+  struct Frame {
+    int32_t node = 0;
+    int32_t child = 0;  // the node of the next value: the current key's, or the items'
+    uint64_t used = 0;  // object: properties given so far
+    int32_t items = 0;  // array: values so far
+  };
+  const CompiledSchema* schema_ = nullptr;
+  std::vector<Frame> frames_;
+  uint64_t cand_ = 0;
+  int32_t cand_pos_ = 0;
+  bool literal_value_ = false;  // the current value must be one of its node's literals
+  bool int_only_ = false;       // the current number must be an integer
 };
 
 class Tokenizer;
 
-// Tokens that keep the output one JSON object: a token's bytes (its piece)
+// Tokens that keep the output one JSON object (of the schema, when given): a token's bytes (its piece)
 // must be a valid continuation; an end-of-generation token only once the
 // object is complete (the engine ends the output there anyway); empty pieces
 // (control tokens) never, so the output cannot stall on them.
 class JsonConstraint : public TokenConstraint {
  public:
   // pieces: every token's text, as decoding writes it (shared by all requests).
-  JsonConstraint(std::shared_ptr<const std::vector<std::string>> pieces, const Tokenizer& tok)
-      : pieces_(std::move(pieces)), tok_(tok) {}
+  // schema: also what the object must satisfy (json_schema), or null.
+  JsonConstraint(std::shared_ptr<const std::vector<std::string>> pieces, const Tokenizer& tok,
+                 std::shared_ptr<const CompiledSchema> schema = nullptr)
+      : pieces_(std::move(pieces)), tok_(tok), schema_(std::move(schema)),
+        rec_(JsonRecognizer::Limits{}, schema_.get()) {}
   bool allows(int32_t token) const override;
   void accept(int32_t token);  // the token chosen
   bool complete() const { return rec_.complete(); }
@@ -78,6 +108,7 @@ class JsonConstraint : public TokenConstraint {
  private:
   std::shared_ptr<const std::vector<std::string>> pieces_;
   const Tokenizer& tok_;
+  std::shared_ptr<const CompiledSchema> schema_;
   JsonRecognizer rec_;
 };
 

@@ -173,7 +173,8 @@ std::unique_ptr<Sequence> Engine::Impl::make_seq(const std::shared_ptr<RequestSt
   if (sp.seed != 0xFFFFFFFF) sp.seed += static_cast<uint64_t>(choice);  // distinct, reproducible choices
   s->sampler = std::make_unique<Sampler>(sp);
   s->decoder = std::make_unique<StreamDecoder>(model.tokenizer());
-  if (req->params.json_object) s->json = std::make_unique<JsonConstraint>(token_pieces(), model.tokenizer());
+  if (req->params.json_object || req->params.json_schema)
+    s->json = std::make_unique<JsonConstraint>(token_pieces(), model.tokenizer(), req->params.json_schema);
   return s;
 }
 

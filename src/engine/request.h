@@ -3,9 +3,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/json_schema.h"
 #include "engine/sampler.h"
 
 namespace tandem {
@@ -25,6 +27,8 @@ struct RequestParams {
   // The output is one JSON object (response_format json_object): tokens that
   // cannot continue one are never picked, and the output ends with the object.
   bool json_object = false;
+  // The same, and the object must fit this schema (response_format json_schema).
+  std::shared_ptr<const CompiledSchema> json_schema;
 };
 
 struct TokenLogprob {

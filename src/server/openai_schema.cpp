@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
+
 namespace tandem::server {
 
 using nlohmann::json;
@@ -363,10 +365,21 @@ ApiRequest parse_request_json(Endpoint ep, const json& j, const ParseLimits& lim
   if (const json* rf = field(j, "response_format")) {
     if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
     const std::string type = get_string(*rf, "type").value_or("text");
-    if (type == "json_object") p.json_object = true;
-    else if (type != "text")
-      throw_invalid("response_format", fmt::format("'response_format' type '{}' is not supported (only 'text' and "
-                                                   "'json_object')", type));
+    if (type == "json_object") {
+      p.json_object = true;
+    } else if (type == "json_schema") {
+      const json* js = field(*rf, "json_schema");
+      if (!js || !js->is_object() || !field(*js, "schema"))
+        throw_invalid("response_format", "'response_format' json_schema needs {\"json_schema\": {\"schema\": {...}}}");
+      try {
+        p.json_schema = std::make_shared<const CompiledSchema>(compile_schema((*js)["schema"]));
+      } catch (const Error& e) {
+        throw_invalid("response_format", fmt::format("'response_format' json_schema: {}", e.what()));
+      }
+    } else if (type != "text") {
+      throw_invalid("response_format", fmt::format("'response_format' type '{}' is not supported (only 'text', "
+                                                   "'json_object' and 'json_schema')", type));
+    }
   }
   return r;
 }

@@ -638,8 +638,9 @@ def test_chat_logprobs_and_system(gemma):
 
 
 def test_gemma_json_object(gemma):
-    """response_format json_object: the output is one JSON object and ends with it (without it the model
-    goes on to the next few-shot line), greedy, sampled, streamed; chat takes it too."""
+    """response_format json_object / json_schema: the output is one JSON object (fitting the schema)
+    and ends with it (without it the model goes on to the next few-shot line), greedy, sampled,
+    streamed; chat takes it too."""
     c = gemma.client()
     prompt = ('Person: Ada, 36, London\nJSON: {"name": "Ada", "age": 36, "city": "London"}\n'
               'Person: Bob, 41, Paris\nJSON:')
@@ -662,6 +663,30 @@ def test_gemma_json_object(gemma):
     r = c.chat.completions.create(model="gemma-test", messages=msgs, max_tokens=24, temperature=0,
                                   response_format=fmt)
     assert r.choices[0].message.content.lstrip().startswith("{")
-    with pytest.raises(openai.BadRequestError, match="json_schema"):
-        c.chat.completions.create(model="gemma-test", messages=msgs, max_tokens=4,
-                                  response_format={"type": "json_schema", "json_schema": {"name": "x"}})
+    # json_schema: the object fits the schema; here the model's own answer already does.
+    person = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
+              "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                             "city": {"$ref": "#/$defs/City"}},
+              "$defs": {"City": {"enum": ["Paris", "London", "Oslo"]}}}
+    schema_fmt = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": person}}
+    r = c.completions.create(model="gemma-test", prompt=prompt, max_tokens=60, temperature=0,
+                             extra_body={"response_format": schema_fmt})
+    assert r.choices[0].finish_reason == "stop"
+    assert json.loads(r.choices[0].text) == {"name": "Bob", "age": 41, "city": "Paris"}
+    # A schema the model would not follow on its own: every sampled object still fits it.
+    pet = {"type": "object", "required": ["kind", "legs"],
+           "properties": {"kind": {"enum": ["cat", "bird"]}, "legs": {"type": "integer"},
+                          "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2}}}
+    r = c.completions.create(model="gemma-test", prompt=prompt, max_tokens=80, temperature=1.0, seed=5, n=3,
+                             extra_body={"response_format": {"type": "json_schema",
+                                                             "json_schema": {"name": "pet", "schema": pet}}})
+    for ch in r.choices:
+        if ch.finish_reason != "stop":
+            continue
+        obj = json.loads(ch.text)
+        assert set(obj) <= {"kind", "legs", "tags"} and {"kind", "legs"} <= set(obj), ch.text
+        assert obj["kind"] in ("cat", "bird") and isinstance(obj["legs"], int), ch.text
+        assert len(obj.get("tags", [])) <= 2 and all(isinstance(t, str) for t in obj.get("tags", [])), ch.text
+    with pytest.raises(openai.BadRequestError, match="pattern"):
+        c.chat.completions.create(model="gemma-test", messages=msgs, max_tokens=4, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a"}}})
