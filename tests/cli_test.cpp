@@ -199,3 +199,27 @@ TEST(Cli, PerplexityPrintsLikeLlamaCpp) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// -j / --json-schema, as llama.cpp's: the output fits the schema and ends with it.
+TEST(Cli, RunWithAJsonSchema) {
+  const std::string schema = R"({"type":"object","properties":{"pet":{"enum":["cat","dog"]}},"required":["pet"]})";
+  test::CliResult r = test::run_cli("run -m " + quote(kStories) + " -p 'Once upon a time' -n 200 --temp 0 -j " +
+                                    quote(schema) + " --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto out = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(out == nlohmann::json::parse(R"({"pet":"cat"})") || out == nlohmann::json::parse(R"({"pet":"dog"})"))
+      << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.err.substr(r.err.find('{')))["stop_reason"], "json") << r.err;
+  r = test::run_cli("run -m " + quote(kStories) + " -p x -j '{\"type\": \"string\", \"pattern\": \"a\"}'");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("'pattern' is not supported"), std::string::npos) << r.err;
+  r = test::run_cli("run -m " + quote(kStories) + " -p x -j '{nope'");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("not valid JSON"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace tandem

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/generator.h"
+#include "engine/json_schema.h"
 #include "gguf/gguf.h"
 #include "kernels/dot.h"
 #include "model/model.h"
@@ -30,6 +31,7 @@ struct RunOpts {
   int32_t threads = 0;
   int32_t ctx = 0;
   std::string kv_type = "f16";
+  std::string json_schema, json_schema_file;
   std::string prepack = "auto";
   bool json = false;
   bool ignore_eos = false;
@@ -86,6 +88,15 @@ int run(RunOpts& o) {
   go.sampling = o.sp;
   go.stop = o.stop;
   go.stop_at_eog = !o.ignore_eos;
+  if (!o.json_schema.empty() || !o.json_schema_file.empty()) {
+    if (!o.json_schema.empty() && !o.json_schema_file.empty())
+      fail(ErrorKind::kInvalidArgument, "give --json-schema or --json-schema-file, not both");
+    const std::string text = o.json_schema.empty() ? read_text_file(o.json_schema_file, "--json-schema-file")
+                                                   : o.json_schema;
+    const nlohmann::json schema = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (schema.is_discarded()) fail(ErrorKind::kInvalidArgument, "--json-schema: not valid JSON");
+    go.json_schema = std::make_shared<const CompiledSchema>(compile_schema(schema));
+  }
   std::vector<int32_t> prompt;
   if (!o.chat.empty()) {
     ChatTemplate tmpl = chat_template_for(model->file());
@@ -132,6 +143,9 @@ void add_run_command(CLI::App& app, int& rc) {
   cmd->add_option("--presence-penalty", o->sp.presence_penalty, "Presence penalty")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Random seed (-1: random)")->capture_default_str();
   cmd->add_option("--stop", o->stop, "Stop string (repeatable)");
+  cmd->add_option("-j,--json-schema", o->json_schema,
+                  "The output is one JSON value fitting this schema ('{}': any JSON), and ends with it");
+  cmd->add_option("--json-schema-file", o->json_schema_file, "The same, the schema read from FILE");
   cmd->add_option("-t,--threads", o->threads, "Threads (0: physical cores)")->capture_default_str();
   cmd->add_option("-c,--ctx-size", o->ctx, "Context size in tokens (0: min(model's, 4096))")
       ->capture_default_str();

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "engine/json_grammar.h"
 #include "gguf/gguf.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
@@ -45,6 +46,12 @@ GenerateReport Generator::generate(const std::vector<int32_t>& prompt, const Gen
   const int32_t n_vocab = model_.config().n_vocab;
   Sampler sampler(opts.sampling);
   StreamDecoder stream(tok);
+  std::unique_ptr<JsonConstraint> json;
+  if (opts.json_object || opts.json_schema) {
+    auto pieces = std::make_shared<std::vector<std::string>>(static_cast<size_t>(tok.n_vocab()));
+    for (int32_t id = 0; id < tok.n_vocab(); ++id) (*pieces)[static_cast<size_t>(id)] = tok.token_to_piece(id);
+    json = std::make_unique<JsonConstraint>(std::move(pieces), tok, opts.json_schema);
+  }
   GenerateReport rep;
   rep.prompt_tokens = static_cast<int32_t>(prompt.size());
 
@@ -84,7 +91,7 @@ GenerateReport Generator::generate(const std::vector<int32_t>& prompt, const Gen
   const int32_t limit = opts.max_tokens < 0 ? n_ctx_ : opts.max_tokens;
   double t_first = 0;
   while (true) {
-    const int32_t id = sampler.sample(std::span<const float>(logits.data(), n_vocab), history);
+    const int32_t id = sampler.sample(std::span<const float>(logits.data(), n_vocab), history, json.get());
     if (rep.generated_tokens == 0) {
       t_first = steps_.now();
       rep.ttft_s = t_first - t_start;
@@ -98,8 +105,13 @@ GenerateReport Generator::generate(const std::vector<int32_t>& prompt, const Gen
     rep.tokens.push_back(id);
     history.push_back(id);
     text += stream.push(id);
+    if (json) json->accept(id);
     if (emit(false)) {
       rep.stop_reason = "stop";
+      break;
+    }
+    if (json && json->complete()) {
+      rep.stop_reason = "json";
       break;
     }
     if (cancelled) {

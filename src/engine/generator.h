@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/json_schema.h"
 #include "engine/sampler.h"
 #include "engine/step_log.h"
 #include "kv/kv_cache.h"
@@ -25,6 +26,10 @@ struct GenerateOptions {
   SamplingParams sampling;
   std::vector<std::string> stop;     // stop strings (not included in the output)
   bool stop_at_eog = true;           // end at EOS / end-of-turn tokens
+  // The output is one JSON object (fitting `json_schema` when given), and
+  // ends with it (stop reason "json").
+  bool json_object = false;
+  std::shared_ptr<const CompiledSchema> json_schema;
 };
 
 struct GenerateReport {
@@ -33,7 +38,7 @@ struct GenerateReport {
   double ttft_s = 0;             // request start to first token sampled
   int32_t generated_tokens = 0;
   double decode_s = 0;           // first token sampled to last token sampled
-  std::string stop_reason;       // "eog", "stop", "length", "context", "cancelled"
+  std::string stop_reason;       // "eog", "stop", "json", "length", "context", "cancelled"
   std::vector<int32_t> tokens;   // generated ids
 
   double prefill_tok_s() const { return prefill_s > 0 ? prompt_tokens / prefill_s : 0; }
