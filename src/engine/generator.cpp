@@ -47,11 +47,7 @@ GenerateReport Generator::generate(const std::vector<int32_t>& prompt, const Gen
   Sampler sampler(opts.sampling);
   StreamDecoder stream(tok);
   std::unique_ptr<JsonConstraint> json;
-  if (opts.json_object || opts.json_schema) {
-    auto pieces = std::make_shared<std::vector<std::string>>(static_cast<size_t>(tok.n_vocab()));
-    for (int32_t id = 0; id < tok.n_vocab(); ++id) (*pieces)[static_cast<size_t>(id)] = tok.token_to_piece(id);
-    json = std::make_unique<JsonConstraint>(std::move(pieces), tok, opts.json_schema);
-  }
+  if (opts.json_object || opts.json_schema) json = std::make_unique<JsonConstraint>(token_pieces(tok), tok, opts.json_schema);
   GenerateReport rep;
   rep.prompt_tokens = static_cast<int32_t>(prompt.size());
 

@@ -270,6 +270,12 @@ bool JsonRecognizer::feed(char c) {
   return false;
 }
 
+std::shared_ptr<const std::vector<std::string>> token_pieces(const Tokenizer& tok) {
+  auto v = std::make_shared<std::vector<std::string>>(static_cast<size_t>(tok.n_vocab()));
+  for (int32_t id = 0; id < tok.n_vocab(); ++id) (*v)[static_cast<size_t>(id)] = tok.token_to_piece(id);
+  return v;
+}
+
 bool JsonConstraint::allows(int32_t token) const {
   if (token < 0 || static_cast<size_t>(token) >= pieces_->size()) return false;
   if (tok_.is_eog(token)) return rec_.complete();

@@ -89,6 +89,9 @@ class JsonRecognizer {
 
 class Tokenizer;
 
+// Every token's text as decoding writes it: what a JsonConstraint reads.
+std::shared_ptr<const std::vector<std::string>> token_pieces(const Tokenizer& tok);
+
 // Tokens that keep the output one JSON object (of the schema, when given): a token's bytes (its piece)
 // must be a valid continuation; an end-of-generation token only once the
 // object is complete (the engine ends the output there anyway); empty pieces

@@ -179,12 +179,7 @@ std::unique_ptr<Sequence> Engine::Impl::make_seq(const std::shared_ptr<RequestSt
 }
 
 std::shared_ptr<const std::vector<std::string>> Engine::Impl::token_pieces() {
-  std::call_once(pieces_once, [this] {
-    const Tokenizer& tok = model.tokenizer();
-    auto v = std::make_shared<std::vector<std::string>>(static_cast<size_t>(tok.n_vocab()));
-    for (int32_t id = 0; id < tok.n_vocab(); ++id) (*v)[static_cast<size_t>(id)] = tok.token_to_piece(id);
-    pieces = std::move(v);
-  });
+  std::call_once(pieces_once, [this] { pieces = tandem::token_pieces(model.tokenizer()); });
   return pieces;
 }
 
