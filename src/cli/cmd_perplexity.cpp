@@ -40,7 +40,8 @@ int run(const PerplexityOpts& o) {
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   ThreadPool pool(o.threads);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::vector<int32_t> tokens = model->tokenizer().encode(text, true, false);  // as llama-perplexity: BOS, no special-token parsing
+  // As llama-perplexity tokenizes: BOS first, no special-token parsing.
+  const std::vector<int32_t> tokens = model->tokenizer().encode(text, true, false);
   PerplexityOptions po;
   po.n_ctx = o.ctx;
   po.max_chunks = o.chunks;

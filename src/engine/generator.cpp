@@ -47,7 +47,8 @@ GenerateReport Generator::generate(const std::vector<int32_t>& prompt, const Gen
   Sampler sampler(opts.sampling);
   StreamDecoder stream(tok);
   std::unique_ptr<JsonConstraint> json;
-  if (opts.json_object || opts.json_schema) json = std::make_unique<JsonConstraint>(token_pieces(tok), tok, opts.json_schema);
+  if (opts.json_object || opts.json_schema)
+    json = std::make_unique<JsonConstraint>(token_pieces(tok), tok, opts.json_schema);
   GenerateReport rep;
   rep.prompt_tokens = static_cast<int32_t>(prompt.size());
 
