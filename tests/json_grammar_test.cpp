@@ -196,6 +196,13 @@ TEST(JsonGrammar, SchemaIsEnforcedByteByByte) {
       {R"([1])", 0},                                // the root is an object
   };
   for (const auto& [doc, at] : bad) EXPECT_EQ(refused_at(doc, rec()), at) << doc;
+  // additionalProperties false and no properties: only the empty object;
+  // without either, any object.
+  const CompiledSchema empty = compile_schema(nlohmann::json::parse(R"({"type": "object", "additionalProperties": false})"));
+  EXPECT_TRUE(accepts_whole("{ }", JsonRecognizer(JsonRecognizer::Limits{}, &empty)));
+  EXPECT_EQ(refused_at(R"({"a":1})", JsonRecognizer(JsonRecognizer::Limits{}, &empty)), 1u);
+  const CompiledSchema open = compile_schema(nlohmann::json::parse(R"({"type": "object"})"));
+  EXPECT_TRUE(accepts_whole(R"({"a":[1,{"b":null}]})", JsonRecognizer(JsonRecognizer::Limits{}, &open)));
   // Every property given: no comma can follow.
   const std::string full =
       R"({"name":"x","age":3,"score":1,"tags":["a"],"kind":"dog","nick":null,"home":{"city":"Oslo"})";

@@ -122,6 +122,8 @@ class Compiler {
         fail(ErrorKind::kInvalidArgument, "{}: '{}' is not supported", where, key);
       }
     }
+    // "additionalProperties": false without properties: the empty object only.
+    if (s.contains("additionalProperties") && s["additionalProperties"] == false) n.closed = true;
     if (n.min_items > n.max_items) fail(ErrorKind::kInvalidArgument, "{}: minItems is above maxItems", where);
     if (!n.literals.empty() && n.types != SchemaNode::kAnyType) {
       // Only the values of an allowed type can ever be written.

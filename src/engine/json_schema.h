@@ -26,7 +26,7 @@ struct SchemaNode {
   // Objects: with properties, only these keys (at most 64); node of each value.
   std::vector<std::pair<std::string, int32_t>> properties;
   uint64_t required = 0;  // bit i: properties[i]
-  bool closed = false;    // properties were given
+  bool closed = false;    // properties were given (or additionalProperties is false)
   // Arrays: the items' node (0: any value) and the count bounds.
   int32_t items = 0;
   int32_t min_items = 0;
