@@ -4,7 +4,8 @@
 For each model, R rounds; each round runs Tandem (`tandem bench --json --reps 1`,
 one warm-up then one timed repetition, in a fresh process) and then llama.cpp
 (through llama-cpp-python's low-level API, also a fresh process with one
-warm-up and one timed repetition). Both get the same prompt token ids (the
+warm-up and one timed repetition). Before each run the model file is read
+once, so both load it from the page cache. Both get the same prompt token ids (the
 ones Tandem's bench picked, read from its JSON), the same number of threads,
 a P-token prefill in one batch on an empty KV cache, then N single-token
 decode steps of fixed ids (no sampling). Prints one markdown table of
@@ -205,6 +206,19 @@ def ensure_synth(tandem: Path, cache: Path, typ: str) -> Path:
     return path
 
 
+def page_in(path: Path) -> float:
+    """Reads the whole file so that it is in the page cache when a run starts:
+    the load target is for a file in the page cache, and this VM pages out
+    file pages left idle for about a minute (DAMON), so a model untouched since
+    the previous model's rounds would otherwise load partly from disk. Returns
+    the seconds it took (long when the file had been paged out)."""
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while f.read(16 << 20):
+            pass
+    return time.perf_counter() - t0
+
+
 def run_json(cmd: list[str]) -> dict:
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     if r.returncode != 0:
@@ -265,6 +279,7 @@ def compare(args: argparse.Namespace) -> int:
             runs: dict[str, list[dict]] = {"tandem": [], "llama": []}
             for rnd in range(R):
                 log(f"{m.name}: round {rnd + 1}/{R}: tandem")
+                page_in_s = page_in(m)
                 load_before = os.getloadavg()[0]
                 tj = run_json([str(tandem), "bench", "--json", "-m", str(m), "-p", str(P), "-n", str(N),
                                "--threads", str(args.threads), "--reps", "1"])
@@ -275,14 +290,17 @@ def compare(args: argparse.Namespace) -> int:
                     raise SystemExit("tandem bench chose different token ids between runs")
                 tj.pop("token_ids")
                 tj["loadavg_1min_before"] = load_before
+                tj["page_in_s_before"] = page_in_s
                 runs["tandem"].append(tj)
                 log(f"  tandem prefill {tj['prefill_tok_s']:.1f} tok/s, decode {tj['decode_tok_s']:.1f} tok/s; "
                     f"round {rnd + 1}/{R}: llama.cpp")
+                page_in_s = page_in(m)
                 load_before = os.getloadavg()[0]
                 lj = run_json([str(py), str(Path(__file__).resolve()), "--llama-worker", "--model", str(m),
                                "--tokens", str(tokens_file), "-p", str(P), "-n", str(N), "--threads",
                                str(args.threads), "--flash-attn", args.flash_attn])
                 lj["loadavg_1min_before"] = load_before
+                lj["page_in_s_before"] = page_in_s
                 runs["llama"].append(lj)
                 log(f"  llama.cpp prefill {lj['prefill_tok_s']:.1f} tok/s, decode {lj['decode_tok_s']:.1f} tok/s")
             results.append({"model": str(m), "runs": runs})
