@@ -133,6 +133,29 @@ TEST(PerfBenchCli, PrepackModeReachesTheModel) {
   std::filesystem::remove(gguf);
 }
 
+// --repack-cache reaches the model: the second run maps what the first wrote
+// (when this kernel level repacks q8_0 at all) and says so in its JSON.
+TEST(PerfBenchCli, RepackCacheIsUsedByTheNextRun) {
+  const auto tag = std::to_string(::getpid());
+  const auto gguf = std::filesystem::temp_directory_path() / ("tandem_bench_repack_" + tag + ".gguf");
+  const auto dir = std::filesystem::temp_directory_path() / ("tandem_bench_repack_cache_" + tag);
+  CliResult r = test::run_cli("synth -o '" + gguf.string() + "' --vocab-from " + kStories +
+                              " --layers 2 --embd 64 --ff 96 --heads 4 --kv-heads 2 --type q8_0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::vector<bool> hits;
+  for (int run = 0; run < 2; ++run) {
+    r = run_bench_cli("-m '" + gguf.string() + "' -p 4 -n 2 --reps 1 --warmup 0 -t 1 --json --repack-cache '" +
+                      dir.string() + "' --roofline-cache " + temp_cache("repack"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    hits.push_back(nlohmann::json::parse(r.out)["repack_cache_hit"].get<bool>());
+  }
+  EXPECT_FALSE(hits[0]);
+  const bool written = std::filesystem::exists(dir) && !std::filesystem::is_empty(dir);
+  EXPECT_EQ(hits[1], written);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(gguf);
+}
+
 TEST(PerfBenchCli, BadInputExitsWithAMessage) {
   CliResult r = run_bench_cli("-m " + kStories + " -p 0 -n 4");
   EXPECT_EQ(r.status, 1);

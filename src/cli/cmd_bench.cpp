@@ -87,7 +87,7 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "Sequences decoding together: B prompts are prefilled, then every decode step runs B rows "
                   "(tok/s count all sequences)")
       ->capture_default_str();
-  add_prepack_option(cmd, o->bench.prepack);
+  add_prepack_option(cmd, o->bench.prepack, o->bench.repack_cache);
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
   cmd->add_flag("--roofline", o->roofline,
                 "Measure the machine's ceilings now (1 GiB read, compute peaks) and cache them");

@@ -23,7 +23,8 @@ namespace tandem::cli {
 namespace {
 
 struct ServeOpts {
-  std::string model, host = "127.0.0.1", api_key, alias, kv_memory, swap_space, policy = "latency", prepack = "auto";
+  std::string model, host = "127.0.0.1", api_key, alias, kv_memory, swap_space, policy = "latency", prepack = "auto",
+              repack_cache;
   int port = 8080;
   int32_t threads = 0, ctx = 0, max_batch_tokens = 0, max_seqs = 32, max_waiting = 256, http_threads = 0;
   int64_t kv_tokens = 0;
@@ -70,7 +71,7 @@ int serve(const ServeOpts& o) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  auto model = Model::load(resolve_model_path(o.model), parse_prepack_mode(o.prepack));
+  auto model = Model::load(resolve_model_path(o.model), parse_prepack_mode(o.prepack), o.repack_cache);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   EngineConfig ec;
   ec.threads = o.threads;
@@ -148,7 +149,7 @@ void add_serve_command(CLI::App& app, int& rc) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 100.0));
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not share KV blocks between requests");
-  add_prepack_option(cmd, o->prepack);
+  add_prepack_option(cmd, o->prepack, o->repack_cache);
   cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (0: max-seqs + max-waiting + 8)")
       ->capture_default_str();
   cmd->callback([o, &rc] { rc = serve(*o); });

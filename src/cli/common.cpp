@@ -12,12 +12,16 @@
 
 namespace tandem::cli {
 
-void add_prepack_option(CLI::App* cmd, std::string& value) {
+void add_prepack_option(CLI::App* cmd, std::string& value, std::string& cache_dir) {
   cmd->add_option("--prepack", value,
                   "Weights repacked at load: auto (q8_0 panels, q4_0 tiles: no extra memory), all (every "
                   "quantized type: faster batched decode on small models, more memory), off")
       ->check(CLI::IsMember({"auto", "all", "off"}))
       ->capture_default_str();
+  cmd->add_option("--repack-cache", cache_dir,
+                  "Directory for a file of the repacked weights, one per model file: the next load maps it "
+                  "instead of repacking (as large as the repacked weights)")
+      ->envname("TANDEM_REPACK_CACHE");
 }
 
 std::string resolve_model_path(const std::string& flag) {

@@ -9,8 +9,9 @@ class App;
 
 namespace tandem::cli {
 
-// --prepack auto|all|off (kernels/prepack.h) on a subcommand that loads a model.
-void add_prepack_option(CLI::App* cmd, std::string& value);
+// --prepack auto|all|off (kernels/prepack.h) and --repack-cache DIR
+// (model/repack_cache.h) on a subcommand that loads a model.
+void add_prepack_option(CLI::App* cmd, std::string& value, std::string& cache_dir);
 
 // -m when given, else $TANDEM_MODEL, else the default model installed by
 // scripts/setup.sh. Throws tandem::Error when none exists.

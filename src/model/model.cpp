@@ -18,6 +18,7 @@
 #include "kernels/ops.h"
 #include "kernels/prepack.h"
 #include "kv/kv_cache.h"
+#include "model/repack_cache.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tandem {
@@ -48,7 +49,7 @@ struct Model::Scratch {
 
 Model::~Model() = default;
 
-std::unique_ptr<Model> Model::load(const std::string& path, PrepackMode prepack) {
+std::unique_ptr<Model> Model::load(const std::string& path, PrepackMode prepack, const std::string& repack_cache) {
   std::unique_ptr<Model> m(new Model());
   m->file_ = GgufFile::open(path);
   m->cfg_ = ModelConfig::from_gguf(*m->file_);
@@ -59,7 +60,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, PrepackMode prepack)
     fail(ErrorKind::kInvalidFile, "{}: the vocabulary has {} tokens but token_embd.weight has {} rows", path,
          m->tok_->n_vocab(), m->cfg_.n_vocab);
   m->s_ = std::make_unique<Scratch>();
-  m->prepack_weights(prepack);
+  m->prepack_weights(prepack, repack_cache);
   return m;
 }
 
@@ -119,24 +120,57 @@ void populate(uint8_t* p, size_t n, ThreadPool& pool) {
 // f16 / bf16 ones into tiles where the kernels read them. Drops the file's
 // pages of what was copied.
 // TANDEM_PREPACK=0 keeps every weight in the file (for comparisons).
-void Model::prepack_weights(PrepackMode mode) {
+void Model::prepack_weights(PrepackMode mode, const std::string& cache_dir) {
   const char* env = std::getenv("TANDEM_PREPACK");
   if ((env && std::strcmp(env, "0") == 0) || mode == PrepackMode::kOff) return;
   const KernelLevel level = s_->mm.level();
-  std::vector<WeightMatrix*> all = {&w_.output};
-  for (LayerWeights& L : w_.layers)
-    for (WeightMatrix* W : L.matrices()) all.push_back(W);
-  // Panels for every row (q8_0; any type under kAll), else q4_0 / q5_0 / q4_K /
-  // f16 / bf16 tiles for the whole 16-row tiles.
-  const auto bytes_for = [&](const WeightMatrix& W) {
-    const size_t panels = prepacked_bytes(W, level, mode);
-    return panels ? panels : tiles_bytes(W, level);
+  std::vector<WeightMatrix*> all;
+  std::vector<size_t> sizes;  // of each matrix in `all`'s new layout
+  {
+    std::vector<WeightMatrix*> every = {&w_.output};
+    for (LayerWeights& L : w_.layers)
+      for (WeightMatrix* W : L.matrices()) every.push_back(W);
+    // Panels for every row (q8_0; any type under kAll), else q4_0 / q5_0 /
+    // q4_K / f16 / bf16 tiles for the whole 16-row tiles.
+    for (WeightMatrix* W : every) {
+      const size_t panels = prepacked_bytes(*W, level, mode);
+      const size_t bytes = panels ? panels : tiles_bytes(*W, level);
+      if (bytes) all.push_back(W), sizes.push_back(bytes);
+    }
+  }
+  if (all.empty()) return;
+  // Embedding lookups read q32 panels and tiles (dequantize_prepacked_row); a
+  // tied embedding in K-quant panels keeps its file rows for them.
+  const auto panels = [&](const WeightMatrix& W) { return prepacked_bytes(W, level, mode) != 0; };
+  const auto lookups_in_new_layout = [&](const WeightMatrix& W) {
+    return !panels(W) || gemm_class(W.type) == GemmClass::kQ32;
   };
+  const auto bind = [&](WeightMatrix* W, const uint8_t* buf) {
+    (panels(*W) ? W->packed : W->tiles) = buf;
+    if (w_.tok_embd.data == W->data && lookups_in_new_layout(*W)) {
+      w_.tok_embd.packed = W->packed;
+      w_.tok_embd.tiles = W->tiles;
+    }
+  };
+
+  if (!cache_dir.empty()) {
+    repack_cache_ = std::make_unique<RepackCache>(
+        cache_dir, file_->path(), fmt::format("{} {}", kernel_level_name(level), static_cast<int>(mode)));
+    if (const std::vector<const uint8_t*> bufs = repack_cache_->open(sizes); !bufs.empty()) {
+      for (size_t i = 0; i < all.size(); ++i) {
+        packed_.push_back({nullptr, bufs[i], sizes[i]});
+        bind(all[i], bufs[i]);  // the file's rows were never touched: nothing to release
+      }
+      repack_cache_hit_ = true;
+      return;
+    }
+  }
+
   // The copies are new memory (the file's pages are page cache, given back as
   // the copying goes): when they would not fit, the weights stay where they
   // are, slower to decode but loaded, where the OOM killer would end the load.
   size_t total = 0;
-  for (const WeightMatrix* W : all) total += bytes_for(*W);
+  for (size_t b : sizes) total += b;
   if (const auto avail = available_memory_bytes(); avail && total > *avail) {
     load_warning_ = fmt::format(
         "repacking the weights takes {} MiB and {} MiB of memory are available: they stay in the file's layout "
@@ -144,39 +178,36 @@ void Model::prepack_weights(PrepackMode mode) {
         total >> 20, *avail >> 20);
     return;
   }
-  std::unique_ptr<ThreadPool> pool;
-  for (WeightMatrix* W : all) {
-    const size_t panels = prepacked_bytes(*W, level, mode);
-    const size_t bytes = bytes_for(*W);
-    if (bytes == 0) continue;
-    // Embedding lookups read q32 panels and tiles (dequantize_prepacked_row);
-    // a tied embedding in K-quant panels keeps its file rows for them.
-    const bool tied = w_.tok_embd.data == W->data;
-    const bool lookups_in_panels = !panels || gemm_class(W->type) == GemmClass::kQ32;
-    if (!pool) pool = std::make_unique<ThreadPool>(0);
+  ThreadPool pool(0);
+  for (size_t i = 0; i < all.size(); ++i) {
+    WeightMatrix* W = all[i];
+    const size_t bytes = sizes[i];
+    const bool in_panels = panels(*W);
+    const bool keep_file_rows = w_.tok_embd.data == W->data && !lookups_in_new_layout(*W);
     uint8_t* buf = alloc_weights(bytes);
-    packed_.push_back({std::unique_ptr<uint8_t, FreeDeleter>(buf), bytes});
+    packed_.push_back({std::unique_ptr<uint8_t, FreeDeleter>(buf), buf, bytes});
     // In slices, releasing each slice's file pages once written, so that a
     // large matrix (Gemma's 178 MB embedding) is not held twice at the peak.
-    const int64_t tiles = panels ? (W->rows + kGemmTile - 1) / kGemmTile : W->rows / kGemmTile;
+    const int64_t tiles = in_panels ? (W->rows + kGemmTile - 1) / kGemmTile : W->rows / kGemmTile;
     constexpr int64_t kSliceTiles = 256;
     for (int64_t t0 = 0; t0 < tiles; t0 += kSliceTiles) {
       const int64_t t1 = std::min(tiles, t0 + kSliceTiles);
       // Tiles take equal bytes; the slice's only, so the peak stays one slice.
       const size_t b0 = bytes * static_cast<size_t>(t0) / static_cast<size_t>(tiles);
-      populate(buf + b0, bytes * static_cast<size_t>(t1) / static_cast<size_t>(tiles) - b0, *pool);
-      if (panels) prepack_tiles(*W, level, buf, t0, t1, *pool);
-      else write_tiles(*W, buf, t0, t1, *pool);
+      populate(buf + b0, bytes * static_cast<size_t>(t1) / static_cast<size_t>(tiles) - b0, pool);
+      if (in_panels) prepack_tiles(*W, level, buf, t0, t1, pool);
+      else write_tiles(*W, buf, t0, t1, pool);
       const int64_t r0 = t0 * kGemmTile, r1 = std::min(W->rows, t1 * kGemmTile);
-      if (!tied || lookups_in_panels)
+      if (!keep_file_rows)
         file_->release_pages(W->row(r0), static_cast<size_t>(r1 - r0) * W->row_stride);
     }
-    (panels ? W->packed : W->tiles) = buf;
-    // The tied embedding looks its rows up in the new layout too.
-    if (tied && lookups_in_panels) {
-      w_.tok_embd.packed = W->packed;
-      w_.tok_embd.tiles = W->tiles;
-    }
+    bind(W, buf);
+  }
+  if (repack_cache_) {
+    std::vector<std::span<const uint8_t>> bufs;
+    for (const Repacked& p : packed_) bufs.emplace_back(p.buf, p.bytes);
+    if (std::string why = repack_cache_->write(bufs); !why.empty())
+      load_warning_ = fmt::format("the repacked weights were not cached: {}", why);
   }
 }
 
@@ -189,7 +220,7 @@ size_t Model::packed_bytes() const {
 std::vector<std::span<const uint8_t>> Model::decode_weight_regions() const {
   auto size_of = [&](const uint8_t* buf) {
     for (const Repacked& p : packed_)
-      if (p.buf.get() == buf) return p.bytes;
+      if (p.buf == buf) return p.bytes;
     return size_t{0};
   };
   std::vector<std::span<const uint8_t>> out;

@@ -23,6 +23,7 @@ namespace tandem {
 
 class GgufFile;
 class KvCache;
+class RepackCache;
 struct KvShape;
 class ThreadPool;
 class Tokenizer;
@@ -52,8 +53,11 @@ class Model {
  public:
   // Maps the file, binds everything and repacks weights per `prepack`
   // (kernels/prepack.h; TANDEM_PREPACK=0 in the environment turns it off).
-  // Throws tandem::Error.
-  static std::unique_ptr<Model> load(const std::string& path, PrepackMode prepack = PrepackMode::kAuto);
+  // With a `repack_cache` directory, the repacked weights are mapped from a
+  // file there when one matches, and written there when none does
+  // (model/repack_cache.h). Throws tandem::Error.
+  static std::unique_ptr<Model> load(const std::string& path, PrepackMode prepack = PrepackMode::kAuto,
+                                     const std::string& repack_cache = "");
   ~Model();
 
   const GgufFile& file() const { return *file_; }
@@ -103,17 +107,22 @@ class Model {
     void operator()(uint8_t* p) const;
   };
   struct Repacked {  // see kernels/prepack.h
-    std::unique_ptr<uint8_t, FreeDeleter> buf;
+    std::unique_ptr<uint8_t, FreeDeleter> owned;  // null when mapped from the cache file
+    const uint8_t* buf;
     size_t bytes;
   };
   std::vector<Repacked> packed_;
+  std::unique_ptr<RepackCache> repack_cache_;
 
-  void prepack_weights(PrepackMode mode);
+  void prepack_weights(PrepackMode mode, const std::string& cache_dir);
   std::string load_warning_;
+  bool repack_cache_hit_ = false;
 
  public:
   // Bytes of weights held repacked in memory (instead of the file's pages).
   size_t packed_bytes() const;
+  // Whether the repacked weights came from the repack cache's file.
+  bool repack_cache_hit() const { return repack_cache_hit_; }
   // What the load had to do differently from what was asked (repacking
   // skipped for lack of memory), for the caller to show; "" when nothing.
   const std::string& load_warning() const { return load_warning_; }

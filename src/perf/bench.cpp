@@ -146,7 +146,7 @@ BenchResult run_bench(const BenchOptions& opts) {
   const int32_t P = opts.n_prompt, N = opts.n_gen, B = opts.batch;
 
   const auto t0 = Clock::now();
-  std::unique_ptr<Model> model = Model::load(opts.model_path, parse_prepack_mode(opts.prepack));
+  std::unique_ptr<Model> model = Model::load(opts.model_path, parse_prepack_mode(opts.prepack), opts.repack_cache);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   const ModelConfig& c = model->config();
   if (static_cast<int64_t>(P) + N > c.n_ctx_train)
@@ -156,6 +156,7 @@ BenchResult run_bench(const BenchOptions& opts) {
   const KvShape shape = model->kv_shape();
   KvCache kv(shape, B * static_cast<int32_t>((int64_t{P} + N + kBlockSize - 1) / kBlockSize), kBlockSize);
   r.load_s = since(t0);
+  r.repack_cache_hit = model->repack_cache_hit();
 
   r.model_name = c.name;
   r.arch = c.arch_name;
@@ -237,6 +238,7 @@ nlohmann::json bench_to_json(const BenchResult& r, const Roofline& roof) {
       {"reps", r.opts.reps},
       {"warmup", r.opts.warmup},
       {"load_s", r.load_s},
+      {"repack_cache_hit", r.repack_cache_hit},
       {"warmup_s", r.warmup_s},
       {"prefill_tok_s", r.prefill_tok_s.median},
       {"prefill_tok_s_min", r.prefill_tok_s.min},

@@ -30,6 +30,7 @@ struct BenchOptions {
   int32_t warmup = 1;   // untimed repetitions first (page-in, caches, thread spin-up)
   int32_t batch = 1;    // sequences decoding together (rows per decode step)
   std::string prepack = "auto";  // kernels/prepack.h
+  std::string repack_cache;      // model/repack_cache.h; "" for none
 };
 
 struct Stats {
@@ -44,6 +45,7 @@ struct BenchResult {
   int threads = 0;
   std::string kernel_level;
   double load_s = 0;    // map + bind + tokenizer + thread pool + KV cache allocation
+  bool repack_cache_hit = false;  // the repacked weights were mapped from --repack-cache
   double warmup_s = 0;  // the untimed repetitions (the first touches every weight page)
   std::vector<double> prefill_s, decode_s;  // wall seconds per repetition
   // Process CPU seconds per repetition (every thread, spinning included): with
