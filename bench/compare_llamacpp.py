@@ -14,6 +14,8 @@ medians with the min-max spread, and a second one with Tandem's roofline.
 llama-cpp-python is installed from PyPI into its own venv (bench/.venv by
 default), compiled from source for this CPU (CMAKE_ARGS=-DGGML_NATIVE=ON).
 --venv PATH reuses an existing one (it is installed there if missing).
+--repack-cache DIR runs Tandem with its repack cache (written once before a
+model's rounds): the load maps the repacked weights instead of repacking.
 
   bench/compare_llamacpp.py                 # Gemma 3 270M + the synthetic 1.1B models
   bench/compare_llamacpp.py -p 512 -n 64 -r 3 --venv /tmp/venvtest/v
@@ -277,12 +279,17 @@ def compare(args: argparse.Namespace) -> int:
             tokens_file = Path(tmp) / "tokens.json"
             token_ids = None
             runs: dict[str, list[dict]] = {"tandem": [], "llama": []}
+            cache_args = ["--repack-cache", args.repack_cache] if args.repack_cache else []
+            if cache_args:  # written once here, outside the rounds; each round then maps it
+                log(f"{m.name}: writing the repack cache in {args.repack_cache}")
+                run_json([str(tandem), "bench", "--json", "-m", str(m), "-p", "8", "-n", "1", "--reps", "1",
+                          "--warmup", "0", "--threads", str(args.threads), *cache_args])
             for rnd in range(R):
                 log(f"{m.name}: round {rnd + 1}/{R}: tandem")
                 page_in_s = page_in(m)
                 load_before = os.getloadavg()[0]
                 tj = run_json([str(tandem), "bench", "--json", "-m", str(m), "-p", str(P), "-n", str(N),
-                               "--threads", str(args.threads), "--reps", "1"])
+                               "--threads", str(args.threads), "--reps", "1", *cache_args])
                 if token_ids is None:
                     token_ids = tj["token_ids"]
                     tokens_file.write_text(json.dumps(token_ids))
@@ -312,7 +319,7 @@ def compare(args: argparse.Namespace) -> int:
         info["llama_flash_attn_used"] = {Path(r["model"]).name: r["runs"]["llama"][0]["flash_attn_used"]
                                          for r in results}
     report = {"machine": info, "prompt": P, "gen": N, "rounds": R, "threads": args.threads,
-              "flash_attn": args.flash_attn, "results": results}
+              "flash_attn": args.flash_attn, "repack_cache": args.repack_cache, "results": results}
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=1))
     print(markdown(report))
@@ -346,7 +353,8 @@ def markdown(report: dict) -> str:
     P, N = report["prompt"], report["gen"]
     lines = [f"P = {P} prompt tokens, N = {N} decode steps, {report['threads']} threads, "
              f"{report['rounds']} alternating rounds; tok/s as median (min-max); ratio = Tandem / llama.cpp "
-             f"(medians).", ""] + speed_table(report, False)
+             f"(medians)." + (f" Tandem maps its repacked weights from --repack-cache {report['repack_cache']}."
+                              if report.get("repack_cache") else ""), ""] + speed_table(report, False)
     if report["threads"] == 1:
         # One thread: process CPU time is the work itself, little disturbed by
         # other processes (no spin-waits are counted: there is nobody to wait for).
@@ -401,6 +409,8 @@ def main() -> int:
     ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto",
                     help="llama.cpp flash attention (auto is the library default)")
     ap.add_argument("--json-out", help="also write every run's raw results here")
+    ap.add_argument("--repack-cache", help="run Tandem with --repack-cache DIR (the cache is written before "
+                    "the rounds, so every round maps it)")
     ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", help=argparse.SUPPRESS)
