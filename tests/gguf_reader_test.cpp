@@ -164,6 +164,28 @@ TEST(GgufReader, TypedGettersRejectWrongTypes) {
   EXPECT_EQ(f->get_float("llama.block_count"), 5.0);  // integers widen to float
 }
 
+// The mapping refuses 2 MiB mappings (VmFlags "nh"): a file in large page
+// cache folios would otherwise keep megabytes around each small tensor read
+// from it resident (GgufFile::open).
+TEST(GgufReader, MappingAsksForSmallPages) {
+  const std::string path = fs::canonical(kShared + "/gguf/stories260K.gguf").string();
+  auto f = GgufFile::open(path);
+  std::ifstream smaps("/proc/self/smaps");
+  ASSERT_TRUE(smaps.good());
+  std::string line;
+  bool in_mapping = false, seen = false;
+  while (std::getline(smaps, line)) {
+    const bool header = !line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+                        line.substr(0, line.find(' ')).find('-') != std::string::npos && line.find(':') > 20;
+    if (header) in_mapping = line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0;
+    if (in_mapping && line.rfind("VmFlags:", 0) == 0) {
+      seen = true;
+      EXPECT_NE((line + " ").find(" nh "), std::string::npos) << line;
+    }
+  }
+  EXPECT_TRUE(seen) << "no mapping of " << path << " in /proc/self/smaps";
+}
+
 TEST(GgufReader, VocabOnlyFile) {
   auto f = GgufFile::open(kShared + "/vocab/ggml-vocab-llama-spm.gguf");
   EXPECT_EQ(f->version(), 3u);
