@@ -120,6 +120,8 @@ class GgufFile {
   // packed arrays are read from the mapping: done after parsing, and worth
   // doing again once they have been read, e.g. into a tokenizer).
   void release_metadata_pages() const { release_pages(base_, static_cast<size_t>(data_offset_)); }
+  // release_pages for the whole file: what is read later faults back in.
+  void release_all_pages() const { release_pages(base_, static_cast<size_t>(size_)); }
 
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* find_tensor(std::string_view name) const;
