@@ -188,6 +188,11 @@ void gemm_args(benchmark::internal::Benchmark* b) {
       for (int old : {0, 1}) b->Args({ti, s[0], s[1], 512, 2, old});
   for (int ti = 4; ti < 7; ++ti) b->Args({ti, 2048, 2048, 512, 2, 0});
   for (auto& s : shapes) b->Args({0, s[0], s[1], 512, 2, 2});  // q8_0 as loaded (prepacked)
+  // The row counts a prefill's products run with (Model: feed-forward rows
+  // in chunks of 128, attention in 256), one thread and two.
+  for (auto& s : shapes)
+    for (int m : {128, 256})
+      for (int th : {1, 2}) b->Args({0, s[0], s[1], m, th, 2});
   // One thread: per-core rates.
   for (int ti = 0; ti < 7; ++ti) b->Args({ti, 2048, 2048, 512, 1, 0});
   for (int m : {48, 96, 192, 384}) b->Args({0, 2048, 2048, m, 1, 0});  // q8_0, one thread: acts in L1/L2 or not
@@ -324,6 +329,11 @@ BENCHMARK(BM_CeilingInt8Vnni)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
 // 4 activation rows x 2 panels of accumulators, so nothing waits on memory. The
 // scale product and the FMA compete with dpbusd for the same two pipes on
 // Zen 4, so this is what a q8_0 product can reach, below the plain dpbusd peak.
+// SCALE = false drops the scale product (d * activation scale; the FMA then
+// scales by d alone): not a correct q8_0 product, it shows what that one
+// multiply per 8 dpbusd costs. The convert runs on other pipes and costs
+// nothing (measured: convert + add, no multiply, ran at the plain peak).
+template <bool SCALE>
 __attribute__((target("avx512f,avx512vnni,f16c"))) float q8_0_block_loop(int64_t iters) {
   alignas(64) static uint8_t w[2][8][64];
   alignas(64) static int8_t a[16][8][16];  // 16 blocks of 8 k-groups x 4 rows x 4 quants
@@ -359,7 +369,8 @@ __attribute__((target("avx512f,avx512vnni,f16c"))) float q8_0_block_loop(int64_t
     for (int v = 0; v < 2; ++v) {
       const __m512 d = _mm512_load_ps(ws[b][v]);
       for (int r = 0; r < 4; ++r)
-        f[v][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t[v][r]), _mm512_mul_ps(d, _mm512_set1_ps(as[b][r])), f[v][r]);
+        f[v][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t[v][r]), SCALE ? _mm512_mul_ps(d, _mm512_set1_ps(as[b][r])) : d,
+                                  f[v][r]);
     }
   }
   __m512 s = _mm512_setzero_ps();
@@ -370,9 +381,14 @@ __attribute__((target("avx512f,avx512vnni,f16c"))) float q8_0_block_loop(int64_t
 
 void BM_CeilingQ8_0Blocks(benchmark::State& state) {
   // 64 dpbusd of 64 multiply-adds (128 ops) per block.
-  compute_ceiling(state, 1 << 18, 128.0 * 64, "GOP/s", q8_0_block_loop);
+  compute_ceiling(state, 1 << 18, 128.0 * 64, "GOP/s", q8_0_block_loop<true>);
 }
 BENCHMARK(BM_CeilingQ8_0Blocks)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
+
+void BM_CeilingQ8_0BlocksNoScaleProduct(benchmark::State& state) {
+  compute_ceiling(state, 1 << 18, 128.0 * 64, "GOP/s", q8_0_block_loop<false>);
+}
+BENCHMARK(BM_CeilingQ8_0BlocksNoScaleProduct)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
 
 void BM_CeilingFp32Fma(benchmark::State& state) {
   // 12 FMAs of 16 lanes = 32 flops each.
