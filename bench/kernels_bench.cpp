@@ -223,6 +223,8 @@ void gemv_args(benchmark::internal::Benchmark* b) {
     for (int threads : {1, 2})
       for (int old : {0, 1}) b->Args({ti, 5632, 2048, 1, threads, old});
   for (int m : {2, 3, 4, 6, 8, 12, 16, 32}) b->Args({0, 5632, 2048, m, 2, 0});
+  // F16 in its float tiles (as loaded), decode: the widest and a k/v-sized matrix.
+  for (int64_t n : {5632, 2048, 256}) b->Args({3, n, 2048, 1, 2, 2});
   // Serving steps: a few to a few dozen rows against weights repacked at load.
   for (int m : {1, 2, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256}) b->Args({0, 5632, 2048, m, 2, 2});
   // Gemma 3's output matrix (its q8_0 embedding, 262144 x 640): K is 20 blocks.
