@@ -9,7 +9,8 @@ once, so both load it from the page cache. Both get the same prompt token ids (t
 ones Tandem's bench picked, read from its JSON), the same number of threads,
 a P-token prefill in one batch on an empty KV cache, then N single-token
 decode steps of fixed ids (no sampling). Prints one markdown table of
-medians with the min-max spread, and a second one with Tandem's roofline.
+medians with the min-max spread and the ratios (of the medians, and the median
+of each round's own ratio), and a second one with Tandem's roofline.
 
 llama-cpp-python is installed from PyPI into its own venv (bench/.venv by
 default), compiled from source for this CPU (CMAKE_ARGS=-DGGML_NATIVE=ON).
@@ -326,26 +327,36 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def speeds(runs: list[dict], P: int, N: int, cpu: bool) -> tuple[dict, dict]:
-    """Prefill and decode tok/s over the rounds: wall clock, or per process-CPU second."""
+def round_speeds(runs: list[dict], P: int, N: int, cpu: bool) -> tuple[list[float], list[float]]:
+    """Prefill and decode tok/s of each round: wall clock, or per process-CPU second."""
     if cpu:
-        return (stats([P / x["prefill_cpu_s"][0] for x in runs]), stats([N / x["decode_cpu_s"][0] for x in runs]))
-    return stats([x["prefill_tok_s"] for x in runs]), stats([x["decode_tok_s"] for x in runs])
+        return [P / x["prefill_cpu_s"][0] for x in runs], [N / x["decode_cpu_s"][0] for x in runs]
+    return [x["prefill_tok_s"] for x in runs], [x["decode_tok_s"] for x in runs]
+
+
+def paired(t: list[float], l: list[float]) -> str:
+    """Median (min-max) of the rounds' own ratios: each round's two runs are
+    seconds apart, so a drift of the machine's speed over minutes divides out
+    where a ratio of medians may pair one engine's fast round with the
+    other's slow one."""
+    r = [a / b for a, b in zip(t, l)]
+    return f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})"
 
 
 def speed_table(report: dict, cpu: bool) -> list[str]:
     P, N = report["prompt"], report["gen"]
     unit = "tok/CPU-s" if cpu else "tok/s"
-    lines = [f"| model | type | Tandem prefill {unit} | llama.cpp prefill {unit} | ratio | Tandem decode {unit} "
-             f"| llama.cpp decode {unit} | ratio |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| model | type | Tandem prefill {unit} | llama.cpp prefill {unit} | ratio | per round "
+             f"| Tandem decode {unit} | llama.cpp decode {unit} | ratio | per round |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for res in report["results"]:
         t, l = res["runs"]["tandem"], res["runs"]["llama"]
-        tp, td = speeds(t, P, N, cpu)
-        lp, ld = speeds(l, P, N, cpu)
-        lines.append(f"| {Path(res['model']).name} | {t[0]['model_type']} | {cell(tp)} | {cell(lp)} "
-                     f"| {tp['median'] / lp['median']:.2f} | {cell(td)} | {cell(ld)} "
-                     f"| {td['median'] / ld['median']:.2f} |")
+        tp, td = round_speeds(t, P, N, cpu)
+        lp, ld = round_speeds(l, P, N, cpu)
+        lines.append(f"| {Path(res['model']).name} | {t[0]['model_type']} | {cell(stats(tp))} | {cell(stats(lp))} "
+                     f"| {statistics.median(tp) / statistics.median(lp):.2f} | {paired(tp, lp)} "
+                     f"| {cell(stats(td))} | {cell(stats(ld))} "
+                     f"| {statistics.median(td) / statistics.median(ld):.2f} | {paired(td, ld)} |")
     return lines
 
 
@@ -353,7 +364,7 @@ def markdown(report: dict) -> str:
     P, N = report["prompt"], report["gen"]
     lines = [f"P = {P} prompt tokens, N = {N} decode steps, {report['threads']} threads, "
              f"{report['rounds']} alternating rounds; tok/s as median (min-max); ratio = Tandem / llama.cpp "
-             f"(medians)." + (f" Tandem maps its repacked weights from --repack-cache {report['repack_cache']}."
+             f"(medians); per round = median (min-max) of each round's own Tandem / llama.cpp." + (f" Tandem maps its repacked weights from --repack-cache {report['repack_cache']}."
                               if report.get("repack_cache") else ""), ""] + speed_table(report, False)
     if report["threads"] == 1:
         # One thread: process CPU time is the work itself, little disturbed by
