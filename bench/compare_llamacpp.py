@@ -364,8 +364,9 @@ def markdown(report: dict) -> str:
     P, N = report["prompt"], report["gen"]
     lines = [f"P = {P} prompt tokens, N = {N} decode steps, {report['threads']} threads, "
              f"{report['rounds']} alternating rounds; tok/s as median (min-max); ratio = Tandem / llama.cpp "
-             f"(medians); per round = median (min-max) of each round's own Tandem / llama.cpp." + (f" Tandem maps its repacked weights from --repack-cache {report['repack_cache']}."
-                              if report.get("repack_cache") else ""), ""] + speed_table(report, False)
+             f"(medians); per round = median (min-max) of each round's own Tandem / llama.cpp."
+             + (f" Tandem maps its repacked weights from --repack-cache {report['repack_cache']}."
+                if report.get("repack_cache") else ""), ""] + speed_table(report, False)
     if report["threads"] == 1:
         # One thread: process CPU time is the work itself, little disturbed by
         # other processes (no spin-waits are counted: there is nobody to wait for).
