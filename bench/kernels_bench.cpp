@@ -399,16 +399,16 @@ void BM_CeilingFp32Fma(benchmark::State& state) {
 BENCHMARK(BM_CeilingFp32Fma)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
 
 // The attention benchmarks' cache: the 1.1B shape (32 query heads, 4 KV
-// heads of 64) in all 22 layers, f16 in 16-slot blocks, B sequences of N
-// positions filled with N(0,1) keys and values drawn from `rng`.
+// heads of 64) in all 22 layers, in 16-slot blocks (f16 unless `type` says),
+// B sequences of N positions filled with N(0,1) keys and values from `rng`.
 struct AttnBenchCache {
   static constexpr int32_t kLayers = 22, kHead = 64, kHeadsKv = 4, kBlock = 16;
   const AttnShape s{8 * kHeadsKv, kHeadsKv, kHead, kHead, 0};
   KvCache kv;
   std::vector<std::vector<int32_t>> tables;
 
-  AttnBenchCache(int32_t N, int32_t B, std::mt19937& rng)
-      : kv({kLayers, kHeadsKv * kHead, kHeadsKv * kHead, kHeadsKv}, (N + kBlock - 1) / kBlock * B, kBlock),
+  AttnBenchCache(int32_t N, int32_t B, std::mt19937& rng, KvType type = KvType::kF16)
+      : kv({kLayers, kHeadsKv * kHead, kHeadsKv * kHead, kHeadsKv}, (N + kBlock - 1) / kBlock * B, kBlock, type),
         tables(B) {
     std::normal_distribution<float> normal;
     std::vector<float> k(kHeadsKv * kHead), v(kHeadsKv * kHead);
@@ -462,12 +462,13 @@ BENCHMARK(BM_AttentionDecode)->Args({512, 1, 2})->Args({1088, 1, 2})->Args({4096
     ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
 
 // Prefill attention of one N-token prompt through the same 22 layers
-// (causal, K/V written beforehand). Args: N, threads. GFLOP/s counts the
-// causal half: 2 * 2 * N(N+1)/2 * head_dim per query head.
+// (causal, K/V written beforehand). Args: N, threads, and 1 for an f32
+// cache instead of f16 (what the kernels' f16 -> f32 conversions cost).
+// GFLOP/s counts the causal half: 2 * 2 * N(N+1)/2 * head_dim per query head.
 void BM_AttentionPrefill(benchmark::State& state) {
   const int32_t N = static_cast<int32_t>(state.range(0));
   std::mt19937 rng(6);
-  AttnBenchCache c(N, 1, rng);
+  AttnBenchCache c(N, 1, rng, state.range(2) != 0 ? KvType::kF32 : KvType::kF16);
   const AttnShape& s = c.s;
   std::normal_distribution<float> normal;
   const int64_t QW = int64_t{s.n_head} * s.head_dim;
@@ -482,8 +483,8 @@ void BM_AttentionPrefill(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
                                                  benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_AttentionPrefill)->Args({512, 2})->Args({2048, 2})->Unit(benchmark::kMillisecond)->UseRealTime()
-    ->MinTime(1.0);
+BENCHMARK(BM_AttentionPrefill)->Args({512, 2, 0})->Args({512, 2, 1})->Args({2048, 2, 0})
+    ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
 
 // Fork/join latency of an empty job, and of a parallel_for over 64 items.
 void BM_PoolEmptyRun(benchmark::State& state) {
