@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "core/error.h"
 #include "gguf/gguf.h"
@@ -165,27 +166,57 @@ TEST(GgufReader, TypedGettersRejectWrongTypes) {
   EXPECT_EQ(f->get_float("llama.block_count"), 5.0);  // integers widen to float
 }
 
+// The lines of /proc/self/smaps that describe the mapping of `path` and
+// start with `field` (e.g. "VmFlags:", "Rss:").
+std::vector<std::string> mapping_fields(const std::string& path, const std::string& field) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::vector<std::string> out;
+  std::string line;
+  bool in_mapping = false;
+  while (std::getline(smaps, line)) {
+    // A mapping's line starts "start-end "; its fields' names have no '-'.
+    const bool header = !line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+                        line.substr(0, line.find(' ')).find('-') != std::string::npos;
+    if (header) in_mapping = line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0;
+    if (in_mapping && line.rfind(field, 0) == 0) out.push_back(line);
+  }
+  return out;
+}
+
 // The mapping refuses 2 MiB mappings (VmFlags "nh"): a file in large page
 // cache folios would otherwise keep megabytes around each small tensor read
 // from it resident (GgufFile::open).
 TEST(GgufReader, MappingAsksForSmallPages) {
   const std::string path = fs::canonical(kShared + "/gguf/stories260K.gguf").string();
   auto f = GgufFile::open(path);
-  std::ifstream smaps("/proc/self/smaps");
-  ASSERT_TRUE(smaps.good());
-  std::string line;
-  bool in_mapping = false, seen = false;
-  while (std::getline(smaps, line)) {
-    // A mapping's line starts "start-end "; its fields' names have no '-'.
-    const bool header = !line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
-                        line.substr(0, line.find(' ')).find('-') != std::string::npos;
-    if (header) in_mapping = line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0;
-    if (in_mapping && line.rfind("VmFlags:", 0) == 0) {
-      seen = true;
-      EXPECT_NE((line + " ").find(" nh "), std::string::npos) << line;
-    }
-  }
-  EXPECT_TRUE(seen) << "no mapping of " << path << " in /proc/self/smaps";
+  const std::vector<std::string> flags = mapping_fields(path, "VmFlags:");
+  ASSERT_FALSE(flags.empty()) << "no mapping of " << path << " in /proc/self/smaps";
+  for (const std::string& line : flags) EXPECT_NE((line + " ").find(" nh "), std::string::npos) << line;
+}
+
+// copy_out reads the bytes from the file: none of the mapping's pages becomes
+// resident (embedding lookups, Model::forward), and the bytes are the mapped ones.
+TEST(GgufReader, CopyOutLeavesTheMappingAlone) {
+  const std::string path = fs::canonical(kShared + "/gguf/stories260K.gguf").string();
+  auto f = GgufFile::open(path);
+  const GgufTensor* t = f->find_tensor("token_embd.weight");
+  ASSERT_NE(t, nullptr);
+  ASSERT_GT(t->n_bytes, 3 * 4096u);
+  auto resident_kb = [&] {
+    int64_t kb = 0;
+    for (const std::string& line : mapping_fields(path, "Rss:")) kb += std::stoll(line.substr(4));
+    return kb;
+  };
+  f->release_all_pages();
+  ASSERT_EQ(resident_kb(), 0);
+  const size_t n = 5000;  // across a page boundary
+  const uint8_t* p = t->data + 4096 - 100;
+  std::vector<uint8_t> got(n);
+  f->copy_out(p, n, got.data());
+  EXPECT_EQ(resident_kb(), 0);
+  EXPECT_EQ(std::memcmp(got.data(), p, n), 0);  // faults the pages in: last
+  EXPECT_GT(resident_kb(), 0);
+  EXPECT_THROW(f->copy_out(p, static_cast<size_t>(f->file_size()), got.data()), Error);
 }
 
 TEST(GgufReader, VocabOnlyFile) {

@@ -210,9 +210,11 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
     fail(ErrorKind::kInvalidFile, "{}: file is empty (truncated?), not a GGUF file", path);
   }
   void* m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-  const int e = errno;
-  ::close(fd);  // the mapping keeps the file referenced
-  if (m == MAP_FAILED) fail(ErrorKind::kIo, "{}: cannot mmap: {}", path, std::strerror(e));
+  if (m == MAP_FAILED) {
+    const int e = errno;
+    ::close(fd);
+    fail(ErrorKind::kIo, "{}: cannot mmap: {}", path, std::strerror(e));
+  }
   // No PMD mappings of the file. A file read with read() (cat, a copy, a
   // download) sits in the page cache in large folios, up to 2 MiB, and a
   // fault on one 2 MiB folio maps all of it: reading a norm vector of a few
@@ -227,6 +229,7 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
   std::unique_ptr<GgufFile> f(new GgufFile());
   f->path_ = path;
   f->mapping_ = m;
+  f->fd_ = fd;  // kept for copy_out
   f->base_ = static_cast<const uint8_t*>(m);
   f->size_ = static_cast<uint64_t>(st.st_size);
   f->parse();
@@ -248,6 +251,23 @@ std::unique_ptr<GgufFile> GgufFile::from_memory(const uint8_t* data, size_t size
 
 GgufFile::~GgufFile() {
   if (mapping_) ::munmap(mapping_, static_cast<size_t>(size_));
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void GgufFile::copy_out(const uint8_t* p, size_t n, uint8_t* dst) const {
+  if (p < base_ || n > size_ || p - base_ > static_cast<ptrdiff_t>(size_ - n))
+    fail(ErrorKind::kInvalidArgument, "{}: copy_out of {} bytes outside the file", path_, n);
+  size_t done = 0;
+  if (fd_ >= 0) {
+    const off_t at = static_cast<off_t>(p - base_);
+    while (done < n) {
+      const ssize_t got = ::pread(fd_, dst + done, n - done, at + static_cast<off_t>(done));
+      if (got > 0) done += static_cast<size_t>(got);
+      else if (got < 0 && errno == EINTR) continue;
+      else break;  // the rest from the mapping (which would fault the same way)
+    }
+  }
+  if (done < n) std::memcpy(dst + done, p + done, n - done);
 }
 
 void GgufFile::release_pages(const uint8_t* p, size_t n) const {

@@ -122,6 +122,11 @@ class GgufFile {
   void release_metadata_pages() const { release_pages(base_, static_cast<size_t>(data_offset_)); }
   // release_pages for the whole file: what is read later faults back in.
   void release_all_pages() const { release_pages(base_, static_cast<size_t>(size_)); }
+  // Copies the mapped bytes [p, p + n) to dst by reading the file, so that
+  // none of them becomes resident in this process: scattered reads such as
+  // embedding rows (a fault maps the whole page-cache folio around it, up to
+  // 2 MiB). A plain copy for files opened from memory.
+  void copy_out(const uint8_t* p, size_t n, uint8_t* dst) const;
 
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* find_tensor(std::string_view name) const;
@@ -134,6 +139,7 @@ class GgufFile {
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
   void* mapping_ = nullptr;  // non-null when we own an mmap
+  int fd_ = -1;              // the mapped file, for copy_out
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;
