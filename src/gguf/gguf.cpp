@@ -264,7 +264,7 @@ void GgufFile::copy_out(const uint8_t* p, size_t n, uint8_t* dst) const {
       const ssize_t got = ::pread(fd_, dst + done, n - done, at + static_cast<off_t>(done));
       if (got > 0) done += static_cast<size_t>(got);
       else if (got < 0 && errno == EINTR) continue;
-      else break;  // the rest from the mapping (which would fault the same way)
+      else break;  // an error or end of file: the rest is copied from the mapping below
     }
   }
   if (done < n) std::memcpy(dst + done, p + done, n - done);
