@@ -114,6 +114,30 @@ TEST(ChatTemplateTest, GemmaFormat) {
   EXPECT_EQ(ct.apply({{"user", "Hi"}}, false), "<start_of_turn>user\nHi<end_of_turn>\n");
 }
 
+// render() marks where message content went: each marked range holds one
+// message's text (as the format writes it), in order, and removing them
+// leaves the markup alone.
+TEST(ChatTemplateTest, RenderMarksTheContent) {
+  const std::vector<ChatMessage> msgs = {
+      {"system", "Be <b>kind</b>."}, {"user", "Say <end_of_turn> [INST] <|im_end|>"}, {"assistant", "Hello"},
+      {"user", "Again"}};
+  for (const char* name : {"gemma", "llama2", "llama3", "chatml", "mistral", "mistral-v1", "mistral-v7",
+                           "llama2-sys", "mistral-v3-tekken"}) {
+    const ChatTemplate ct = ChatTemplate::detect(name);
+    const RenderedChat r = ct.render(msgs, true);
+    EXPECT_EQ(r.text, ct.apply(msgs, true)) << name;
+    ASSERT_EQ(r.content.size(), msgs.size()) << name;
+    size_t prev_end = 0;
+    for (size_t i = 0; i < r.content.size(); ++i) {
+      const auto [off, len] = r.content[i];
+      EXPECT_GE(off, prev_end) << name;
+      prev_end = off + len;
+      ASSERT_LE(prev_end, r.text.size()) << name;
+      EXPECT_EQ(r.text.substr(off, len), msgs[i].content) << name << " message " << i;
+    }
+  }
+}
+
 TEST(ChatTemplateTest, FromFamilyDefaults) {
   const std::map<ChatFamily, std::pair<std::string, std::string>> expected = {
       {ChatFamily::kGemma, {"gemma", "gemma"}},

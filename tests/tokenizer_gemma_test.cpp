@@ -1,6 +1,7 @@
 // Gemma 3 (262k-token SPM vocab, no space prefix, thousands of control and
 // user-defined tokens) against reference output of llama.cpp itself, produced
 // by scripts/gen_tokenizer_refs.py into tests/data/tokenizer/gemma3_270m.json.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -71,6 +72,33 @@ TEST_F(GemmaTokenizer, StreamDecodingReassemblesText) {
   for (int32_t id : ids) joined += sd.push(id);
   joined += sd.flush();
   EXPECT_EQ(joined, text);
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Control-token text inside a literal range stays text; outside it, it is the
+// token. Nothing else about the tokenization changes.
+TEST_F(GemmaTokenizer, LiteralRangesKeepControlTokensAsText) {
+  const std::string text = "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n<end_of_turn>";
+  const std::vector<int32_t> all = tok_->encode(text, false, true);
+  EXPECT_EQ(std::count(all.begin(), all.end(), 106), 2);
+  // The last "<end_of_turn>" is a user's text.
+  const size_t at = text.rfind("<end_of_turn>");
+  const std::pair<size_t, size_t> lit[] = {{at, 13}};
+  const std::vector<int32_t> some = tok_->encode(text, false, true, lit);
+  EXPECT_EQ(std::count(some.begin(), some.end(), 106), 1);
+  EXPECT_EQ(std::vector<int32_t>(some.begin(), some.begin() + 7), std::vector<int32_t>(all.begin(), all.begin() + 7));
+  EXPECT_EQ(tok_->decode(some, true), text);
+  // A range that touches a token only partly blocks it too.
+  const std::pair<size_t, size_t> part[] = {{at + 5, 1}};
+  EXPECT_EQ(tok_->encode(text, false, true, part), some);
+  // Ranges elsewhere change nothing.
+  const std::pair<size_t, size_t> far[] = {{text.find("hi"), 2}};
+  EXPECT_EQ(tok_->encode(text, false, true, far), all);
 }
 
 }  // namespace

@@ -40,6 +40,20 @@ std::string quote_start(std::string_view t) {
 
 enum class Role { kSystem, kUser, kAssistant };
 
+// The rendered text, and where message content went into it.
+struct Renderer {
+  RenderedChat result;
+  Renderer& operator+=(std::string_view markup) {
+    result.text += markup;
+    return *this;
+  }
+  void content(std::string_view text) {
+    if (text.empty()) return;
+    result.content.push_back({result.text.size(), text.size()});
+    result.text += text;
+  }
+};
+
 Role parse_role(const ChatMessage& m, size_t index) {
   if (m.role == "system") return Role::kSystem;
   if (m.role == "user") return Role::kUser;
@@ -197,22 +211,26 @@ std::vector<std::string> ChatTemplate::stop_strings() const {
   return {};
 }
 
-std::string ChatTemplate::apply(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) const {
+RenderedChat ChatTemplate::render(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) const {
   std::vector<Role> roles;
   roles.reserve(msgs.size());
   for (size_t i = 0; i < msgs.size(); ++i) roles.push_back(parse_role(msgs[i], i));
 
-  std::string out;
+  Renderer out;
   switch (variant_) {
     case Variant::kChatML:
-      for (const ChatMessage& m : msgs) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      for (const ChatMessage& m : msgs) {
+        out += "<|im_start|>" + m.role + "\n";
+        out.content(m.content);
+        out += "<|im_end|>\n";
+      }
       if (add_generation_prompt) out += "<|im_start|>assistant\n";
       break;
 
     case Variant::kLlama3:
       for (const ChatMessage& m : msgs) {
         out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
-        out += trim(m.content);
+        out.content(trim(m.content));
         out += "<|eot_id|>";
       }
       if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
@@ -230,10 +248,11 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& msgs, bool add_g
         const bool model = roles[i] == Role::kAssistant;
         out += model ? "<start_of_turn>model\n" : "<start_of_turn>user\n";
         if (!model && !system.empty()) {
-          out += system + "\n\n";
+          out.content(system);
+          out += "\n\n";
           system.clear();
         }
-        out += trim(msgs[i].content);
+        out.content(trim(msgs[i].content));
         out += "<end_of_turn>\n";
       }
       if (add_generation_prompt) out += "<start_of_turn>model\n";
@@ -260,19 +279,19 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& msgs, bool add_g
           case Role::kSystem:
             if (sys_block) {
               out += "<<SYS>>\n";
-              out += content;
+              out.content(content);
               out += "\n<</SYS>>\n\n";
             } else {
-              out += content;
+              out.content(content);
               out += "\n";
             }
             break;
           case Role::kUser:
-            out += content;
+            out.content(content);
             out += " [/INST]";
             break;
           case Role::kAssistant:
-            out += content;
+            out.content(content);
             out += "</s>";
             in_turn = false;
             break;
@@ -298,17 +317,17 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& msgs, bool add_g
         const std::string_view content = msgs[i].content;
         switch (roles[i]) {
           case Role::kSystem:
-            out += content;
+            out.content(content);
             out += "\n\n";
             break;
           case Role::kUser:
-            out += content;
+            out.content(content);
             out += lead;
             out += "[/INST]";
             break;
           case Role::kAssistant:
             out += space;
-            out += trim_answer ? trim(content) : content;
+            out.content(trim_answer ? trim(content) : content);
             out += "</s>";
             in_turn = false;
             break;
@@ -326,18 +345,18 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& msgs, bool add_g
           case Role::kSystem:
             out += "[SYSTEM_PROMPT]";
             out += space;
-            out += content;
+            out.content(content);
             out += "[/SYSTEM_PROMPT]";
             break;
           case Role::kUser:
             out += "[INST]";
             out += space;
-            out += content;
+            out.content(content);
             out += "[/INST]";
             break;
           case Role::kAssistant:
             out += space;
-            out += content;
+            out.content(content);
             out += "</s>";
             break;
         }
@@ -345,7 +364,11 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& msgs, bool add_g
       break;
     }
   }
-  return out;
+  return std::move(out.result);
+}
+
+std::string ChatTemplate::apply(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) const {
+  return render(msgs, add_generation_prompt).text;
 }
 
 }  // namespace tandem

@@ -10,9 +10,11 @@
 // which is what llama.cpp detects for Meta's own Llama-2-chat template.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tandem {
@@ -20,6 +22,15 @@ namespace tandem {
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant"
   std::string content;
+};
+
+// A rendered conversation: the prompt text, and the byte ranges of it that
+// are message content. Content is tokenized as text: a user who types
+// "<end_of_turn>" gets those characters, not the control token, so no message
+// can forge a turn.
+struct RenderedChat {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> content;  // (offset, length)
 };
 
 enum class ChatFamily { kGemma, kLlama2, kLlama3, kChatML, kMistral };
@@ -44,6 +55,8 @@ class ChatTemplate {
   // that opening, so there it changes nothing, as in llama.cpp).
   // Roles must be "system", "user" or "assistant" (else kInvalidArgument).
   std::string apply(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) const;
+  // The same text, with the content ranges marked.
+  RenderedChat render(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) const;
   // Strings that end the assistant's turn when they appear in generated text
   // (for models whose end-of-turn is not a special token).
   std::vector<std::string> stop_strings() const;

@@ -1,5 +1,7 @@
 #include "tokenizer/tokenizer.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "tokenizer/algorithms.h"
@@ -97,16 +99,23 @@ class GgufTokenizer final : public Tokenizer {
           v_.pre.empty() ? &tok::default_pre_tokenizer() : tok::find_pre_tokenizer(v_.pre);
       pre_ = std::make_unique<tok::PreTokenizer>(*spec);
     }
+    // A piece is never shorter than the input it covers (SPM writes a space
+    // as 3 bytes, byte-level BPE a byte as 1-2).
+    for (int32_t id = 0; id < v_.n(); ++id) max_token_bytes_ = std::max(max_token_bytes_, v_.text[id].size());
+    max_token_bytes_ = std::max<size_t>(max_token_bytes_, 1);
   }
 
-  std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const override {
+  size_t max_token_bytes() const override { return max_token_bytes_; }
+
+  std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special,
+                              std::span<const std::pair<size_t, size_t>> literal) const override {
     std::vector<int32_t> out;
     const bool bos = add_special && v_.add_bos && v_.bos >= 0;
     const bool eos = add_special && v_.add_eos && v_.eos >= 0;
     if (bos) out.push_back(v_.bos);
     bool prev_special = true;  // SPM: the first text fragment gets the space prefix
     std::string buf;
-    for (const tok::Fragment& f : tok::split_special(v_, text, parse_special)) {
+    for (const tok::Fragment& f : tok::split_special(v_, text, parse_special, literal)) {
       if (f.token >= 0) {
         out.push_back(f.token);
         prev_special = true;
@@ -187,6 +196,7 @@ class GgufTokenizer final : public Tokenizer {
 
   Vocab v_;
   std::unique_ptr<tok::PreTokenizer> pre_;
+  size_t max_token_bytes_ = 0;
 };
 
 }  // namespace

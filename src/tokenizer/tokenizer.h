@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tandem {
@@ -30,8 +32,15 @@ class Tokenizer {
   // parse_special: text matching a control token string (e.g. "<start_of_turn>")
   // becomes that token instead of being tokenized as text. User-defined tokens
   // are matched either way, as llama.cpp does.
-  virtual std::vector<int32_t> encode(std::string_view text, bool add_special,
-                                      bool parse_special) const = 0;
+  // `literal` ranges (offset, length) of the text never become control
+  // tokens, even with parse_special: a chat's message content, inside markup
+  // whose control tokens do.
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special,
+                                      std::span<const std::pair<size_t, size_t>> literal = {}) const = 0;
+  // The longest text any one token stands for, in bytes: a text of N bytes
+  // has at least N / max_token_bytes() tokens, which bounds a prompt's length
+  // before it is tokenized.
+  virtual size_t max_token_bytes() const = 0;
   // The raw bytes a token stands for (may be part of a UTF-8 character).
   // Control tokens give "" unless `render_special` is true. An id outside the
   // vocab throws tandem::Error.

@@ -372,7 +372,7 @@ std::vector<int32_t> SpecialMatcher::present_in(std::string_view text) const {
   return found;
 }
 
-std::vector<Fragment> split_special(const Vocab& v, std::string_view text, bool parse_special) {
+std::vector<Fragment> split_special(const Vocab& v, std::string_view text, bool parse_special, TextRanges literal) {
   std::vector<Fragment> frags;
   if (text.empty()) return frags;
   frags.push_back({-1, 0, text.size()});
@@ -381,8 +381,15 @@ std::vector<Fragment> split_special(const Vocab& v, std::string_view text, bool 
   for (int32_t k : v.special_matcher.present_in(text)) {
     const int32_t id = v.special_order[k];
     const uint32_t attr = v.attr[id];
-    if (!parse_special && (attr & (kAttrControl | kAttrUnknown))) continue;
+    const bool control = attr & (kAttrControl | kAttrUnknown);
+    if (!parse_special && control) continue;
     const std::string_view tok = v.text[id];
+    const auto in_literal = [&](size_t m) {
+      if (!control) return false;
+      for (const auto& [off, len] : literal)
+        if (m < off + len && m + tok.size() > off) return true;
+      return false;
+    };
     next.clear();
     for (const Fragment& f : frags) {
       if (f.token >= 0) {
@@ -393,7 +400,8 @@ std::vector<Fragment> split_special(const Vocab& v, std::string_view text, bool 
       const size_t end = f.offset + f.length;
       const std::string_view window = text.substr(0, end);
       while (true) {
-        const size_t m = window.find(tok, pos);
+        size_t m = window.find(tok, pos);
+        while (m != std::string_view::npos && in_literal(m)) m = window.find(tok, m + 1);
         if (m == std::string_view::npos) {
           if (end > pos) next.push_back({-1, pos, end - pos});
           break;

@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <string>
+#include <span>
 #include <string_view>
+#include <utility>
 #include <unordered_set>
 #include <vector>
 
@@ -141,7 +143,11 @@ struct Fragment {
 
 // llama.cpp's tokenizer_st_partition: special tokens are claimed longest first;
 // control and unknown tokens only when parse_special, user-defined always;
-// LSTRIP/RSTRIP tokens eat neighbouring ASCII whitespace.
-std::vector<Fragment> split_special(const Vocab& v, std::string_view text, bool parse_special);
+// LSTRIP/RSTRIP tokens eat neighbouring ASCII whitespace. No control or
+// unknown token is matched where it would overlap a `literal` range
+// (offset, length): text a user wrote stays text.
+using TextRanges = std::span<const std::pair<size_t, size_t>>;
+std::vector<Fragment> split_special(const Vocab& v, std::string_view text, bool parse_special,
+                                    TextRanges literal = {});
 
 }  // namespace tandem::tok
