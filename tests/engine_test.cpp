@@ -449,6 +449,23 @@ TEST_F(EngineTest, CancelFreesBlocks) {
   EXPECT_EQ(m.kv_blocks_used, 0);
 }
 
+// A request of n choices cancelled before its prompt ran: every choice ends
+// (the others were never forked), and the request counts as finished.
+TEST_F(EngineTest, CancelBeforeForkEndsEveryChoice) {
+  Engine e(*model_, EngineConfig{.threads = 1, .max_context = 256});
+  Out a;
+  RequestParams p = greedy(20);
+  p.n = 4;
+  const uint64_t id = e.submit(tok("Once upon a time"), p, collect(a));
+  e.cancel(id);
+  run_until_idle(e);
+  EXPECT_EQ(a.finished, 4);
+  for (int32_t c = 0; c < 4; ++c) EXPECT_EQ(a.reason.at(c), "cancelled") << c;
+  const MetricsSnapshot m = e.metrics();
+  EXPECT_EQ(m.requests_finished, 1u);
+  EXPECT_EQ(m.kv_blocks_used, 0);
+}
+
 // Pool and swap space are committed lazily, so sizes beyond the memory
 // available are refused at start, not found out by the OOM killer later.
 TEST_F(EngineTest, PoolOrSwapBeyondTheAvailableMemoryIsRefused) {
@@ -487,10 +504,10 @@ TEST_F(EngineTest, PoolOrSwapBeyondTheAvailableMemoryIsRefused) {
 }
 
 TEST_F(EngineTest, BoundedWaitQueueAndBadRequests) {
-  Engine e(*model_, EngineConfig{.threads = 1, .max_context = 64, .max_waiting = 2});
+  // One runs, two wait, the fourth is refused.
+  Engine e(*model_, EngineConfig{.threads = 1, .max_context = 64, .max_seqs = 1, .max_waiting = 2});
   Out o;
-  e.submit(tok("Once"), greedy(4), collect(o));
-  e.submit(tok("Once"), greedy(4), collect(o));
+  for (int i = 0; i < 3; ++i) e.submit(tok("Once"), greedy(4), collect(o));
   try {
     e.submit(tok("Once"), greedy(4), collect(o));
     FAIL() << "expected an overload error";
@@ -504,7 +521,24 @@ TEST_F(EngineTest, BoundedWaitQueueAndBadRequests) {
   bad.sampling.top_p = 3;
   EXPECT_THROW(e.submit(tok("Once"), bad, collect(o)), Error);
   run_until_idle(e);
-  EXPECT_EQ(o.finished, 2);
+  EXPECT_EQ(o.finished, 3);
+}
+
+// Admission counts only sequences that cannot start: with 32 slots free and
+// room for 4 to wait, 36 requests are taken and the 37th is refused, whether
+// or not the engine has picked any up yet.
+TEST_F(EngineTest, AdmissionCountsOnlyWhatWaits) {
+  Engine e(*model_, EngineConfig{.threads = 1, .max_context = 64, .max_seqs = 32, .max_waiting = 4});
+  Out o;
+  for (int i = 0; i < 36; ++i) e.submit(tok("Once"), greedy(2), collect(o));
+  EXPECT_THROW(e.submit(tok("Once"), greedy(2), collect(o)), Error);
+  e.step();  // picked up: still 36 in flight, still full
+  EXPECT_THROW(e.submit(tok("Once"), greedy(2), collect(o)), Error);
+  run_until_idle(e);
+  EXPECT_EQ(o.finished, 36);
+  e.submit(tok("Once"), greedy(2), collect(o));  // room again once they are done
+  run_until_idle(e);
+  EXPECT_EQ(o.finished, 37);
 }
 
 // Chunked prefill: while a long prompt is prefilled in chunks, a running

@@ -36,6 +36,7 @@ struct Engine::Impl {
   Model& model;
   const EngineConfig cfg;
   int32_t max_context = 0;
+  std::unique_ptr<Intake> intake;
   ThreadPool pool;
   std::unique_ptr<KvCache> kv;
   std::unique_ptr<BlockManager> blocks;
@@ -49,6 +50,9 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<Sequence>> inbox;
   std::vector<uint64_t> cancels;
   uint64_t next_request_id = 1;
+  // Sequences submitted and not finished (the inbox's, waiting, running,
+  // swapped): what admission counts, exact at every moment.
+  std::atomic<int64_t> live{0};
   uint64_t next_seq_id = 1;
   uint64_t next_arrival = 1;
 
@@ -104,6 +108,7 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c) : model(m), cfg(c), pool(c.t
   if (max_context > mc.n_ctx_train)
     fail(ErrorKind::kInvalidArgument, "context size {} exceeds the model's training context {}", max_context,
          mc.n_ctx_train);
+  intake = std::make_unique<Intake>(m, max_context);
   if (c.block_size <= 0 || c.max_seqs <= 0 || c.max_waiting < 0)
     fail(ErrorKind::kInvalidArgument, "block size, max sequences must be positive and max waiting >= 0");
   const KvShape shape = m.kv_shape();
@@ -222,18 +227,32 @@ void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::s
   ev.finished = true;
   ev.finish_reason = reason;
   ev.error = error;
-  emit(seq, std::move(ev));
+  emit(seq, ev);
+  if (seq->fork_pending) {
+    // Choice 0 of an n > 1 request ends before its prompt was done (cancelled,
+    // failed): the other choices, never forked, end with it.
+    for (int32_t c = 1; c < seq->req->params.n; ++c) {
+      RequestEvent other = ev;
+      other.text.clear();
+      other.request_id = seq->req->id;
+      other.choice = c;
+      other.completion_tokens = 0;
+      if (seq->req->sink) seq->req->sink(other);
+    }
+    seq->req->choices_left -= seq->req->params.n - 1;
+  }
   blocks->free(seq->blocks);
   const double now = steps.now();
   {
     std::lock_guard<std::mutex> lock(metrics_mu);
-    if (reason == "cancelled") ++metrics.requests_cancelled;
     if (--seq->req->choices_left == 0) {
       ++metrics.requests_finished;
+      if (reason == "cancelled") ++metrics.requests_cancelled;  // requests, not their choices
       metrics.e2e.observe(now - seq->req->arrival_s);
     }
   }
   seq->status = SeqStatus::kFinished;
+  --live;
   sched->remove(seq);  // destroys it
 }
 
@@ -284,6 +303,7 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
     // n > 1: the prompt ran once; the other choices share its blocks and
     // start from the same logits.
     seq->fork_pending = false;
+    live += seq->req->params.n - 1;
     for (int32_t c = 1; c < seq->req->params.n; ++c) {
       auto child = make_seq(seq->req, c);
       child->arrival_order = seq->arrival_order;
@@ -506,15 +526,15 @@ uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params
   req->arrival_s = I.steps.now();
   req->choices_left = params.n;
   std::lock_guard<std::mutex> lock(I.inbox_mu);
-  const int64_t queued = static_cast<int64_t>(I.inbox.size()) + [&] {
-    std::lock_guard<std::mutex> ml(I.metrics_mu);
-    return I.metrics.waiting;
-  }();
-  if (queued >= cfg_.max_waiting) {
+  // Only sequences that cannot start count as waiting: those beyond the
+  // max_seqs that run at once.
+  const int64_t would_wait = std::max<int64_t>(0, I.live + 1 - cfg_.max_seqs);
+  if (would_wait > cfg_.max_waiting) {
     std::lock_guard<std::mutex> ml(I.metrics_mu);
     ++I.metrics.requests_rejected;
-    fail(ErrorKind::kResource, "the server is overloaded: {} requests are already waiting", queued);
+    fail(ErrorKind::kResource, "the server is overloaded: {} requests are already waiting", would_wait - 1);
   }
+  ++I.live;
   req->id = I.next_request_id++;
   auto s = I.make_seq(req, 0);
   s->id = I.next_seq_id++;
@@ -544,5 +564,7 @@ MetricsSnapshot Engine::metrics() const {
 }
 
 bool Engine::step() { return impl_->step(); }
+
+const Intake& Engine::intake() const { return *impl_->intake; }
 
 }  // namespace tandem

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/intake.h"
 #include "engine/metrics.h"
 #include "engine/request.h"
 #include "kv/kv_cache.h"
@@ -37,7 +38,9 @@ struct EngineConfig {
   KvType kv_type = KvType::kF16;
   int32_t max_batch_tokens = 0;      // per-step token budget; 0: policy default (latency 256, throughput 1024)
   int32_t max_seqs = 32;             // sequences per step
-  int32_t max_waiting = 256;         // bounded wait queue: submit() beyond it is refused
+  // Bounded wait queue: submit() is refused while this many sequences wait
+  // with no free slot among max_seqs to start in.
+  int32_t max_waiting = 256;
   SchedulePolicy policy = SchedulePolicy::kLatency;
   // Latency policy: a step that prefills next to running decodes aims at this
   // multiple of a decode-only step's time (see engine/prefill_pacer.h);
@@ -71,6 +74,8 @@ class Engine {
   MetricsSnapshot metrics() const;  // thread-safe
   const EngineConfig& config() const { return cfg_; }
   const Model& model() const { return model_; }
+  // Prompts and conversations to token ids, and back (thread-safe).
+  const Intake& intake() const;
 
   // For tests and offline use without start(): runs one step; false when idle.
   bool step();

@@ -14,7 +14,6 @@ using Cand = std::pair<float, int32_t>;  // (logit, token id)
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Far above any real vocabulary; a larger value is a typo, not a request.
-constexpr int32_t kMaxTopK = 1 << 24;
 
 // Ranks candidates: higher logit first, lower id first on ties, so every
 // filter and the greedy pick agree on the order and results are reproducible.

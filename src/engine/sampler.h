@@ -14,6 +14,9 @@
 
 namespace tandem {
 
+// The largest top_k taken (no vocabulary is larger); <= 0 turns top-k off.
+constexpr int32_t kMaxTopK = 1 << 24;
+
 struct SamplingParams {
   float temperature = 0.8f;
   int32_t top_k = 40;          // <= 0: off
