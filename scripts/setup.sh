@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config git python3 python3-venv
-  libgtest-dev libfmt-dev nlohmann-json3-dev libcli11-dev libpcre2-dev libcpp-httplib-dev)
+  libgtest-dev libfmt-dev nlohmann-json3-dev libcli11-dev libpcre2-dev)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

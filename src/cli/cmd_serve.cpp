@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -17,7 +18,7 @@
 #include "core/error.h"
 #include "engine/llm_engine.h"
 #include "model/model.h"
-#include "server/http_server.h"
+#include "server/api_server.h"
 
 namespace tandem::cli {
 namespace {
@@ -26,7 +27,10 @@ struct ServeOpts {
   std::string model, host = "127.0.0.1", api_key, alias, kv_memory, swap_space, policy = "latency", prepack = "auto",
               repack_cache;
   int port = 8080;
-  int32_t threads = 0, ctx = 0, max_batch_tokens = 0, max_seqs = 32, max_waiting = 256, http_threads = 0;
+  int32_t threads = 0, ctx = 0, max_batch_tokens = 0, max_seqs = 32, max_waiting = 256, http_threads = 2;
+  int32_t max_conns_per_ip = 128;
+  double head_timeout = 10, body_timeout = 60;
+  std::vector<std::string> allowed_hosts, cors_origins;
   int64_t kv_tokens = 0;
   double step_factor = 1.5;
   bool no_prefix_cache = false;
@@ -92,9 +96,14 @@ int serve(const ServeOpts& o) {
   sc.port = o.port;
   sc.api_key = o.api_key;
   sc.model_id = o.alias;
-  sc.http_threads = o.http_threads;
   sc.max_context = ec.max_context;
-  server::Server srv(engine, *model, sc);
+  sc.allowed_hosts = o.allowed_hosts;
+  sc.cors_origins = o.cors_origins;
+  sc.http.workers = o.http_threads;
+  sc.http.head_timeout_s = o.head_timeout;
+  sc.http.body_timeout_s = o.body_timeout;
+  sc.http.max_connections_per_ip = o.max_conns_per_ip;
+  server::Server srv(engine, sc);
   srv.bind();
   engine.start();
 
@@ -150,8 +159,24 @@ void add_serve_command(CLI::App& app, int& rc) {
       ->check(CLI::Range(0.0, 100.0));
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not share KV blocks between requests");
   add_prepack_option(cmd, o->prepack, o->repack_cache);
-  cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (0: max-seqs + max-waiting + 8)")
-      ->capture_default_str();
+  cmd->add_option("--http-threads", o->http_threads,
+                  "Threads that parse and tokenize requests (connections themselves take none)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--allowed-hosts", o->allowed_hosts,
+                  "Host names the server answers to beside localhost and IP addresses ('*': any), comma-separated")
+      ->delimiter(',');
+  cmd->add_option("--cors-origin", o->cors_origins,
+                  "Origin (scheme://host:port) whose web pages may call the API ('*': any); repeatable");
+  cmd->add_option("--head-timeout", o->head_timeout, "Seconds a client has to send a request's head")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--body-timeout", o->body_timeout, "Seconds a client has to send a request's body")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--max-conns-per-ip", o->max_conns_per_ip, "Connections one client address may hold")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
   cmd->callback([o, &rc] { rc = serve(*o); });
 }
 

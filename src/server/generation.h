@@ -1,28 +1,24 @@
-// The HTTP side of one engine request: the queue its events wait in, the
-// registry of requests in flight, and the server-sent-event writer.
+// The HTTP side of one engine request: the queue its events wait in, and the
+// AsyncResponse that turns them into one JSON body or server-sent events.
 //
 // The engine calls a request's sink on its own thread; the sink only appends
-// to the request's queue. The HTTP thread that owns the request takes events
-// from there and writes them. A Generation that is dropped before all its
-// choices finished (the client went away, the handler failed) cancels its
-// engine request, so its KV blocks are freed at the next step.
+// to the request's queue and wakes the HTTP loop, which pumps the response on
+// its own thread. A response dropped before its choices finished (the client
+// hung up, the server stops) cancels its engine requests, so their KV blocks
+// are freed at the next step: streaming or not.
 #pragma once
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "engine/request.h"
+#include "server/http_server.h"
 #include "server/openai_response.h"
 
 namespace tandem {
@@ -31,46 +27,51 @@ class Engine;
 
 namespace tandem::server {
 
+// An API error as an HTTP response: OpenAI's error object; 429 and 503 say
+// when to retry (Retry-After).
+HttpResponse error_response(const ApiError& e);
+
 class EventQueue {
  public:
-  // choice_base: added to the event's choice (several prompts share a queue).
+  explicit EventQueue(std::function<void()> wake) : wake_(std::move(wake)) {}
+  // Engine thread. choice_base: added to the event's choice (several prompts share a queue).
   void push(const RequestEvent& ev, int32_t choice_base = 0);
-  // Moves every queued event to `out`, waiting up to `timeout` for the first.
-  void wait(std::vector<RequestEvent>& out, std::chrono::milliseconds timeout);
+  // Moves every queued event to `out`; never waits.
+  void drain(std::vector<RequestEvent>& out);
 
  private:
+  std::function<void()> wake_;
   std::mutex mu_;
-  std::condition_variable cv_;
   std::deque<RequestEvent> q_;
 };
-
-class Generations;
 
 // One HTTP request's engine requests: one per prompt, each with n choices;
 // prompt k's choice c is choice k * n + c here.
 class Generation {
  public:
-  Generation(Generations& owner, int32_t prompts, int32_t n, std::shared_ptr<EventQueue> q);
+  // Submits one engine request per prompt. Throws ApiError: 429 when the
+  // engine's wait queue is full, 400 for what the engine refuses as invalid;
+  // the prompts submitted before the one refused are cancelled then.
+  // echo: per prompt, the text that leads each of its choices (empty: none).
+  // wake: called (on the engine thread) whenever events are ready.
+  static std::shared_ptr<Generation> start(Engine& engine, std::vector<std::vector<int32_t>> prompts,
+                                           const RequestParams& params, std::vector<std::string> echo,
+                                           std::function<void()> wake);
   ~Generation();  // cancels the engine requests unless every choice finished
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;
 
   int32_t n() const { return n_; }  // choices in all
-  // Next events (see EventQueue::wait), each already counted in usage().
-  // Events naming a choice outside [0, n) are dropped. With echo, a choice's
+  // The events ready now, each counted in usage(). With echo, a choice's
   // first event starts with its prompt's text and the prompt's logprobs.
-  void next(std::vector<RequestEvent>& out, std::chrono::milliseconds timeout);
+  void next(std::vector<RequestEvent>& out);
   bool finished() const { return finished_choices_ == n_; }
   const Usage& usage() const { return usage_; }
   void cancel();  // idempotent
 
-  // Non-streaming: waits for every choice and builds the response. Throws
-  // ApiError: 500 when a choice failed, 503 when it was cancelled (shutdown).
-  nlohmann::json wait_full(const ResponseMeta& meta, const TokenText& text, const std::atomic<bool>& stopping);
-
  private:
-  friend class Generations;
-  Generations& owner_;
+  Generation(Engine& engine, int32_t prompts, int32_t n, std::shared_ptr<EventQueue> q);
+  Engine& engine_;
   std::vector<uint64_t> ids_;  // engine requests, one per prompt, as submitted
   int32_t per_prompt_;         // choices per prompt
   int32_t n_;
@@ -85,52 +86,32 @@ class Generation {
   bool cancelled_ = false;
 };
 
-// The requests in flight, so shutdown can cancel them and wait for them.
-class Generations {
+// The response to a completions or chat request: one JSON body when every
+// choice has finished, or (stream) chat's role chunks, a chunk per event,
+// usage when asked, then "data: [DONE]", with an SSE comment after each
+// `heartbeat` of silence (proxies drop quiet connections).
+class GenerationResponse final : public AsyncResponse {
  public:
-  explicit Generations(Engine& engine) : engine_(engine) {}
-  // Submits one engine request per prompt. Throws ApiError: 429 when the
-  // engine's wait queue is full, 400 for what the engine refuses as invalid;
-  // the prompts submitted before the one refused are cancelled then.
-  // echo: per prompt, the text that leads each of its choices (empty: none).
-  std::shared_ptr<Generation> start(std::vector<std::vector<int32_t>> prompts, const RequestParams& params,
-                                    std::vector<std::string> echo = {});
-  void cancel_all();
-  // True when none is left within `timeout`.
-  bool wait_idle(std::chrono::milliseconds timeout);
-  Engine& engine() { return engine_; }
+  GenerationResponse(std::shared_ptr<Generation> gen, ResponseMeta meta, TokenText text, bool stream,
+                     double heartbeat_s, std::vector<http::Header> headers);
+  bool pump(ResponseWriter& w, double now_s) override;
+  void cancel() override { gen_->cancel(); }
 
  private:
-  friend class Generation;
-  void remove(uint64_t id);
-  Engine& engine_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::unordered_set<uint64_t> active_;
-};
+  bool pump_stream(ResponseWriter& w, double now_s);
+  bool pump_whole(ResponseWriter& w);
 
-// Writes one streaming response: chat's role chunks, a chunk per event,
-// usage when asked, then "data: [DONE]". A failed write means the client is
-// gone: the request is cancelled at once.
-class SseStream {
- public:
-  using Write = std::function<bool(const std::string&)>;
-  SseStream(std::shared_ptr<Generation> gen, ResponseMeta meta, TokenText text, double heartbeat_s);
-  // Writes what is ready, waiting up to the heartbeat interval for it (and
-  // writing an SSE comment when nothing came, which is how a client that left
-  // during a long prefill is noticed). False when the client is gone.
-  bool pump(const Write& write);
-  bool done() const { return done_; }
-  void close();  // cancels the request unless it completed
-
- private:
   std::shared_ptr<Generation> gen_;
   ResponseMeta meta_;
   TokenText text_;
-  std::chrono::milliseconds heartbeat_;
-  std::vector<size_t> offsets_;  // per choice: bytes of token pieces reported (text_offset)
+  bool stream_;
+  double heartbeat_s_;
+  std::vector<http::Header> headers_;  // added to the response (CORS)
+  std::vector<ChoiceState> choices_;   // whole responses
+  std::vector<size_t> offsets_;        // streams: per choice, bytes of token pieces sent (text_offset)
+  std::vector<RequestEvent> evs_;
   bool started_ = false;
-  bool done_ = false;
+  double last_write_s_ = 0;
 };
 
 }  // namespace tandem::server

@@ -1,5 +1,6 @@
 #include "server/openai_schema.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -25,6 +26,19 @@ json error_json(const ApiError& e) {
 }
 
 std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string clip(std::string_view s, size_t max) {
+  if (s.size() <= max) return std::string(s);
+  size_t n = max;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return std::string(s.substr(0, n)) + "...";
+}
+
+std::string clip_json(const json& v, size_t max) {
+  if (v.is_string()) return clip(dump_json(json(clip(v.get_ref<const std::string&>(), max))), max + 8);
+  if ((v.is_array() || v.is_object()) && v.size() > max) return v.is_array() ? "[...]" : "{...}";
+  return clip(dump_json(v), max);
+}
 
 namespace {
 
@@ -81,7 +95,7 @@ std::optional<int64_t> get_int(const json& obj, const char* key, int64_t lo, int
     in_range = x >= lo && x <= hi;
   }
   if (!in_range || x < lo)
-    throw_invalid(key, fmt::format("'{}' must be an integer between {} and {}, got {}", key, lo, hi, v->dump()));
+    throw_invalid(key, fmt::format("'{}' must be an integer between {} and {}, got {}", key, lo, hi, clip_json(*v)));
   return x;
 }
 
@@ -98,7 +112,7 @@ std::optional<double> get_number(const json& obj, const char* key, Range r) {
   const bool ok = std::isfinite(x) && (r.lo_open ? x > r.lo : x >= r.lo) && x <= r.hi;
   if (!ok)
     throw_invalid(key, fmt::format("'{}' must be a number in {}{}, {}], got {}", key, r.lo_open ? "(" : "[",
-                                   r.lo, r.hi, v->dump()));
+                                   r.lo, r.hi, clip_json(*v)));
   return x;
 }
 
@@ -122,10 +136,10 @@ std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v, const Par
     int64_t id = -1;
     const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
     if (ec != std::errc() || end != key.data() + key.size() || key.empty() || id < 0 || id > INT32_MAX)
-      throw_invalid("logit_bias", fmt::format("'logit_bias' keys must be token ids, got '{}'", key));
+      throw_invalid("logit_bias", fmt::format("'logit_bias' keys must be token ids, got '{}'", clip(key)));
     if (!val.is_number() || !(val.get<double>() >= -100.0 && val.get<double>() <= 100.0))
       throw_invalid("logit_bias", fmt::format("'logit_bias' values must be numbers in [-100, 100], got {} for token {}",
-                                              val.dump(), key));
+                                              clip_json(val), key));
     out.emplace_back(static_cast<int32_t>(id), static_cast<float>(val.get<double>()));
   }
   return out;
@@ -151,14 +165,17 @@ int32_t checked_token(const json& t, const char* param = "prompt") {
     throw_invalid(param, fmt::format("token ids in '{}' must be integers, got {}", param, type_name(t)));
   if (t.is_number_unsigned() ? t.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())
                              : (t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()))
-    throw_invalid(param, fmt::format("token id {} in '{}' is out of range", t.dump(), param));
+    throw_invalid(param, fmt::format("token id {} in '{}' is out of range", clip_json(t), param));
   return static_cast<int32_t>(t.get<int64_t>());
 }
 
+// A string's text, moved out of the tree.
+std::string take(json& v) { return std::move(v.get_ref<std::string&>()); }
+
 // A string or an array of token ids (one prompt), or an array of strings or
 // of token-id arrays (one prompt each).
-void parse_prompt(const json& obj, ApiRequest& r, const ParseLimits& lim) {
-  const json* v = field(obj, "prompt");
+void parse_prompt(json& obj, ApiRequest& r, const ParseLimits& lim) {
+  json* v = const_cast<json*>(field(obj, "prompt"));
   if (!v) throw_invalid("prompt", "missing required field 'prompt'");
   const auto tokens = [](const json& a) {
     Prompt p;
@@ -168,7 +185,7 @@ void parse_prompt(const json& obj, ApiRequest& r, const ParseLimits& lim) {
     return p;
   };
   if (v->is_string()) {
-    r.prompts.push_back({v->get<std::string>(), {}, false});
+    r.prompts.push_back({take(*v), {}, false});
     return;
   }
   if (!v->is_array()) wrong_type("prompt", "a string, an array of strings or an array of token ids", *v);
@@ -182,28 +199,29 @@ void parse_prompt(const json& obj, ApiRequest& r, const ParseLimits& lim) {
                                         lim.max_prompts));
   const bool strings = (*v)[0].is_string();
   for (size_t i = 0; i < v->size(); ++i) {
-    const json& e = (*v)[i];
+    json& e = (*v)[i];
     if (strings ? !e.is_string() : !e.is_array())
       throw_invalid("prompt", fmt::format("'prompt[{}]' is {}: a list of prompts holds only strings or only "
                                           "arrays of token ids",
                                           i, type_name(e)));
-    if (strings) r.prompts.push_back({e.get<std::string>(), {}, false});
+    if (strings) r.prompts.push_back({take(e), {}, false});
     else if (e.empty()) throw_invalid("prompt", fmt::format("'prompt[{}]' is empty", i));
     else r.prompts.push_back(tokens(e));
   }
 }
 
-std::string message_content(const json& c, size_t i) {
+std::string message_content(json& c, size_t i) {
   const std::string key = fmt::format("messages[{}].content", i);
   if (c.is_null()) return {};
-  if (c.is_string()) return c.get<std::string>();
+  if (c.is_string()) return take(c);
   if (!c.is_array()) wrong_type(key, "a string or an array of content parts", c);
   std::string text;
   for (const json& part : c) {
     if (!part.is_object()) throw_invalid(key, fmt::format("'{}' parts must be objects", key));
     const auto type = get_string(part, "type");
     if (type != "text")
-      throw_invalid(key, fmt::format("'{}' part of type '{}' is not supported (text only)", key, type.value_or("")));
+      throw_invalid(key, fmt::format("'{}' part of type '{}' is not supported (text only)", key,
+                                     clip(type.value_or(""))));
     const auto t = get_string(part, "text");
     if (!t) throw_invalid(key, fmt::format("'{}' text part has no 'text'", key));
     text += *t;
@@ -211,13 +229,13 @@ std::string message_content(const json& c, size_t i) {
   return text;
 }
 
-void parse_messages(const json& obj, ApiRequest& r) {
-  const json* v = field(obj, "messages");
+void parse_messages(json& obj, ApiRequest& r) {
+  json* v = const_cast<json*>(field(obj, "messages"));
   if (!v) throw_invalid("messages", "missing required field 'messages'");
   if (!v->is_array()) wrong_type("messages", "an array", *v);
   if (v->empty()) throw_invalid("messages", "'messages' is empty");
   for (size_t i = 0; i < v->size(); ++i) {
-    const json& m = (*v)[i];
+    json& m = (*v)[i];
     if (!m.is_object()) throw_invalid("messages", fmt::format("messages[{}] must be an object, got {}", i, type_name(m)));
     const json* role = field(m, "role");
     if (!role || !role->is_string())
@@ -226,7 +244,7 @@ void parse_messages(const json& obj, ApiRequest& r) {
     if (rl == "developer") rl = "system";  // OpenAI's newer name for the system role
     if (rl != "system" && rl != "user" && rl != "assistant")
       throw_invalid("messages", fmt::format("messages[{}].role '{}' is not supported (system, developer, user, "
-                                            "assistant)", i, role->get<std::string>()));
+                                            "assistant)", i, clip(role->get<std::string>())));
     auto it = m.find("content");
     if ((it == m.end() || it->is_null()) && rl != "assistant")
       throw_invalid("messages", fmt::format("messages[{}] needs 'content'", i));
@@ -238,9 +256,16 @@ void parse_messages(const json& obj, ApiRequest& r) {
 
 namespace {
 
-json parse_object(std::string_view body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw_invalid("", "the request body is not valid JSON");
+json parse_body(std::string_view body, const JsonLimits& lim) {
+  try {
+    return parse_json(body, lim);
+  } catch (const Error& e) {
+    throw_invalid("", e.what());
+  }
+}
+
+json parse_object(std::string_view body, const JsonLimits& lim) {
+  json j = parse_body(body, lim);
   if (!j.is_object()) throw_invalid("", fmt::format("the request body must be a JSON object, got {}", type_name(j)));
   return j;
 }
@@ -254,14 +279,14 @@ std::string model_field(const json& j) {
 
 }  // namespace
 
-ApiRequest parse_request(Endpoint ep, std::string_view body, const ParseLimits& lim) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw_invalid("", "the request body is not valid JSON");
-  return parse_request_json(ep, j, lim);
+ApiRequest parse_request(Endpoint ep, std::string body, const ParseLimits& lim) {
+  json tree = parse_body(body, lim.json);
+  body = std::string();
+  return parse_request_json(ep, std::move(tree), lim);
 }
 
-TokenizeRequest parse_tokenize(std::string_view body) {
-  const json j = parse_object(body);
+TokenizeRequest parse_tokenize(std::string_view body, const JsonLimits& lim) {
+  const json j = parse_object(body, lim);
   TokenizeRequest r;
   r.model = model_field(j);
   // vLLM: "prompt", "add_special_tokens" (default true); llama.cpp: "content", "add_special" (default false).
@@ -274,8 +299,8 @@ TokenizeRequest parse_tokenize(std::string_view body) {
   return r;
 }
 
-DetokenizeRequest parse_detokenize(std::string_view body) {
-  const json j = parse_object(body);
+DetokenizeRequest parse_detokenize(std::string_view body, const JsonLimits& lim) {
+  const json j = parse_object(body, lim);
   DetokenizeRequest r;
   r.model = model_field(j);
   const json* t = field(j, "tokens");
@@ -285,7 +310,7 @@ DetokenizeRequest parse_detokenize(std::string_view body) {
   return r;
 }
 
-ApiRequest parse_request_json(Endpoint ep, const json& j, const ParseLimits& lim) {
+ApiRequest parse_request_json(Endpoint ep, json j, const ParseLimits& lim) {
   if (!j.is_object()) throw_invalid("", fmt::format("the request body must be a JSON object, got {}", type_name(j)));
   ApiRequest r;
   r.endpoint = ep;
@@ -308,6 +333,7 @@ ApiRequest parse_request_json(Endpoint ep, const json& j, const ParseLimits& lim
   p.max_tokens = chat ? -1 : 16;
 
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+  constexpr float kTinyFloat = std::numeric_limits<float>::min();
   // echo (completions): the prompt leads each choice's text; with max_tokens
   // 0 it is all of it, which is how a prompt is scored (its logprobs).
   if (!chat) r.echo = get_bool(j, "echo").value_or(false);
@@ -316,12 +342,14 @@ ApiRequest parse_request_json(Endpoint ep, const json& j, const ParseLimits& lim
   if (auto v = get_int(j, "max_tokens", r.echo ? 0 : 1, kMaxInt)) p.max_tokens = static_cast<int32_t>(*v);
   if (auto v = get_int(j, "max_completion_tokens", 1, kMaxInt)) p.max_tokens = static_cast<int32_t>(*v);
   if (auto v = get_number(j, "temperature", {0, 2})) s.temperature = static_cast<float>(*v);
-  if (auto v = get_number(j, "top_p", {0, 1, true})) s.top_p = static_cast<float>(*v);
-  if (auto v = get_int(j, "top_k", -1, kMaxInt)) s.top_k = static_cast<int32_t>(*v);
+  // A positive value too small for a float keeps its meaning (the top token alone) rather than becoming 0.
+  if (auto v = get_number(j, "top_p", {0, 1, true})) s.top_p = std::max(static_cast<float>(*v), kTinyFloat);
+  if (auto v = get_int(j, "top_k", -1, kMaxTopK)) s.top_k = static_cast<int32_t>(*v);
   if (auto v = get_number(j, "min_p", {0, 1})) s.min_p = static_cast<float>(*v);
   if (auto v = get_number(j, "frequency_penalty", {-2, 2})) s.frequency_penalty = static_cast<float>(*v);
   if (auto v = get_number(j, "presence_penalty", {-2, 2})) s.presence_penalty = static_cast<float>(*v);
-  if (auto v = get_number(j, "repeat_penalty", {0, 10, true})) s.repeat_penalty = static_cast<float>(*v);
+  if (auto v = get_number(j, "repeat_penalty", {0, 10, true}))
+    s.repeat_penalty = std::max(static_cast<float>(*v), kTinyFloat);
   if (auto v = get_int(j, "repeat_last_n", -1, kMaxInt)) s.repeat_last_n = static_cast<int32_t>(*v);
   if (const json* v = field(j, "seed")) {
     if (!v->is_number_integer()) wrong_type("seed", "an integer", *v);

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chat/chat_template.h"
+#include "core/json_parse.h"
 #include "engine/request.h"
 
 namespace tandem::server {
@@ -47,9 +48,15 @@ nlohmann::json error_json(const ApiError& e);
 // character) becomes U+FFFD instead of throwing.
 std::string dump_json(const nlohmann::json& j);
 
+// A client's text or value as an error message quotes it: at most `max`
+// bytes, cut at a character boundary, "..." marking the cut.
+std::string clip(std::string_view s, size_t max = 120);
+std::string clip_json(const nlohmann::json& v, size_t max = 120);
+
 enum class Endpoint { kCompletions, kChat };
 
 struct ParseLimits {
+  JsonLimits json;             // nesting and size of the body
   int32_t max_n = 16;          // choices per prompt
   int32_t max_prompts = 64;    // prompts in one completions request
   int32_t max_choices = 64;    // prompts x n
@@ -83,7 +90,10 @@ struct ApiRequest {
 // Throws ApiError(400) for malformed JSON, a body that is not an object,
 // missing required fields, wrong types, values out of range, and features that
 // are recognised but not implemented (suffix, tools; echo for chat). Unknown fields are ignored.
-ApiRequest parse_request(Endpoint ep, std::string_view body, const ParseLimits& lim = {});
+// The body's memory is released once its tree is built, and the prompt and
+// message texts move out of the tree: a large request is held about twice at
+// most, never three times.
+ApiRequest parse_request(Endpoint ep, std::string body, const ParseLimits& lim = {});
 
 // POST /tokenize, in vLLM's form ({"prompt", "add_special_tokens": default
 // true}) or llama.cpp's ({"content", "add_special": default false}).
@@ -92,14 +102,14 @@ struct TokenizeRequest {
   std::string text;
   bool add_special = true;  // BOS (and whatever else the vocabulary adds)
 };
-TokenizeRequest parse_tokenize(std::string_view body);
+TokenizeRequest parse_tokenize(std::string_view body, const JsonLimits& lim = {});
 
 // POST /detokenize: {"tokens": [ids]} (vLLM and llama.cpp alike).
 struct DetokenizeRequest {
   std::string model;
   std::vector<int32_t> tokens;
 };
-DetokenizeRequest parse_detokenize(std::string_view body);
-ApiRequest parse_request_json(Endpoint ep, const nlohmann::json& body, const ParseLimits& lim = {});
+DetokenizeRequest parse_detokenize(std::string_view body, const JsonLimits& lim = {});
+ApiRequest parse_request_json(Endpoint ep, nlohmann::json body, const ParseLimits& lim = {});
 
 }  // namespace tandem::server

@@ -1,0 +1,412 @@
+#include "server/api_server.h"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <atomic>
+#include <ctime>
+#include <mutex>
+#include <optional>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "engine/llm_engine.h"
+#include "server/generation.h"
+#include "server/openai_response.h"
+#include "server/openai_schema.h"
+#include "server/prometheus.h"
+
+namespace tandem::server {
+
+using nlohmann::json;
+
+namespace {
+
+enum class Route { kHealth, kModels, kModel, kMetrics, kCompletions, kChat, kTokenize, kDetokenize };
+
+struct RouteInfo {
+  Route route;
+  bool post;  // POST, else GET/HEAD
+};
+
+std::optional<RouteInfo> find_route(const std::string& path) {
+  if (path == "/health") return RouteInfo{Route::kHealth, false};
+  if (path == "/v1/models") return RouteInfo{Route::kModels, false};
+  if (path.rfind("/v1/models/", 0) == 0 && path.size() > 11) return RouteInfo{Route::kModel, false};
+  if (path == "/metrics") return RouteInfo{Route::kMetrics, false};
+  if (path == "/v1/completions") return RouteInfo{Route::kCompletions, true};
+  if (path == "/v1/chat/completions") return RouteInfo{Route::kChat, true};
+  if (path == "/tokenize") return RouteInfo{Route::kTokenize, true};
+  if (path == "/detokenize") return RouteInfo{Route::kDetokenize, true};
+  return std::nullopt;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c);
+  return out;
+}
+
+// The media type of a Content-Type value, lower case ("application/json").
+std::string media_type(const std::string* v) {
+  if (!v) return {};
+  std::string t = lower(v->substr(0, v->find(';')));
+  while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.pop_back();
+  return t;
+}
+
+// "%2F" and the like in a path segment (a model id may hold a slash).
+std::string percent_decode(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto hex = [](char c) {
+      return c >= '0' && c <= '9' ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10 : -1;
+    };
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+bool is_ip_literal(const std::string& host) {
+  unsigned char buf[16];
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    return inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), buf) == 1;
+  return inet_pton(AF_INET, host.c_str(), buf) == 1;
+}
+
+// The host part of a Host header value ("[::1]:8080" -> "[::1]").
+std::string host_name(const std::string& v) {
+  if (!v.empty() && v[0] == '[') return lower(v.substr(0, v.find(']') + 1));
+  return lower(v.substr(0, v.find(':')));
+}
+
+}  // namespace
+
+struct Server::Impl final : HttpHandler {
+  Engine& engine;
+  const Intake& intake;
+  ServerConfig cfg;
+  HttpServer http;
+  std::vector<std::string> model_names;  // names a request's "model" may use
+  int32_t max_context = 0;
+  int64_t created = 0;
+  std::atomic<bool> stopping{false};
+  std::mutex id_mu;
+  std::mt19937_64 id_rng{std::random_device{}()};
+
+  Impl(Engine& e, ServerConfig c)
+      : engine(e), intake(e.intake()), cfg(std::move(c)), http(*this, cfg.http) {
+    for (std::string& h : cfg.allowed_hosts) h = lower(h);
+  }
+
+  std::string new_id(const char* prefix) {
+    std::lock_guard<std::mutex> lock(id_mu);
+    return prefix + fmt::format("{:016x}", id_rng());
+  }
+
+  // --- screening (before the body) ------------------------------------------
+
+  bool host_allowed(const http::RequestHead& h) const {
+    const std::string* host = h.find("host");
+    if (!host) return true;  // HTTP/1.0 without one: no browser sends such a request
+    if (std::find(cfg.allowed_hosts.begin(), cfg.allowed_hosts.end(), "*") != cfg.allowed_hosts.end()) return true;
+    const std::string name = host_name(*host);
+    if (name == "localhost" || is_ip_literal(name)) return true;
+    return std::find(cfg.allowed_hosts.begin(), cfg.allowed_hosts.end(), name) != cfg.allowed_hosts.end();
+  }
+
+  // Whether `origin` may call across origins (CORS); the server's own origin
+  // needs no CORS.
+  bool cors_allowed(const std::string& origin) const {
+    for (const std::string& o : cfg.cors_origins)
+      if (o == "*" || o == origin) return true;
+    return false;
+  }
+  bool same_origin(const std::string& origin, const http::RequestHead& h) const {
+    const std::string* host = h.find("host");
+    return host && lower(origin) == "http://" + lower(*host);
+  }
+
+  // CORS headers for a response to an allowed cross-origin page.
+  std::vector<http::Header> cors_headers(const http::RequestHead& h) const {
+    const std::string* origin = h.find("origin");
+    if (!origin || same_origin(*origin, h) || !cors_allowed(*origin)) return {};
+    return {{"Access-Control-Allow-Origin", *origin}, {"Vary", "Origin"}};
+  }
+
+  bool authorized(const http::RequestHead& h) const {
+    if (cfg.api_key.empty()) return true;
+    const std::string want = "Bearer " + cfg.api_key;
+    const std::string* got_p = h.find("authorization");
+    const std::string got = got_p ? *got_p : std::string();
+    // Compare every byte so the time taken does not reveal the key's prefix.
+    unsigned diff = got.size() != want.size();
+    for (size_t i = 0; i < want.size(); ++i)
+      diff |= static_cast<unsigned char>(want[i]) ^ static_cast<unsigned char>(i < got.size() ? got[i] : 0);
+    return diff == 0;
+  }
+
+  static HttpResponse api_error(int status, const std::string& message, std::string type = "invalid_request_error",
+                                std::string param = {}, std::string code = {}) {
+    return error_response(ApiError(status, message, std::move(type), std::move(param), std::move(code)));
+  }
+
+  std::optional<HttpResponse> screen(const HttpRequest& req) override {
+    const http::RequestHead& h = req.head;
+    if (!host_allowed(h))
+      return api_error(403, fmt::format("Host '{}' is not allowed (a page on another domain may be reaching this "
+                                        "server through DNS rebinding); start the server with --allowed-hosts {} "
+                                        "to serve that name",
+                                        clip(*h.find("host"), 80), clip(host_name(*h.find("host")), 80)),
+                       "invalid_request_error", "", "host_not_allowed");
+    const std::string* origin = h.find("origin");
+    if (origin && !same_origin(*origin, h) && !cors_allowed(*origin))
+      return api_error(403, fmt::format("requests from pages at origin '{}' are not allowed; start the server with "
+                                        "--cors-origin {} to allow them",
+                                        clip(*origin, 80), clip(*origin, 80)),
+                       "invalid_request_error", "", "origin_not_allowed");
+    if (h.method == "OPTIONS") {  // a CORS preflight, or a plain question
+      HttpResponse r;
+      r.status = 204;
+      r.content_type = "text/plain";
+      r.headers = cors_headers(h);
+      if (!r.headers.empty()) {
+        r.headers.push_back({"Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS"});
+        r.headers.push_back({"Access-Control-Allow-Headers", "Authorization, Content-Type"});
+        r.headers.push_back({"Access-Control-Max-Age", "600"});
+      } else {
+        r.headers.push_back({"Allow", "GET, HEAD, POST, OPTIONS"});
+      }
+      return r;
+    }
+    const std::optional<RouteInfo> route = find_route(h.path);
+    if (!route)
+      return with_cors(h, api_error(404, fmt::format("Unknown route: {} {}", h.method, clip(h.path, 200)),
+                                    "invalid_request_error", "", "not_found"));
+    const bool get = h.method == "GET" || h.method == "HEAD";
+    if (route->post ? h.method != "POST" : !get) {
+      HttpResponse r = api_error(405, fmt::format("{} takes {}, not {}", h.path, route->post ? "POST" : "GET",
+                                                  clip(h.method, 20)));
+      r.headers.push_back({"Allow", route->post ? "POST" : "GET, HEAD"});
+      return with_cors(h, std::move(r));
+    }
+    if (route->route != Route::kHealth && !authorized(h)) {
+      HttpResponse r = api_error(401, "Missing or incorrect API key (send 'Authorization: Bearer KEY')",
+                                 "invalid_request_error", "", "invalid_api_key");
+      r.headers.push_back({"WWW-Authenticate", "Bearer"});
+      return with_cors(h, std::move(r));
+    }
+    if (route->post) {
+      const std::string type = media_type(h.find("content-type"));
+      if (type == "multipart/form-data")
+        return with_cors(h, api_error(415, "multipart form data is not accepted; send the request as JSON "
+                                           "(Content-Type: application/json)"));
+      // A browser's POST (it sends Origin or Sec-Fetch-*) must be JSON: a page
+      // can only send that across origins after a preflight we answer.
+      const bool browser = origin || h.find("sec-fetch-site") || h.find("sec-fetch-mode");
+      if (browser && type != "application/json")
+        return with_cors(h, api_error(415, "a request from a browser must be sent as application/json"));
+      if (stopping) return with_cors(h, api_error(503, "the server is shutting down", "server_error"));
+    }
+    return std::nullopt;
+  }
+
+  HttpResponse with_cors(const http::RequestHead& h, HttpResponse r) const {
+    for (http::Header& x : cors_headers(h)) r.headers.push_back(std::move(x));
+    return r;
+  }
+
+  bool runs_inline(const http::RequestHead& h) const override {
+    const std::optional<RouteInfo> route = find_route(h.path);
+    return route && !route->post;
+  }
+
+  HttpResponse error(int status, const std::string& message) const override {
+    return api_error(status, message, status >= 500 ? "server_error" : "invalid_request_error");
+  }
+
+  // --- handling --------------------------------------------------------------
+
+  Reply handle(HttpRequest& req, const Waker& wake) override {
+    const http::RequestHead& h = req.head;
+    try {
+      const RouteInfo route = *find_route(h.path);
+      switch (route.route) {
+        case Route::kHealth: return ok(h, R"({"status":"ok"})");
+        case Route::kModels: return ok(h, dump_json({{"object", "list"}, {"data", json::array({model_json()})}}));
+        case Route::kModel:
+          check_model(percent_decode(h.path.substr(11)));
+          return ok(h, dump_json(model_json()));
+        case Route::kMetrics: {
+          HttpResponse r;
+          r.body = render_prometheus(engine.metrics());
+          r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+          return Reply{with_cors(h, std::move(r)), nullptr};
+        }
+        case Route::kTokenize:
+        case Route::kDetokenize: return ok(h, dump_json(tokens(route.route == Route::kTokenize, req.body)));
+        case Route::kCompletions:
+        case Route::kChat: return generate(route.route == Route::kChat ? Endpoint::kChat : Endpoint::kCompletions,
+                                           req, wake);
+      }
+      throw ApiError(404, "unknown route", "invalid_request_error");
+    } catch (const ApiError& e) {
+      return Reply{with_cors(h, error_response(e)), nullptr};
+    } catch (const Error& e) {
+      const bool bad = e.kind() == ErrorKind::kInvalidArgument || e.kind() == ErrorKind::kUnsupported;
+      return Reply{with_cors(h, api_error(bad ? 400 : 500, e.what(), bad ? "invalid_request_error" : "server_error")),
+                   nullptr};
+    }
+  }
+
+  Reply ok(const http::RequestHead& h, std::string body) const {
+    HttpResponse r;
+    r.body = std::move(body);
+    return Reply{with_cors(h, std::move(r)), nullptr};
+  }
+
+  void check_model(const std::string& name) const {
+    if (name.empty()) return;
+    if (std::find(model_names.begin(), model_names.end(), name) != model_names.end()) return;
+    throw ApiError(404, fmt::format("The model '{}' does not exist; this server serves '{}'", clip(name, 200),
+                                    cfg.model_id),
+                   "invalid_request_error", "model", "model_not_found");
+  }
+
+  // A prompt's ids if it leaves room to generate; `which` names it in errors.
+  std::vector<int32_t> checked_length(std::vector<int32_t> ids, const char* param, const std::string& which) const {
+    if (ids.empty()) throw_invalid(param, fmt::format("{} is empty", which));
+    if (static_cast<int64_t>(ids.size()) >= max_context) throw too_long(param, which, std::to_string(ids.size()));
+    return ids;
+  }
+  ApiError too_long(const char* param, const std::string& which, const std::string& count) const {
+    return ApiError(400,
+                    fmt::format("This model's maximum context length is {} tokens, but {} has {} tokens "
+                                "(no room left to generate)",
+                                max_context, which, count),
+                    "invalid_request_error", param, "context_length_exceeded");
+  }
+  // A text's ids; a text that cannot fit is refused before it is tokenized.
+  std::vector<int32_t> text_tokens(const std::string& text, const char* param, const std::string& which) const {
+    const int64_t at_least = intake.min_tokens(text.size());
+    if (at_least >= max_context) throw too_long(param, which, fmt::format("at least {}", at_least));
+    return checked_length(intake.prompt(text), param, which);
+  }
+
+  // The token ids of each prompt (chat: the one conversation).
+  std::vector<std::vector<int32_t>> prompt_tokens(ApiRequest& r) const {
+    if (r.endpoint == Endpoint::kChat) {
+      if (!intake.has_chat())
+        throw ApiError(400, "chat is not available for this model: " + intake.chat_error(), "invalid_request_error",
+                       "messages");
+      size_t bytes = 0;
+      for (const ChatMessage& m : r.messages) bytes += m.content.size();
+      if (const int64_t at_least = intake.min_tokens(bytes); at_least >= max_context)
+        throw too_long("messages", "the prompt", fmt::format("at least {}", at_least));
+      ChatPrompt chat;
+      try {
+        chat = intake.chat(r.messages);
+      } catch (const Error& e) {
+        throw_invalid("messages", e.what());
+      }
+      for (std::string& s : chat.stop) r.params.stop.push_back(std::move(s));
+      return {checked_length(std::move(chat.tokens), "messages", "the prompt")};
+    }
+    std::vector<std::vector<int32_t>> out;
+    for (size_t i = 0; i < r.prompts.size(); ++i) {
+      const Prompt& p = r.prompts[i];
+      const std::string name = r.prompts.size() == 1 ? "the prompt" : fmt::format("prompt[{}]", i);
+      if (p.is_tokens) {
+        for (int32_t id : p.tokens)
+          if (id >= intake.n_vocab())
+            throw_invalid("prompt", fmt::format("token id {} in {} is outside the vocabulary (size {})", id, name,
+                                                intake.n_vocab()));
+        out.push_back(checked_length(p.tokens, "prompt", name));
+      } else {
+        out.push_back(text_tokens(p.text, "prompt", name));
+      }
+    }
+    return out;
+  }
+
+  Reply generate(Endpoint ep, HttpRequest& req, const Waker& wake) {
+    ParseLimits lim;
+    lim.json = cfg.json;
+    ApiRequest r = parse_request(ep, std::move(req.body), lim);  // frees the body once parsed
+    check_model(r.model);
+    std::vector<std::vector<int32_t>> prompts = prompt_tokens(r);
+    ResponseMeta meta;
+    meta.endpoint = ep;
+    meta.id = new_id(ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
+    meta.model = cfg.model_id;
+    meta.created = static_cast<int64_t>(std::time(nullptr));
+    meta.logprobs = r.params.logprobs >= 0;
+    meta.include_usage = r.include_usage;
+    std::vector<std::string> echo;
+    if (r.echo)
+      for (size_t k = 0; k < r.prompts.size(); ++k)
+        echo.push_back(r.prompts[k].is_tokens ? intake.detokenize(prompts[k]) : r.prompts[k].text);
+    if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
+    auto gen = Generation::start(engine, std::move(prompts), r.params, std::move(echo), wake);  // 429, 400
+    const Intake* in = &intake;
+    TokenText text = [in](int32_t id) { return in->piece(id); };
+    return Reply{std::nullopt, std::make_unique<GenerationResponse>(std::move(gen), std::move(meta), std::move(text),
+                                                                    r.stream, cfg.heartbeat_s, cors_headers(req.head))};
+  }
+
+  // /tokenize and /detokenize, answered in both vLLM's and llama.cpp's keys.
+  json tokens(bool encode, const std::string& body) const {
+    if (encode) {
+      const TokenizeRequest r = parse_tokenize(body, cfg.json);
+      check_model(r.model);
+      const std::vector<int32_t> ids = intake.tokenize(r.text, r.add_special, true);
+      return {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", max_context}};
+    }
+    const DetokenizeRequest r = parse_detokenize(body, cfg.json);
+    check_model(r.model);
+    for (int32_t id : r.tokens)
+      if (id >= intake.n_vocab())
+        throw_invalid("tokens", fmt::format("token id {} is outside the vocabulary (size {})", id, intake.n_vocab()));
+    const std::string text = intake.detokenize(r.tokens);
+    return {{"prompt", text}, {"content", text}};
+  }
+
+  json model_json() const {
+    return {{"id", cfg.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "tandem"},
+            {"max_model_len", max_context}};
+  }
+};
+
+Server::Server(Engine& engine, ServerConfig cfg) : impl_(std::make_unique<Impl>(engine, std::move(cfg))) {
+  Impl& s = *impl_;
+  const std::string& file_name = s.intake.model_name();
+  if (s.cfg.model_id.empty()) s.cfg.model_id = file_name;
+  s.model_names = {s.cfg.model_id, file_name, s.intake.model_path()};
+  if (file_name.size() > 5 && file_name.ends_with(".gguf")) s.model_names.push_back(file_name.substr(0, file_name.size() - 5));
+  s.max_context = s.cfg.max_context > 0 ? s.cfg.max_context : s.intake.max_context();
+  s.created = static_cast<int64_t>(std::time(nullptr));
+}
+
+Server::~Server() { stop(); }
+
+void Server::bind() { impl_->http.bind(impl_->cfg.host, impl_->cfg.port); }
+
+int Server::port() const { return impl_->http.port(); }
+
+const std::string& Server::model_id() const { return impl_->cfg.model_id; }
+
+void Server::run() { impl_->http.run(); }
+
+void Server::stop() {
+  if (impl_->stopping.exchange(true)) return;
+  impl_->http.stop();
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,67 @@
+// `tandem serve`'s routes over the engine: the OpenAI API (completions, chat,
+// models), /tokenize and /detokenize, /health and /metrics.
+//
+// The server is safe to run on localhost, where any web page the user visits
+// can send it requests: a Host header that names something other than
+// localhost, an IP address or an allowed name is refused (a DNS-rebinding
+// page names its own domain); a browser's request (it carries Origin) must
+// come from the server's own origin or one allowed for CORS, and a browser's
+// POST must be application/json, which no cross-origin form can send without
+// asking first.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/json_parse.h"
+#include "server/http_server.h"
+
+namespace tandem {
+class Engine;
+}  // namespace tandem
+
+namespace tandem::server {
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";
+  int port = 8080;                 // 0: any free port (see Server::port())
+  std::string api_key;             // "": no authentication
+  std::string model_id;            // what /v1/models lists; "" = the model file's name
+  int32_t max_context = 0;         // prompt limit in tokens; 0: the engine's
+  double heartbeat_s = 1.0;        // SSE comment after this much silence in a stream
+  // Host names accepted beside "localhost" and IP addresses; "*": any.
+  std::vector<std::string> allowed_hosts;
+  // Origins (scheme://host:port) whose pages may call the API across
+  // origins, with CORS headers; "*": any. The server's own origin always may.
+  std::vector<std::string> cors_origins;
+  HttpLimits http;
+  JsonLimits json;
+};
+
+class Server {
+ public:
+  // The engine must outlive the server and be started by the caller.
+  Server(Engine& engine, ServerConfig cfg);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds the listening socket. Throws tandem::Error(kIo) when it cannot.
+  void bind();
+  int port() const;                     // the bound port
+  const std::string& model_id() const;  // as /v1/models lists it
+  // Serves until stop(). bind() first.
+  void run();
+  // Thread-safe, callable from a signal-waiting thread: stops accepting,
+  // cancels the requests in flight (their clients get an error event or a
+  // 503) and makes run() return once they have been told.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::server
