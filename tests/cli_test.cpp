@@ -46,6 +46,25 @@ TEST(Cli, RunJsonReport) {
   EXPECT_EQ(j["stop_reason"], "length");
 }
 
+// -n 0 generates nothing, as llama.cpp's -n 0 does: the prompt is computed
+// and the run ends.
+TEST(Cli, RunWithNZeroGeneratesNothing) {
+  Result r = run_cli("run -m " + quote(kStories) + " -p 'Once upon a time' -n 0 --temp 0 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  auto j = nlohmann::json::parse(r.err);
+  EXPECT_EQ(j["prompt_tokens"], 5);
+  EXPECT_EQ(j["generated_tokens"], 0);
+  EXPECT_EQ(j["stop_reason"], "length");
+}
+
+TEST(Cli, UnknownCommandIsNamed) {
+  Result r = run_cli("foo");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("unknown command 'foo'"), std::string::npos) << r.err;
+  for (const char* cmd : {"run", "serve", "bench", "perplexity"}) EXPECT_NE(r.err.find(cmd), std::string::npos) << cmd;
+}
+
 TEST(Cli, SeededSamplingIsReproducible) {
   const std::string args = "run -m " + quote(kStories) + " -p 'Once upon a time' -n 30 --temp 1.0 --seed 42";
   Result a = run_cli(args), b = run_cli(args);
@@ -119,7 +138,8 @@ TEST(Cli, TooLittleMemoryToRepackWarnsAndRunsFromTheFile) {
   const Result packed = run_cli(run);
   ASSERT_EQ(packed.status, 0) << packed.err;
   EXPECT_EQ(packed.err.find("warning"), std::string::npos) << packed.err;
-  ::setenv("TANDEM_MEMORY_AVAILABLE", "1000000", 1);  // inherited by the command run_cli starts
+  // Room for the one context's KV pool (2 MiB), not for the 9 MiB of repacked weights.
+  ::setenv("TANDEM_MEMORY_AVAILABLE", "5000000", 1);  // inherited by the command run_cli starts
   const Result in_file = run_cli(run);
   ::unsetenv("TANDEM_MEMORY_AVAILABLE");
   EXPECT_EQ(in_file.status, 0) << in_file.err;

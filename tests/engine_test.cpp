@@ -12,7 +12,6 @@
 #include "core/error.h"
 #include "core/memory_info.h"
 #include "core/thread_pool.h"
-#include "engine/generator.h"
 #include "engine/json_grammar.h"
 #include "engine/llm_engine.h"
 #include "kv/kv_cache.h"
@@ -77,17 +76,39 @@ class EngineTest : public ::testing::Test {
 };
 Model* EngineTest::model_ = nullptr;
 
-TEST_F(EngineTest, SingleRequestMatchesGenerator) {
+// A request alone on the engine, through the serving path and through
+// run_one (what `tandem run` does), equals a plain greedy loop over the
+// model's own forward pass.
+TEST_F(EngineTest, SingleRequestMatchesAPlainGreedyLoop) {
   ThreadPool pool(2);
-  Generator gen(*model_, pool, 512);
-  GenerateOptions go;
-  go.max_tokens = 40;
-  go.sampling.temperature = 0;
+  const ModelConfig& c = model_->config();
+  KvCache kv(model_->kv_shape(), 32, 16);
+  SeqKv seq;
+  std::vector<int32_t> ids = tok("Once upon a time");
+  ASSERT_TRUE(seq.reserve(kv, 64));
+  Logits logits;
+  model_->prefill(seq, ids, kv, pool, logits);
+  std::vector<int32_t> want_ids;
+  for (int i = 0; i < 40; ++i) {
+    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + c.n_vocab) - logits.begin());
+    want_ids.push_back(next);
+    if (i == 39) break;
+    logits.clear();
+    SeqKv* seqs[] = {&seq};
+    const int32_t one[] = {next};
+    model_->decode(seqs, one, kv, pool, logits);
+  }
+  seq.release(kv);
   std::string want;
-  gen.generate(tok("Once upon a time"), go, [&](std::string_view s) {
-    want += s;
-    return true;
-  });
+  StreamDecoder dec(model_->tokenizer());
+  for (int32_t id : want_ids) want += dec.push(id);
+
+  const Completion one = test::greedy(*model_, tok("Once upon a time"), 40);
+  EXPECT_EQ(one.tokens, want_ids);
+  EXPECT_EQ(one.text, want);
+  EXPECT_EQ(one.stop_cause, "length");
+  EXPECT_EQ(one.timings.generated_tokens, 40);
+  EXPECT_EQ(one.timings.prompt_tokens, static_cast<int32_t>(ids.size()));
 
   Engine e(*model_, EngineConfig{.threads = 2, .max_context = 512});
   Out o;

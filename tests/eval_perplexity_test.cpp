@@ -32,7 +32,6 @@ nlohmann::json ref(const char* name) {
 // numbers to about 1e-5 (summation order), chunk by chunk.
 TEST(Perplexity, MatchesLlamaCppOnStories260K) {
   auto model = Model::load(test::shared_path("models/gguf/stories260K.gguf"));
-  ThreadPool pool(2);
   const nlohmann::json want = ref("perplexity_stories260k.json");
   const std::vector<int32_t> tokens = text_tokens(*model);
   ASSERT_EQ(static_cast<int64_t>(tokens.size()), want["n_tokens"].get<int64_t>());
@@ -41,7 +40,7 @@ TEST(Perplexity, MatchesLlamaCppOnStories260K) {
   o.kv_type = KvType::kF32;
   std::vector<double> running;
   const PerplexityResult r =
-      perplexity(*model, pool, tokens, o, [&](int32_t k, const PerplexityResult& so_far) {
+      perplexity(*model, tokens, o, [&](int32_t k, const PerplexityResult& so_far) {
         EXPECT_EQ(k, static_cast<int32_t>(running.size()) + 1);
         running.push_back(so_far.ppl);
       });
@@ -53,7 +52,7 @@ TEST(Perplexity, MatchesLlamaCppOnStories260K) {
   EXPECT_NEAR(r.ppl_error, want["ppl_error"].get<double>(), 1e-3 * r.ppl_error);
   // Fewer chunks: the first ones' running value.
   o.max_chunks = 3;
-  EXPECT_NEAR(perplexity(*model, pool, tokens, o).ppl, running[2], 1e-9);
+  EXPECT_NEAR(perplexity(*model, tokens, o).ppl, running[2], 1e-9);
 }
 
 // Gemma 3 in Q4_K_M, f16 KV on both sides: this model's logits differ from
@@ -62,13 +61,12 @@ TEST(Perplexity, MatchesLlamaCppOnStories260K) {
 TEST(Perplexity, CloseToLlamaCppOnGemma3) {
   TANDEM_REQUIRE_GEMMA(path);
   auto model = Model::load(path);
-  ThreadPool pool(2);
   const nlohmann::json want = ref("perplexity_gemma3_270m.json");
   const std::vector<int32_t> tokens = text_tokens(*model);
   ASSERT_EQ(static_cast<int64_t>(tokens.size()), want["n_tokens"].get<int64_t>());
   PerplexityOptions o;
   o.n_ctx = want["meta"]["n_ctx"].get<int32_t>();
-  const PerplexityResult r = perplexity(*model, pool, tokens, o);
+  const PerplexityResult r = perplexity(*model, tokens, o);
   EXPECT_EQ(r.n_scored, want["n_scored"].get<int64_t>());
   EXPECT_NEAR(r.ppl, want["ppl"].get<double>(), 0.03 * want["ppl"].get<double>());
   std::printf("[ perplexity ] gemma3 %.4f, llama.cpp %.4f\n", r.ppl, want["ppl"].get<double>());
@@ -76,15 +74,14 @@ TEST(Perplexity, CloseToLlamaCppOnGemma3) {
 
 TEST(Perplexity, RefusesTooShortATextAndBadContexts) {
   auto model = Model::load(test::shared_path("models/gguf/stories260K.gguf"));
-  ThreadPool pool(1);
   const std::vector<int32_t> tokens = text_tokens(*model);
   PerplexityOptions o;
   o.n_ctx = static_cast<int32_t>(tokens.size() / 2 + 1);  // one chunk only
-  EXPECT_THROW(perplexity(*model, pool, tokens, o), Error);
+  EXPECT_THROW(perplexity(*model, tokens, o), Error);
   o.n_ctx = 2;
-  EXPECT_THROW(perplexity(*model, pool, tokens, o), Error);
+  EXPECT_THROW(perplexity(*model, tokens, o), Error);
   o.n_ctx = model->config().n_ctx_train + 1;
-  EXPECT_THROW(perplexity(*model, pool, tokens, o), Error);
+  EXPECT_THROW(perplexity(*model, tokens, o), Error);
 }
 
 }  // namespace

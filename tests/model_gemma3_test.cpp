@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include "core/thread_pool.h"
-#include "engine/generator.h"
 #include "engine/llm_engine.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
@@ -67,7 +66,6 @@ TEST_F(Gemma3, MatchesLlamaCppGreedyAndLogits) {
   const nlohmann::json refs = load_refs();
   const ModelConfig& c = model_->config();
   ThreadPool pool(2);
-  Generator gen(*model_, pool, 1024);
   // Under the sanitizers (TANDEM_TEST_QUICK=1) two prompts and 8 steps cover
   // the same code paths at a fraction of the cost.
   const bool quick = std::getenv("TANDEM_TEST_QUICK") != nullptr;
@@ -120,11 +118,7 @@ TEST_F(Gemma3, MatchesLlamaCppGreedyAndLogits) {
     }
 
     // Free-running greedy: identical up to the first near tie at least.
-    GenerateOptions opts;
-    opts.max_tokens = static_cast<int32_t>(want.size());
-    opts.sampling.temperature = 0;
-    opts.stop_at_eog = false;
-    GenerateReport r = gen.generate(prompt, opts, [](std::string_view) { return true; });
+    const Completion r = test::greedy(*model_, prompt, static_cast<int32_t>(want.size()), false, 1024);
     size_t same = 0;
     while (same < want.size() && r.tokens[same] == want[same]) ++same;
     size_t first_tie = 0;

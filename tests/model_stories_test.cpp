@@ -8,7 +8,6 @@
 #include "convert/llama2c.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "engine/generator.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "test_support.h"
@@ -34,21 +33,13 @@ std::vector<int32_t> reference_ids() {
 // Greedy generation of 60 tokens after "Once upon a time" (llama2.c -n 64).
 void expect_reference_story(const std::string& gguf) {
   auto model = Model::load(gguf);
-  ThreadPool pool(2);
-  Generator gen(*model, pool, 512);
   std::vector<int32_t> prompt = model->tokenizer().encode("Once upon a time", true, true);
   const std::vector<int32_t> ref = reference_ids();
   ASSERT_EQ(ref.size(), 65u);
   ASSERT_EQ(prompt, std::vector<int32_t>(ref.begin(), ref.begin() + 5));
 
-  GenerateOptions opts;
-  opts.max_tokens = 60;
-  opts.sampling.temperature = 0;
-  std::string text;
-  GenerateReport r = gen.generate(prompt, opts, [&](std::string_view s) {
-    text += s;
-    return true;
-  });
+  const Completion r = test::greedy(*model, prompt, 60);
+  const std::string& text = r.text;
   EXPECT_EQ(r.tokens, std::vector<int32_t>(ref.begin() + 5, ref.end()));
   std::string expected = read_file(shared_path("models/reference/stories260K.greedy.n64.once_upon_a_time.stdout.txt"));
   ASSERT_EQ(expected.back(), '\n');  // run.c ends with a newline of its own
@@ -71,17 +62,7 @@ TEST(StoriesModel, GreedyMatchesLlama2cFromConvertedGguf) {
 TEST(StoriesModel, NoPromptGreedyMatchesLlama2c) {
   // run.c -n 200 with no prompt: BOS, then 200 greedy tokens, printed as text.
   auto model = Model::load(shared_path("models/gguf/stories260K.gguf"));
-  ThreadPool pool(2);
-  Generator gen(*model, pool, 512);
-  GenerateOptions opts;
-  opts.max_tokens = 200;
-  opts.sampling.temperature = 0;
-  opts.stop_at_eog = false;
-  std::string text;
-  gen.generate({model->tokenizer().bos_id()}, opts, [&](std::string_view s) {
-    text += s;
-    return true;
-  });
+  std::string text = test::greedy(*model, {model->tokenizer().bos_id()}, 200, false).text;
   std::string expected = read_file(shared_path("models/reference/stories260K.greedy.n200.noprompt.stdout.txt"));
   ASSERT_EQ(expected.back(), '\n');
   expected.pop_back();
@@ -203,11 +184,8 @@ TEST(StoriesModel, LogitsOfSomeRowsEqualThoseOfEveryRow) {
 
 TEST(StoriesModel, PromptLongerThanContextIsRejected) {
   auto model = Model::load(shared_path("models/gguf/stories260K.gguf"));
-  ThreadPool pool(1);
-  Generator gen(*model, pool, 32);
   std::vector<int32_t> prompt(40, 403);
-  GenerateOptions opts;
-  EXPECT_THROW(gen.generate(prompt, opts, [](std::string_view) { return true; }), Error);
+  EXPECT_THROW(test::greedy(*model, prompt, 8, true, 32), Error);
 }
 
 }  // namespace

@@ -80,6 +80,7 @@ TEST(Scheduler, ScoredPromptsAreCappedAndComputedInFull) {
     s->tokens = make_seq(1, 40)->tokens;  // prompt 1 again
     s->req->params.prompt_logprobs = 0;
     s->prompt_lp.push_back({s->tokens[0], 0});
+    s->score_next = 1;
     return s;
   };
   auto a = scored(2), c = scored(3);
@@ -93,11 +94,32 @@ TEST(Scheduler, ScoredPromptsAreCappedAndComputedInFull) {
   EXPECT_EQ(tokens_of(b, pa) + tokens_of(b, pc), 10);
   EXPECT_EQ(tokens_of(b, pp), 54);
   // Once every prompt position is scored, the cap no longer applies.
-  pa->prompt_lp.resize(40);
+  pa->score_next = 40;
   commit(bm, b);
   b = sched.schedule();
   EXPECT_EQ(tokens_of(b, pa), 40 - pa->n_computed());
   EXPECT_LE(tokens_of(b, pc), 10);
+}
+
+// Rows before the first scored position need no logits: a prompt scored from
+// its middle (perplexity's second half) takes its context rows in the same
+// step as the first scored ones, without spending the logits cap on them.
+TEST(Scheduler, ContextRowsOfAScoredPromptCostNoLogits) {
+  BlockManager bm(64, 16, false);
+  SchedulerConfig cfg{.max_batch_tokens = 128, .max_seqs = 8, .prefill_chunk = 128, .max_prompt_logit_rows = 10};
+  Scheduler sched(cfg, bm);
+  auto s = make_seq(1, 64);
+  s->req->params.on_prompt_row = [](int32_t, std::span<const float>) {};
+  s->req->params.rows_from = 32;
+  s->score_next = 33;
+  Sequence* p = s.get();
+  sched.add(std::move(s));
+  auto b = sched.schedule();
+  EXPECT_EQ(tokens_of(b, p), 32 + 10);  // rows 0..31 free, then ten scored rows
+  commit(bm, b);
+  p->score_next = 43;
+  b = sched.schedule();
+  EXPECT_EQ(tokens_of(b, p), 10);
 }
 
 TEST(Scheduler, ArrivalOrderWithoutShortestFirst) {

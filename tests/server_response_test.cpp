@@ -48,10 +48,11 @@ TEST(ServerResponse, ChoiceStateAccumulates) {
   a.completion_tokens = 1;
   RequestEvent b = event(0, " upon", {2, 3}, true, "length");
   b.completion_tokens = 3;
-  c.add(a);
-  c.add(b);
+  c.add(a, {0});
+  c.add(b, {4, 6});
   EXPECT_EQ(c.text, "Once upon");
   EXPECT_EQ(c.logprobs.size(), 3u);
+  EXPECT_EQ(c.offsets, (std::vector<size_t>{0, 4, 6}));
   EXPECT_TRUE(c.finished);
   EXPECT_EQ(c.finish_reason, "length");
   EXPECT_EQ(c.completion_tokens, 3);
@@ -59,8 +60,8 @@ TEST(ServerResponse, ChoiceStateAccumulates) {
 
 TEST(ServerResponse, FullCompletion) {
   ChoiceState a, b;
-  a.add(event(0, "Hello", {4, 5}, true, "stop"));
-  b.add(event(1, "Bye", {6}, true, "length"));
+  a.add(event(0, "Hello", {4, 5}, true, "stop"), {0, 2});
+  b.add(event(1, "Bye", {6}, true, "length"), {0});
   const json j = full_response(meta(Endpoint::kCompletions, true), {a, b}, {10, 3, 4}, piece);
   EXPECT_EQ(j["object"], "text_completion");
   EXPECT_EQ(j["id"], "cmpl-1");
@@ -83,10 +84,10 @@ TEST(ServerResponse, FullCompletion) {
 }
 
 // An echoed prompt's first token has nothing before it to predict it: null
-// logprob and null alternatives, while the offsets still count its piece.
+// logprob and null alternatives; the offsets are the caller's.
 TEST(ServerResponse, EchoedFirstTokenHasNullLogprob) {
   const json lp = completion_logprobs_json({{1, std::numeric_limits<float>::quiet_NaN()}, {2, -0.25f}},
-                                           {{}, {{2, -0.25f}, {3, -1.5f}}}, piece, 0);
+                                           {{}, {{2, -0.25f}, {3, -1.5f}}}, piece, {0, 2});
   EXPECT_EQ(lp["tokens"], json({"t1", "t2"}));
   EXPECT_TRUE(lp["token_logprobs"][0].is_null());
   EXPECT_EQ(lp["token_logprobs"][1], -0.25);
@@ -99,7 +100,7 @@ TEST(ServerResponse, FullChatWithLogprobs) {
   ChoiceState a;
   RequestEvent e = event(0, "Hi", {7, 2}, true, "stop");
   e.top_logprobs = {{{7, -0.1f}, {3, -2.0f}}, {{2, -0.3f}}};
-  a.add(e);
+  a.add(e, {0, 1});
   const json j = full_response(meta(Endpoint::kChat, true), {a}, {5, 2, 0}, piece);
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
@@ -117,7 +118,7 @@ TEST(ServerResponse, FullChatWithLogprobs) {
 
 TEST(ServerResponse, NoLogprobsUnlessAsked) {
   ChoiceState a;
-  a.add(event(0, "x", {1}, true, "stop"));
+  a.add(event(0, "x", {1}, true, "stop"), {0});
   EXPECT_TRUE(full_response(meta(Endpoint::kChat), {a}, {}, piece)["choices"][0]["logprobs"].is_null());
   EXPECT_TRUE(full_response(meta(Endpoint::kCompletions), {a}, {}, piece)["choices"][0]["logprobs"].is_null());
 }
@@ -130,12 +131,12 @@ TEST(ServerResponse, StreamChunks) {
   EXPECT_EQ(role["choices"][0]["delta"]["role"], "assistant");
   EXPECT_TRUE(role.contains("usage") && role["usage"].is_null());
 
-  const json mid = event_chunk(chat, event(1, " there", {5}), piece, 0);
+  const json mid = event_chunk(chat, event(1, " there", {5}), piece, {0});
   EXPECT_EQ(mid["choices"][0]["delta"]["content"], " there");
   EXPECT_TRUE(mid["choices"][0]["finish_reason"].is_null());
   EXPECT_EQ(mid["choices"][0]["index"], 1);
 
-  const json last = event_chunk(chat, event(1, "", {}, true, "stop"), piece, 0);
+  const json last = event_chunk(chat, event(1, "", {}, true, "stop"), piece, {});
   EXPECT_TRUE(last["choices"][0]["delta"].empty());
   EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
 
@@ -143,7 +144,7 @@ TEST(ServerResponse, StreamChunks) {
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["total_tokens"], 7);
 
-  const json comp = event_chunk(meta(Endpoint::kCompletions, true), event(0, "ab", {3, 4}), piece, 10);
+  const json comp = event_chunk(meta(Endpoint::kCompletions, true), event(0, "ab", {3, 4}), piece, {10, 12});
   EXPECT_EQ(comp["object"], "text_completion");
   EXPECT_EQ(comp["choices"][0]["text"], "ab");
   EXPECT_EQ(comp["choices"][0]["logprobs"]["text_offset"], json({10, 12}));

@@ -13,7 +13,28 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/llm_engine.h"
+
 namespace tandem::test {
+
+// One greedy request on the serving engine, sized as `tandem run` sizes it.
+inline Completion greedy(Model& model, std::vector<int32_t> prompt, int32_t max_tokens, bool stop_at_eog = true,
+                         int32_t ctx = 512, int32_t threads = 2) {
+  EngineConfig ec;
+  ec.threads = threads;
+  ec.max_context = ctx;
+  ec.kv_tokens = ctx + 15;
+  ec.max_seqs = 1;
+  ec.policy = SchedulePolicy::kThroughput;
+  ec.max_batch_tokens = ctx;
+  ec.prefix_caching = false;
+  Engine engine(model, ec);
+  RequestParams p;
+  p.sampling.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.stop_at_eog = stop_at_eog;
+  return engine.run_one(std::move(prompt), p);
+}
 
 inline std::string shared_path(const std::string& rel) { return std::string(TANDEM_SHARED_DIR) + "/" + rel; }
 inline std::string testdata_path(const std::string& rel) { return std::string(TANDEM_TESTDATA_DIR) + "/" + rel; }

@@ -38,7 +38,6 @@ int run(const PerplexityOpts& o) {
   const auto t0 = std::chrono::steady_clock::now();
   auto model = Model::load(resolve_model_path(o.model), parse_prepack_mode(o.prepack), o.repack_cache);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
-  ThreadPool pool(o.threads);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // As llama-perplexity tokenizes: BOS first, no special-token parsing.
   const std::vector<int32_t> tokens = model->tokenizer().encode(text, true, false);
@@ -46,9 +45,10 @@ int run(const PerplexityOpts& o) {
   po.n_ctx = o.ctx;
   po.max_chunks = o.chunks;
   po.kv_type = parse_kv_type(o.kv_type);
+  po.threads = o.threads;
   std::fprintf(stderr, "perplexity: %zu tokens, chunks of %d, the second half of each scored; %d threads, %s kernels\n",
-               tokens.size(), o.ctx, pool.size(), cpu_kernel_level());
-  const PerplexityResult r = perplexity(*model, pool, tokens, po, [&](int32_t k, const PerplexityResult& so_far) {
+               tokens.size(), o.ctx, o.threads > 0 ? o.threads : ThreadPool::default_threads(), cpu_kernel_level());
+  const PerplexityResult r = perplexity(*model, tokens, po, [&](int32_t k, const PerplexityResult& so_far) {
     if (o.json) return;
     std::fprintf(stdout, "[%d]%.4f,", k, so_far.ppl);
     std::fflush(stdout);

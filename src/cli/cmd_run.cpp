@@ -9,17 +9,15 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "chat/model_chat.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
-#include "core/thread_pool.h"
-#include "engine/generator.h"
+#include "core/json_parse.h"
 #include "engine/json_schema.h"
+#include "engine/llm_engine.h"
 #include "gguf/gguf.h"
 #include "kernels/dot.h"
 #include "model/model.h"
-#include "tokenizer/tokenizer.h"
 
 namespace tandem::cli {
 namespace {
@@ -39,22 +37,23 @@ struct RunOpts {
   int64_t seed = -1;
 };
 
-void print_report(const RunOpts& o, const Model& m, const GenerateReport& r, double load_s, int threads) {
+void print_report(const RunOpts& o, const Model& m, const Completion& c, double load_s, int threads) {
+  const RequestTimings& t = c.timings;
   if (o.json) {
     nlohmann::json j = {
         {"model", m.file().path()},
         {"threads", threads},
         {"kernels", cpu_kernel_level()},
         {"load_s", load_s},
-        {"prompt_tokens", r.prompt_tokens},
-        {"prefill_s", r.prefill_s},
-        {"prefill_tok_s", r.prefill_tok_s()},
-        {"ttft_s", r.ttft_s},
-        {"generated_tokens", r.generated_tokens},
-        {"decode_s", r.decode_s},
-        {"decode_tok_s", r.decode_tok_s()},
-        {"ms_per_token", r.ms_per_token()},
-        {"stop_reason", r.stop_reason},
+        {"prompt_tokens", t.prompt_tokens},
+        {"prefill_s", t.prefill_s},
+        {"prefill_tok_s", t.prefill_tok_s()},
+        {"ttft_s", t.ttft_s},
+        {"generated_tokens", t.generated_tokens},
+        {"decode_s", t.decode_s},
+        {"decode_tok_s", t.decode_tok_s()},
+        {"ms_per_token", t.ms_per_token()},
+        {"stop_reason", c.stop_cause},
     };
     std::fprintf(stderr, "%s\n", j.dump().c_str());
     return;
@@ -62,9 +61,9 @@ void print_report(const RunOpts& o, const Model& m, const GenerateReport& r, dou
   std::fputs(fmt::format("\n--- {} | {} threads, {} kernels, loaded in {:.3f} s\n"
                          "prefill  {:6d} prompt tokens  {:8.3f} s  {:8.1f} tok/s   time to first token {:.3f} s\n"
                          "decode   {:6d} tokens         {:8.3f} s  {:8.1f} tok/s   {:.2f} ms/token   stop: {}\n",
-                         m.config().name, threads, cpu_kernel_level(), load_s, r.prompt_tokens, r.prefill_s,
-                         r.prefill_tok_s(), r.ttft_s, r.generated_tokens, r.decode_s, r.decode_tok_s(),
-                         r.ms_per_token(), r.stop_reason)
+                         m.config().name, threads, cpu_kernel_level(), load_s, t.prompt_tokens, t.prefill_s,
+                         t.prefill_tok_s(), t.ttft_s, t.generated_tokens, t.decode_s, t.decode_tok_s(),
+                         t.ms_per_token(), c.stop_cause)
                  .c_str(),
              stderr);
 }
@@ -75,48 +74,56 @@ int run(RunOpts& o) {
   if (!o.prompt_file.empty()) o.prompt = read_text_file(o.prompt_file, "--file");
   if (o.seed >= 0) o.sp.seed = static_cast<uint64_t>(o.seed);
 
-  const auto t0 = std::chrono::steady_clock::now();
-  auto model = Model::load(resolve_model_path(o.model), parse_prepack_mode(o.prepack), o.repack_cache);
-  if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
-  ThreadPool pool(o.threads);
-  Generator gen(*model, pool, o.ctx, parse_kv_type(o.kv_type));
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  const Tokenizer& tok = model->tokenizer();
-  GenerateOptions go;
-  go.max_tokens = o.n_predict;
-  go.sampling = o.sp;
-  go.stop = o.stop;
-  go.stop_at_eog = !o.ignore_eos;
+  RequestParams p;
+  p.sampling = o.sp;
+  p.max_tokens = o.n_predict;
+  p.stop = o.stop;
+  p.stop_at_eog = !o.ignore_eos;
   if (!o.json_schema.empty() || !o.json_schema_file.empty()) {
     if (!o.json_schema.empty() && !o.json_schema_file.empty())
       fail(ErrorKind::kInvalidArgument, "give --json-schema or --json-schema-file, not both");
     const std::string text = o.json_schema.empty() ? read_text_file(o.json_schema_file, "--json-schema-file")
                                                    : o.json_schema;
-    const nlohmann::json schema = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (schema.is_discarded()) fail(ErrorKind::kInvalidArgument, "--json-schema: not valid JSON");
-    go.json_schema = std::make_shared<const CompiledSchema>(compile_schema(schema));
-  }
-  std::vector<int32_t> prompt;
-  if (!o.chat.empty()) {
-    ChatTemplate tmpl = chat_template_for(model->file());
-    std::vector<ChatMessage> msgs;
-    if (!o.system.empty()) msgs.push_back({"system", o.system});
-    msgs.push_back({"user", o.chat});
-    prompt = tok.encode(tmpl.apply(msgs, true), true, true);
-    for (auto& s : tmpl.stop_strings()) go.stop.push_back(s);
-  } else {
-    prompt = tok.encode(o.prompt, true, true);
+    p.json_schema = std::make_shared<const CompiledSchema>(compile_schema(parse_json(text, {}, "--json-schema")));
   }
 
-  GenerateReport r = gen.generate(prompt, go, [](std::string_view piece) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto model = Model::load(resolve_model_path(o.model), parse_prepack_mode(o.prepack), o.repack_cache);
+  if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
+  // One request on the serving engine: a pool of exactly one context, and
+  // the whole prompt in one step.
+  const int32_t ctx = o.ctx > 0 ? o.ctx : std::min(model->config().n_ctx_train, 4096);
+  EngineConfig ec;
+  ec.threads = o.threads;
+  ec.max_context = ctx;
+  ec.kv_tokens = ctx + 15;
+  ec.kv_type = parse_kv_type(o.kv_type);
+  ec.max_seqs = 1;
+  ec.max_waiting = 0;
+  ec.policy = SchedulePolicy::kThroughput;
+  ec.max_batch_tokens = ctx;
+  ec.prefix_caching = false;
+  Engine engine(*model, ec);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  const Intake& intake = engine.intake();
+  std::vector<int32_t> prompt;
+  if (!o.chat.empty()) {
+    ChatPrompt chat = intake.chat({{"user", o.chat}}, o.system);
+    prompt = std::move(chat.tokens);
+    for (std::string& s : chat.stop) p.stop.push_back(std::move(s));
+  } else {
+    prompt = intake.prompt(o.prompt);
+  }
+
+  const Completion c = engine.run_one(std::move(prompt), p, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     return true;
   });
   if (!o.chat.empty()) std::fputc('\n', stdout);
   std::fflush(stdout);
-  print_report(o, *model, r, load_s, pool.size());
+  print_report(o, *model, c, load_s, engine.threads());
   return 0;
 }
 
@@ -130,7 +137,7 @@ void add_run_command(CLI::App& app, int& rc) {
   cmd->add_option("-f,--file", o->prompt_file, "Read the text to continue from FILE ('-': standard input)");
   cmd->add_option("--chat", o->chat, "A user message, formatted with the model's chat template");
   cmd->add_option("--system", o->system, "System message for --chat");
-  cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (-1: until the context is full)")
+  cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (-1: until the context is full; 0: none)")
       ->capture_default_str();
   cmd->add_option("--temp", o->sp.temperature, "Temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--top-k", o->sp.top_k, "Top-k (0: off)")->capture_default_str();

@@ -50,6 +50,12 @@ std::vector<int32_t> Intake::tokenize(std::string_view text, bool add_special, b
 
 std::string Intake::detokenize(const std::vector<int32_t>& ids) const { return tok_.decode(ids); }
 
+std::string Intake::spell(const std::vector<int32_t>& ids, std::vector<size_t>* offsets) const {
+  return tok_.spell(ids, offsets);
+}
+
+size_t Intake::text_bytes(int32_t id) const { return tok_.token_to_piece(id, false).size(); }
+
 std::string Intake::piece(int32_t id) const { return tok_.token_to_piece(id, true); }
 
 bool Intake::is_eog(int32_t id) const { return tok_.is_eog(id); }

@@ -52,6 +52,10 @@ class Intake {
 
   std::vector<int32_t> tokenize(std::string_view text, bool add_special, bool parse_special) const;
   std::string detokenize(const std::vector<int32_t>& ids) const;
+  // The text ids spell back (Tokenizer::spell), with where each token starts.
+  std::string spell(const std::vector<int32_t>& ids, std::vector<size_t>* offsets = nullptr) const;
+  // Bytes one generated token adds to the text (control tokens add none).
+  size_t text_bytes(int32_t id) const;
   // One token's raw bytes (may be part of a UTF-8 character; control tokens
   // spelled out).
   std::string piece(int32_t id) const;

@@ -81,6 +81,7 @@ struct Engine::Impl {
   };
   std::vector<Scored> scored;
   std::vector<int64_t> last_row;  // per scheduled sequence: logits row of its last token, or -1
+  std::vector<Sequence*> prompt_seqs;  // scheduled sequences computing prompt rows
 
   bool step();
   void score_prompts();  // prompt logprobs from this step's logits, for `scored`
@@ -91,7 +92,8 @@ struct Engine::Impl {
   // Accepts `token`, sampled from `logits` (and forks the other choices of an n > 1 request).
   void handle_logits(Sequence* seq, const float* logits, int32_t token);
   void accept_token(Sequence* seq, int32_t token, const float* logits);
-  void finish(Sequence* seq, const std::string& reason, const std::string& error = "");
+  // reason: OpenAI's finish_reason; cause: what ended it (RequestEvent::stop_cause).
+  void finish(Sequence* seq, const std::string& reason, const std::string& cause, const std::string& error = "");
   void emit(Sequence* seq, RequestEvent ev);
   void fail_all(const std::string& error);
   std::unique_ptr<Sequence> make_seq(const std::shared_ptr<RequestState>& req, int32_t choice);
@@ -202,7 +204,7 @@ void Engine::Impl::drain_inbox() {
   sched->for_each([&](Sequence& s) {
     if (std::find(cancel_ids.begin(), cancel_ids.end(), s.req->id) != cancel_ids.end()) doomed.push_back(&s);
   });
-  for (Sequence* s : doomed) finish(s, "cancelled");
+  for (Sequence* s : doomed) finish(s, "cancelled", "cancelled");
 }
 
 void Engine::Impl::emit(Sequence* seq, RequestEvent ev) {
@@ -214,7 +216,8 @@ void Engine::Impl::emit(Sequence* seq, RequestEvent ev) {
   if (seq->req->sink) seq->req->sink(ev);
 }
 
-void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::string& error) {
+void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::string& cause,
+                          const std::string& error) {
   RequestEvent ev;
   if (reason != "cancelled" && reason != "error") {
     // Whatever the stop-string check held back is now final.
@@ -226,7 +229,19 @@ void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::s
   }
   ev.finished = true;
   ev.finish_reason = reason;
+  ev.stop_cause = cause;
   ev.error = error;
+  const double now = steps.now();
+  RequestTimings& t = ev.timings;
+  const double arrival = seq->req->arrival_s;
+  t.prompt_tokens = seq->n_prompt;
+  t.cached_tokens = seq->n_cached_prompt;
+  t.generated_tokens = seq->n_generated();
+  t.queued_s = (seq->first_step_s >= 0 ? seq->first_step_s : now) - arrival;
+  t.prefill_s = seq->prefill_s;
+  t.ttft_s = seq->first_token_s >= 0 ? seq->first_token_s - arrival : 0;
+  t.decode_s = seq->first_token_s >= 0 ? seq->last_token_s - seq->first_token_s : 0;
+  t.preemptions = seq->preemptions;
   emit(seq, ev);
   if (seq->fork_pending) {
     // Choice 0 of an n > 1 request ends before its prompt was done (cancelled,
@@ -242,7 +257,6 @@ void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::s
     seq->req->choices_left -= seq->req->params.n - 1;
   }
   blocks->free(seq->blocks);
-  const double now = steps.now();
   {
     std::lock_guard<std::mutex> lock(metrics_mu);
     if (--seq->req->choices_left == 0) {
@@ -269,7 +283,7 @@ void Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
   seq->last_token_s = now;
 
   if (p.stop_at_eog && model.tokenizer().is_eog(token)) {
-    finish(seq, "stop");
+    finish(seq, "stop", "eog");
     return;
   }
   if (seq->json) seq->json->accept(token);
@@ -290,10 +304,11 @@ void Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
   }
   emit(seq, std::move(ev));
   if (m.pos != std::string::npos || (seq->json && seq->json->complete())) {
-    finish(seq, "stop");
-  } else if ((p.max_tokens >= 0 && seq->n_generated() >= p.max_tokens) ||
-             static_cast<int32_t>(seq->tokens.size()) >= max_context) {
-    finish(seq, "length");
+    finish(seq, "stop", m.pos != std::string::npos ? "stop" : "json");
+  } else if (p.max_tokens >= 0 && seq->n_generated() >= p.max_tokens) {
+    finish(seq, "length", "length");
+  } else if (static_cast<int32_t>(seq->tokens.size()) >= max_context) {
+    finish(seq, "length", "context");
   }
 }
 
@@ -310,6 +325,9 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
       child->tokens = seq->tokens;
       child->n_prompt = seq->n_prompt;
       child->n_cached_prompt = seq->n_cached_prompt;
+      child->score_next = seq->score_next;
+      child->first_step_s = seq->first_step_s;
+      child->prefill_s = seq->prefill_s;
       child->prompt_lp = seq->prompt_lp;
       child->prompt_top = seq->prompt_top;
       child->blocks = blocks->fork(seq->blocks);
@@ -333,6 +351,7 @@ bool Engine::Impl::step() {
   // the sequence's last uncomputed token, or when it predicts a prompt token
   // whose logprob is asked for (the logits of row p score token p + 1).
   batch.clear();
+  prompt_seqs.clear();
   seq_kv.resize(sched_batch.size());
   seq_kv_ptrs.resize(sched_batch.size());
   scored.clear();
@@ -342,7 +361,7 @@ bool Engine::Impl::step() {
     Sequence* s = sched_batch[i].seq;
     const int32_t n = sched_batch[i].n_tokens, start = s->n_computed();
     const int32_t n_tok = static_cast<int32_t>(s->tokens.size());
-    const int32_t score_from = s->wants_prompt_logits() ? static_cast<int32_t>(s->prompt_lp.size()) : s->n_prompt;
+    const int32_t score_from = s->wants_prompt_logits() ? s->score_next : s->n_prompt;
     seq_kv[i].blocks = s->blocks.table;
     seq_kv[i].n_tokens = start;
     seq_kv_ptrs[i] = &seq_kv[i];
@@ -358,6 +377,7 @@ bool Engine::Impl::step() {
     }
     if (n == 1 && start + 1 == n_tok && start >= s->n_prompt) ++n_decode;
     else n_prefill_rows += n;
+    if (start < s->n_prompt) prompt_seqs.push_back(s);
   }
 
   const int32_t nv = model.config().n_vocab;
@@ -366,6 +386,10 @@ bool Engine::Impl::step() {
   const double t0 = steps.now();
   model.forward(batch, seq_kv_ptrs, *kv, pool, std::span<float>(logits));
   const double t1 = steps.now();
+  for (Sequence* s : prompt_seqs) {
+    if (s->first_step_s < 0) s->first_step_s = t0;
+    s->prefill_s += t1 - t0;
+  }
   const Phase phase = n_prefill_rows == 0 ? Phase::kDecode : (n_decode == 0 ? Phase::kPrefill : Phase::kMixed);
   steps.add({phase, t0, t1, static_cast<int32_t>(batch.size()), static_cast<int32_t>(sched_batch.size())});
   if (pacer) pacer->observe(t1 - t0, n_decode, n_prefill_rows);
@@ -412,18 +436,23 @@ bool Engine::Impl::step() {
 
 void Engine::Impl::score_prompts() {
   if (scored.empty()) return;
-  // Positions of one sequence come in order and continue its prompt_lp.
+  // Positions of one sequence come in order and continue its score_next.
   for (const Scored& x : scored) {
-    x.seq->prompt_lp.resize(x.pos + 1);
-    x.seq->prompt_top.resize(x.pos + 1);
+    Sequence& s = *x.seq;
+    s.score_next = std::max(s.score_next, x.pos + 1);
+    if (s.req->params.prompt_logprobs >= 0) {
+      s.prompt_lp.resize(x.pos + 1);
+      s.prompt_top.resize(x.pos + 1);
+    }
   }
   const int32_t nv = model.config().n_vocab;
   pool.parallel_for(static_cast<int64_t>(scored.size()), 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const Scored& x = scored[i];
       Sequence& s = *x.seq;
-      s.prompt_lp[x.pos] = token_logprob(std::span<const float>(logits.data() + x.logit_row * nv, nv), s.tokens[x.pos],
-                                         s.req->params.prompt_logprobs, &s.prompt_top[x.pos]);
+      const std::span<const float> row(logits.data() + x.logit_row * nv, nv);
+      if (s.req->params.on_prompt_row) s.req->params.on_prompt_row(x.pos - 1, row);
+      else s.prompt_lp[x.pos] = token_logprob(row, s.tokens[x.pos], s.req->params.prompt_logprobs, &s.prompt_top[x.pos]);
     }
   });
 }
@@ -438,7 +467,7 @@ void Engine::Impl::emit_prompt(Sequence* seq) {
 void Engine::Impl::first_token(Sequence* seq, const float* lg, int32_t token) {
   if (seq->req->params.prompt_logprobs >= 0) emit_prompt(seq);
   if (seq->req->params.max_tokens == 0) {
-    finish(seq, "length");  // the prompt alone was asked for (echo)
+    finish(seq, "length", "length");  // the prompt alone was asked for (echo, scoring)
     return;
   }
   accept_token(seq, token, lg);
@@ -462,7 +491,7 @@ void Engine::Impl::update_gauges() {
 void Engine::Impl::fail_all(const std::string& error) {
   std::vector<Sequence*> all;
   sched->for_each([&](Sequence& s) { all.push_back(&s); });
-  for (Sequence* s : all) finish(s, "error", error);
+  for (Sequence* s : all) finish(s, "error", "error", error);
 }
 
 Engine::Engine(Model& model, const EngineConfig& cfg)
@@ -506,7 +535,9 @@ uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params
   if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt is empty");
   for (int32_t t : prompt)
     if (t < 0 || t >= nv) fail(ErrorKind::kInvalidArgument, "prompt token id {} is outside the vocabulary (0..{})", t, nv - 1);
-  if (static_cast<int64_t>(prompt.size()) >= I.max_context)
+  // A prompt alone (max_tokens 0: scored, not continued) may fill the context.
+  if (static_cast<int64_t>(prompt.size()) > I.max_context ||
+      (static_cast<int64_t>(prompt.size()) == I.max_context && params.max_tokens != 0))
     fail(ErrorKind::kInvalidArgument,
          "the prompt has {} tokens, which leaves no room in the context of {} tokens", prompt.size(), I.max_context);
   if (params.n < 1 || params.n > kMaxChoices)
@@ -514,6 +545,10 @@ uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params
   if (params.logprobs > 20) fail(ErrorKind::kInvalidArgument, "logprobs = {} is more than 20", params.logprobs);
   if (params.prompt_logprobs > 20)
     fail(ErrorKind::kInvalidArgument, "prompt_logprobs = {} is more than 20", params.prompt_logprobs);
+  if (params.on_prompt_row && (params.prompt_logprobs >= 0 || params.rows_from < 0 ||
+                               params.rows_from >= static_cast<int32_t>(prompt.size())))
+    fail(ErrorKind::kInvalidArgument, "prompt rows from {} of a {}-token prompt cannot be scored", params.rows_from,
+         prompt.size());
   for (const auto& [id, bias] : params.sampling.logit_bias)
     if (id < 0 || id >= nv)
       fail(ErrorKind::kInvalidArgument, "logit_bias token id {} is outside the vocabulary (0..{})", id, nv - 1);
@@ -544,6 +579,9 @@ uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params
   if (params.prompt_logprobs >= 0) {  // nothing comes before the first token to score it
     s->prompt_lp.push_back({s->tokens[0], std::numeric_limits<float>::quiet_NaN()});
     s->prompt_top.emplace_back();
+    s->score_next = 1;
+  } else if (params.on_prompt_row) {
+    s->score_next = params.rows_from + 1;
   }
   s->fork_pending = params.n > 1;
   I.inbox.push_back(std::move(s));
@@ -565,6 +603,41 @@ MetricsSnapshot Engine::metrics() const {
 
 bool Engine::step() { return impl_->step(); }
 
+Completion Engine::run_one(std::vector<int32_t> prompt, const RequestParams& params,
+                           const std::function<bool(std::string_view)>& on_text) {
+  if (impl_->loop.joinable()) fail(ErrorKind::kInvalidArgument, "run_one: the engine's loop thread is running");
+  if (params.n != 1) fail(ErrorKind::kInvalidArgument, "run_one: one choice only (n = {})", params.n);
+  Completion out;
+  bool done = false, stop = false;
+  const uint64_t id = submit(std::move(prompt), params, [&](const RequestEvent& ev) {
+    out.tokens.insert(out.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+    out.text += ev.text;
+    if (!ev.text.empty() && on_text && !stop && !on_text(ev.text)) stop = true;
+    if (!ev.finished) return;
+    done = true;
+    out.finish_reason = ev.finish_reason;
+    out.stop_cause = ev.stop_cause;
+    out.error = ev.error;
+    out.timings = ev.timings;
+  });
+  while (!done) {
+    if (stop) cancel(id);
+    try {
+      if (!impl_->step() && !done) fail(ErrorKind::kResource, "run_one: the engine went idle before the request ended");
+    } catch (const std::exception& e) {
+      impl_->fail_all(e.what());
+      throw;
+    }
+  }
+  return out;
+}
+
 const Intake& Engine::intake() const { return *impl_->intake; }
+
+int Engine::threads() const { return static_cast<int>(impl_->pool.size()); }
+
+size_t Engine::kv_bytes() const { return impl_->kv->bytes(); }
+
+ThreadPool& Engine::compute_pool() { return impl_->pool; }
 
 }  // namespace tandem

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -23,6 +24,17 @@
 namespace tandem {
 
 class Model;
+class ThreadPool;
+
+// One request's outcome, whole (Engine::run_one).
+struct Completion {
+  std::string text;              // the generated text (a stop string not included)
+  std::vector<int32_t> tokens;   // the generated ids
+  std::string finish_reason;     // as RequestEvent
+  std::string stop_cause;
+  std::string error;
+  RequestTimings timings;
+};
 
 enum class SchedulePolicy {
   kLatency,     // decodes first, small prefill chunks: chat
@@ -73,12 +85,23 @@ class Engine {
 
   MetricsSnapshot metrics() const;  // thread-safe
   const EngineConfig& config() const { return cfg_; }
+  int threads() const;  // compute threads
+  size_t kv_bytes() const;  // the KV pool
+  // The compute threads, for work measured beside the engine's (bench's
+  // read of the weights); not while the engine steps.
+  ThreadPool& compute_pool();
   const Model& model() const { return model_; }
   // Prompts and conversations to token ids, and back (thread-safe).
   const Intake& intake() const;
 
   // For tests and offline use without start(): runs one step; false when idle.
   bool step();
+  // One request start to finish on the calling thread, stepping the engine
+  // itself (start() must not have been called): what `tandem run` is. on_text
+  // gets the text as it is decided (held back while it could be a stop
+  // string); returning false cancels the request. Throws like submit().
+  Completion run_one(std::vector<int32_t> prompt, const RequestParams& params,
+                     const std::function<bool(std::string_view)>& on_text = {});
 
  private:
   struct Impl;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,31 @@ struct RequestParams {
   bool json_object = false;
   // The same, and the object must fit this schema (response_format json_schema).
   std::shared_ptr<const CompiledSchema> json_schema;
+  // Scoring a text (tandem perplexity): the logits of prompt rows p in
+  // [rows_from, prompt length - 1), row p predicting prompt token p + 1, are
+  // handed to `on_prompt_row(p, logits)` once each, on the compute threads
+  // and in no set order. Like prompt_logprobs, no prefix cache hits.
+  std::function<void(int32_t row, std::span<const float> logits)> on_prompt_row;
+  int32_t rows_from = 0;
+};
+
+// How a request went, in its final event: the phases as this request saw
+// them. Shared steps count whole (a decode step that also ran another
+// request's prompt is this request's decode step too).
+struct RequestTimings {
+  double queued_s = 0;    // arrival until a step first computed its prompt
+  double prefill_s = 0;   // forward time of the steps that computed its prompt
+  double ttft_s = 0;      // arrival until its first token
+  double decode_s = 0;    // first token until its last
+  int32_t prompt_tokens = 0;
+  int32_t cached_tokens = 0;     // of the prompt, found in the prefix cache
+  int32_t generated_tokens = 0;
+  int32_t preemptions = 0;
+
+  double prefill_tok_s() const { return prefill_s > 0 ? (prompt_tokens - cached_tokens) / prefill_s : 0; }
+  // Decode steps after the first token (the first comes from the prefill).
+  double decode_tok_s() const { return decode_s > 0 ? (generated_tokens - 1) / decode_s : 0; }
+  double ms_per_token() const { return generated_tokens > 1 ? 1000.0 * decode_s / (generated_tokens - 1) : 0; }
 };
 
 struct TokenLogprob {
@@ -51,7 +77,12 @@ struct RequestEvent {
   std::vector<std::vector<TokenLogprob>> prompt_top_logprobs;
   bool finished = false;
   std::string finish_reason;                        // "stop", "length", "cancelled", "error"
+  // What ended it, finer than finish_reason: "eog" (an end-of-generation
+  // token), "stop" (a stop string), "json" (the JSON value is complete),
+  // "length" (max_tokens), "context" (the context is full), "cancelled", "error".
+  std::string stop_cause;
   std::string error;                                // when finish_reason == "error"
+  RequestTimings timings;                           // in the final event
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;                    // so far, this choice
   int32_t cached_prompt_tokens = 0;                 // prompt tokens served from the prefix cache

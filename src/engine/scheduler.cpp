@@ -65,6 +65,7 @@ void Scheduler::preempt(Sequence* seq) {
   std::unique_ptr<Sequence> s = std::move(*it);
   running_.erase(it);
   ++preemptions_;
+  ++s->preemptions;
   if (swap_out(*s)) {
     s->status = SeqStatus::kSwapped;
     auto at = std::find_if(swapped_.begin(), swapped_.end(), [&](const auto& w) { return before(*s, *w); });
@@ -192,13 +193,16 @@ std::vector<ScheduledSeq> Scheduler::schedule(int32_t prefill_budget) {
   std::vector<int32_t> give(prompts.size(), 0);
   int32_t logit_rows = cfg_.max_prompt_logit_rows;
   auto grant = [&](size_t i, int32_t most) {
-    const bool scored = prompts[i]->wants_prompt_logits();
-    const int32_t n = std::min({prompts[i]->n_uncomputed() - give[i], cfg_.prefill_chunk - give[i], left, most,
-                                scored ? logit_rows : INT32_MAX});
+    Sequence* s = prompts[i];
+    const bool scored = s->wants_prompt_logits();
+    // Rows before the first scored one need no logits and cost none of them.
+    const int32_t free_rows = scored ? std::max(0, s->score_next - 1 - (s->n_computed() + give[i])) : 0;
+    const int32_t n = std::min({s->n_uncomputed() - give[i], cfg_.prefill_chunk - give[i], left, most,
+                                scored ? free_rows + logit_rows : INT32_MAX});
     if (n > 0) {
       give[i] += n;
       left -= n;
-      if (scored) logit_rows -= n;
+      if (scored) logit_rows -= std::max(0, n - free_rows);
     }
   };
   const size_t oi = std::find(prompts.begin(), prompts.end(), oldest) - prompts.begin();

@@ -46,9 +46,11 @@ struct Sequence {
   std::vector<std::byte> swapped_kv;
   int32_t swapped_computed = 0;
 
-  // Prompt logprobs (params.prompt_logprobs >= 0), for prompt positions
-  // [0, prompt_lp.size()); position 0 is NaN. Positions past it still want
-  // the logits of the row before them, and no prefix-cache hits.
+  // Prompt scoring (params.prompt_logprobs >= 0, or on_prompt_row): prompt
+  // positions from score_next on still want the logits of the row before
+  // them, and no prefix-cache hits. prompt_lp holds the logprobs of positions
+  // [0, score_next) (position 0 is NaN).
+  int32_t score_next = 0;
   std::vector<TokenLogprob> prompt_lp;
   std::vector<std::vector<TokenLogprob>> prompt_top;
 
@@ -59,6 +61,9 @@ struct Sequence {
   size_t emitted = 0;                // bytes of `text` already sent
   double first_token_s = -1;
   double last_token_s = -1;
+  double first_step_s = -1;          // when a step first computed its prompt
+  double prefill_s = 0;              // forward time of the steps that computed its prompt
+  int32_t preemptions = 0;
 
   int32_t n_generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
   int32_t n_computed() const { return blocks.n_computed; }
@@ -66,7 +71,7 @@ struct Sequence {
   int32_t priority() const { return req->params.priority; }
   // Whether prompt positions still need their logprobs computed.
   bool wants_prompt_logits() const {
-    return req->params.prompt_logprobs >= 0 && static_cast<int32_t>(prompt_lp.size()) < n_prompt;
+    return (req->params.prompt_logprobs >= 0 || req->params.on_prompt_row) && score_next < n_prompt;
   }
 };
 

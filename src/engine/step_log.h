@@ -9,7 +9,14 @@
 namespace tandem {
 
 enum class Phase { kPrefill, kDecode, kMixed };
-const char* phase_name(Phase p);
+inline const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::kPrefill: return "prefill";
+    case Phase::kDecode: return "decode";
+    case Phase::kMixed: return "mixed";
+  }
+  return "?";
+}
 
 struct StepRecord {
   Phase phase = Phase::kDecode;

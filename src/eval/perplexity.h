@@ -15,12 +15,12 @@
 namespace tandem {
 
 class Model;
-class ThreadPool;
 
 struct PerplexityOptions {
   int32_t n_ctx = 512;
   int32_t max_chunks = -1;  // < 0: every whole chunk of the text
   KvType kv_type = KvType::kF16;
+  int32_t threads = 0;      // 0: physical cores
 };
 
 struct PerplexityResult {
@@ -33,11 +33,12 @@ struct PerplexityResult {
   double seconds = 0;    // forward passes and scoring
 };
 
-// Throws kInvalidArgument when the text has fewer than 2 * n_ctx tokens (as
-// llama.cpp refuses it) or n_ctx is outside [4, the model's context].
-// on_chunk(k, running) after chunk k (1-based) with the perplexity so far.
-PerplexityResult perplexity(Model& model, ThreadPool& pool, const std::vector<int32_t>& tokens,
-                            const PerplexityOptions& opts,
+// Each chunk is one request to the serving engine (its prompt scored through
+// RequestParams::on_prompt_row, no token generated). Throws kInvalidArgument
+// when the text has fewer than 2 * n_ctx tokens (as llama.cpp refuses it) or
+// n_ctx is outside [4, the model's context]. on_chunk(k, running) after
+// chunk k (1-based) with the perplexity so far.
+PerplexityResult perplexity(Model& model, const std::vector<int32_t>& tokens, const PerplexityOptions& opts,
                             const std::function<void(int32_t, const PerplexityResult&)>& on_chunk = {});
 
 }  // namespace tandem

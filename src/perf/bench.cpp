@@ -15,6 +15,7 @@
 #include "gguf/gguf.h"
 #include "kernels/dot.h"
 #include "kernels/dot_impl.h"
+#include "engine/llm_engine.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "perf/microbench.h"
@@ -54,44 +55,39 @@ double cpu_seconds() {
 
 struct RepTimes {
   double prefill_s, decode_s, prefill_cpu_s, decode_cpu_s;
+  std::vector<int32_t> generated;  // the first sequence's tokens
 };
 
-// One repetition on B fresh sequences: each prefilled in its own pass, then
-// all decoding together.
-RepTimes one_rep(Model& m, KvCache& kv, ThreadPool& pool, const std::vector<int32_t>& tokens, int32_t P,
-                 int32_t N, int32_t B) {
-  std::vector<SeqKv> seq(static_cast<size_t>(B));
-  struct Release {
-    std::vector<SeqKv>& s;
-    KvCache& kv;
-    ~Release() {
-      for (SeqKv& x : s) x.release(kv);
-    }
-  } release{seq, kv};
-  for (SeqKv& s : seq)
-    if (!s.reserve(kv, P + N)) fail(ErrorKind::kResource, "bench: the KV cache has no room for {} tokens", P + N);
-  Logits logits;
+// One repetition on the serving engine: B requests of the same P-token
+// prompt arrive together; the first step computes every prompt (and samples
+// each first token), the next N steps decode all B together, greedily.
+RepTimes one_rep(Engine& e, const std::vector<int32_t>& prompt, int32_t N, int32_t B) {
+  RequestParams p;
+  p.sampling.temperature = 0;
+  p.max_tokens = N + 1;  // the prefill's token, then one per decode step
+  p.stop_at_eog = false;
   RepTimes t{};
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(B));
+  for (int32_t b = 0; b < B; ++b)
+    e.submit(prompt, p, [&out, b](const RequestEvent& ev) {
+      out[b].insert(out[b].end(), ev.tokens.begin(), ev.tokens.end());
+    });
+  const uint64_t before = e.metrics().generation_tokens;
   double c0 = cpu_seconds();
   auto t0 = Clock::now();
-  for (SeqKv& s : seq) {
-    logits.clear();
-    m.prefill(s, std::span<const int32_t>(tokens.data(), P), kv, pool, logits);
-  }
+  e.step();
   t.prefill_s = since(t0);
   t.prefill_cpu_s = cpu_seconds() - c0;
-  std::vector<SeqKv*> seqs;
-  for (SeqKv& s : seq) seqs.push_back(&s);
-  std::vector<int32_t> step(static_cast<size_t>(B));
+  if (e.metrics().generation_tokens - before != static_cast<uint64_t>(B))
+    fail(ErrorKind::kResource, "bench: the {} prompts did not run in one engine step", B);
   c0 = cpu_seconds();
   t0 = Clock::now();
-  for (int32_t i = 0; i < N; ++i) {
-    logits.clear();
-    std::fill(step.begin(), step.end(), tokens[P + i]);
-    m.decode(seqs, step, kv, pool, logits);
+  while (e.step()) {
   }
   t.decode_s = since(t0);
   t.decode_cpu_s = cpu_seconds() - c0;
+  out[0].resize(std::min<size_t>(out[0].size(), static_cast<size_t>(N)));  // the last token is never fed back
+  t.generated = std::move(out[0]);
   return t;
 }
 
@@ -149,36 +145,50 @@ BenchResult run_bench(const BenchOptions& opts) {
   std::unique_ptr<Model> model = Model::load(opts.model_path, parse_prepack_mode(opts.prepack), opts.repack_cache);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   const ModelConfig& c = model->config();
-  if (static_cast<int64_t>(P) + N > c.n_ctx_train)
-    fail(ErrorKind::kInvalidArgument, "bench: -p {} plus -n {} exceeds the model's training context of {} tokens", P,
-         N, c.n_ctx_train);
-  ThreadPool pool(opts.threads);
-  const KvShape shape = model->kv_shape();
-  KvCache kv(shape, B * static_cast<int32_t>((int64_t{P} + N + kBlockSize - 1) / kBlockSize), kBlockSize);
+  if (static_cast<int64_t>(P) + N >= c.n_ctx_train)
+    fail(ErrorKind::kInvalidArgument, "bench: -p {} plus -n {} leaves no room in the model's training context of {} tokens",
+         P, N, c.n_ctx_train);
+  // The serving engine, sized for this run: B sequences of P + N + 1 tokens,
+  // every prompt in one step, no prefix sharing between the B equal prompts.
+  EngineConfig ec;
+  ec.threads = opts.threads;
+  ec.max_context = P + N + 1;
+  ec.kv_tokens = int64_t{B} * ((int64_t{P} + N + 1 + kBlockSize - 1) / kBlockSize * kBlockSize);
+  ec.block_size = kBlockSize;
+  ec.max_seqs = B;
+  ec.max_waiting = B;
+  ec.policy = SchedulePolicy::kThroughput;
+  ec.max_batch_tokens = B * P;
+  ec.prefix_caching = false;
+  Engine engine(*model, ec);
   r.load_s = since(t0);
   r.repack_cache_hit = model->repack_cache_hit();
 
   r.model_name = c.name;
   r.arch = c.arch_name;
   r.file_bytes = model->file().file_size();
-  r.threads = pool.size();
+  r.threads = engine.threads();
   r.kernel_level = cpu_kernel_level();
-  r.kv_cache_bytes = kv.bytes();
-  const uint64_t kv_elems = uint64_t(kv.n_blocks()) * kv.block_size() * c.n_layer * (shape.k_width + shape.v_width);
-  r.kv_elem_bytes = kv_elems ? static_cast<int>(r.kv_cache_bytes / kv_elems) : 0;
+  r.kv_cache_bytes = engine.kv_bytes();
+  r.kv_elem_bytes = ec.kv_type == KvType::kF32 ? 4 : 2;
   r.cost = model_cost(*model);
-  r.tokens = bench_tokens(*model, static_cast<int64_t>(P) + N);
+  const std::vector<int32_t> prompt = bench_tokens(*model, P);
 
   const auto tw = Clock::now();
-  for (int32_t i = 0; i < opts.warmup; ++i) one_rep(*model, kv, pool, r.tokens, P, N, B);
+  for (int32_t i = 0; i < opts.warmup; ++i) one_rep(engine, prompt, N, B);
   r.warmup_s = since(tw);
 
+  ThreadPool& read_pool = engine.compute_pool();
   const auto regions = model->decode_weight_regions();
   std::vector<double> prefill_tps, decode_tps;
   for (int32_t i = 0; i < opts.reps; ++i) {
-    const RepTimes t = one_rep(*model, kv, pool, r.tokens, P, N, B);
+    const RepTimes t = one_rep(engine, prompt, N, B);
+    if (r.tokens.empty()) {
+      r.tokens = prompt;
+      r.tokens.insert(r.tokens.end(), t.generated.begin(), t.generated.end());
+    }
     if (N > 0) {
-      const double read = measure_read_bandwidth_of(pool, regions, 2, active_kernel_level()).value;
+      const double read = measure_read_bandwidth_of(read_pool, regions, 2, active_kernel_level()).value;
       const double decode = static_cast<double>(r.cost.decode_weight_bytes) * N / t.decode_s / 1e9;
       r.read_gb_s_beside.push_back(read);
       r.decode_frac_beside.push_back(decode / read);

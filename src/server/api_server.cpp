@@ -352,7 +352,7 @@ struct Server::Impl final : HttpHandler {
     std::vector<std::string> echo;
     if (r.echo)
       for (size_t k = 0; k < r.prompts.size(); ++k)
-        echo.push_back(r.prompts[k].is_tokens ? intake.detokenize(prompts[k]) : r.prompts[k].text);
+        echo.push_back(r.prompts[k].is_tokens ? intake.spell(prompts[k]) : r.prompts[k].text);
     if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
     auto gen = Generation::start(engine, std::move(prompts), r.params, std::move(echo), wake);  // 429, 400
     const Intake* in = &intake;

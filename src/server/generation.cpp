@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "engine/intake.h"
 #include "engine/llm_engine.h"
 
 namespace tandem::server {
@@ -39,7 +40,7 @@ void EventQueue::drain(std::vector<RequestEvent>& out) {
 
 Generation::Generation(Engine& engine, int32_t prompts, int32_t n, std::shared_ptr<EventQueue> q)
     : engine_(engine), per_prompt_(n), n_(prompts * n), q_(std::move(q)), prompt_tokens_(prompts, 0),
-      cached_tokens_(prompts, 0), completion_tokens_(n_, 0), choice_done_(n_, false) {}
+      cached_tokens_(prompts, 0), completion_tokens_(n_, 0), choice_done_(n_, false), text_at_(n_, 0) {}
 
 Generation::~Generation() {
   if (!finished()) cancel();
@@ -78,20 +79,32 @@ std::shared_ptr<Generation> Generation::start(Engine& engine, std::vector<std::v
   return g;
 }
 
-void Generation::next(std::vector<RequestEvent>& out) {
+void Generation::next(std::vector<RequestEvent>& out, std::vector<std::vector<size_t>>& offsets) {
   const size_t first = out.size();
   q_->drain(out);
+  offsets.resize(out.size());
+  const Intake& intake = engine_.intake();
   size_t kept = first;
   for (size_t i = first; i < out.size(); ++i) {
     const RequestEvent& ev = out[i];
     if (ev.choice < 0 || ev.choice >= n_ || choice_done_[ev.choice]) continue;
     const int32_t k = ev.choice / per_prompt_;
+    std::vector<size_t> offs;
     if (!echo_.empty() && !echoed_[ev.choice]) {
       echoed_[ev.choice] = true;
       RequestEvent& e = out[i];
       e.text.insert(0, echo_[k]);
+      // The prompt's tokens point into the echoed text, as its ids spell it.
+      std::vector<int32_t> ids;
+      for (const TokenLogprob& lp : e.prompt_logprobs) ids.push_back(lp.token);
+      intake.spell(ids, &offs);
+      text_at_[ev.choice] = echo_[k].size();
       e.logprobs.insert(e.logprobs.begin(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
       e.top_logprobs.insert(e.top_logprobs.begin(), e.prompt_top_logprobs.begin(), e.prompt_top_logprobs.end());
+    }
+    for (size_t t = offs.size(); t < out[i].logprobs.size(); ++t) {
+      offs.push_back(text_at_[ev.choice]);
+      text_at_[ev.choice] += intake.text_bytes(out[i].logprobs[t].token);
     }
     prompt_tokens_[k] = ev.prompt_tokens;
     cached_tokens_[k] = std::max(cached_tokens_[k], ev.cached_prompt_tokens);
@@ -101,9 +114,11 @@ void Generation::next(std::vector<RequestEvent>& out) {
       ++finished_choices_;
     }
     if (kept != i) out[kept] = std::move(out[i]);
+    offsets[kept] = std::move(offs);
     ++kept;
   }
   out.resize(kept);
+  offsets.resize(kept);
   usage_ = Usage{};
   for (int32_t c : prompt_tokens_) usage_.prompt_tokens += c;
   for (int32_t c : cached_tokens_) usage_.cached_tokens += c;
@@ -128,8 +143,7 @@ GenerationResponse::GenerationResponse(std::shared_ptr<Generation> gen, Response
                                        bool stream, double heartbeat_s, std::vector<http::Header> headers)
     : gen_(std::move(gen)), meta_(std::move(meta)), text_(std::move(text)), stream_(stream),
       heartbeat_s_(heartbeat_s), headers_(std::move(headers)) {
-  if (stream_) offsets_.assign(gen_->n(), 0);
-  else choices_.resize(gen_->n());
+  if (!stream_) choices_.resize(gen_->n());
 }
 
 bool GenerationResponse::pump(ResponseWriter& w, double now_s) {
@@ -138,8 +152,8 @@ bool GenerationResponse::pump(ResponseWriter& w, double now_s) {
 
 bool GenerationResponse::pump_whole(ResponseWriter& w) {
   evs_.clear();
-  gen_->next(evs_);
-  for (const RequestEvent& ev : evs_) choices_[ev.choice].add(ev);
+  gen_->next(evs_, offs_);
+  for (size_t i = 0; i < evs_.size(); ++i) choices_[evs_[i].choice].add(evs_[i], offs_[i]);
   if (!gen_->finished()) return false;
   for (const ChoiceState& c : choices_)
     if (std::optional<ApiError> err = abnormal_end(c.finish_reason, c.error)) {
@@ -170,8 +184,9 @@ bool GenerationResponse::pump_stream(ResponseWriter& w, double now_s) {
   }
   bool done = false;
   evs_.clear();
-  gen_->next(evs_);
-  for (const RequestEvent& ev : evs_) {
+  gen_->next(evs_, offs_);
+  for (size_t i = 0; i < evs_.size(); ++i) {
+    const RequestEvent& ev = evs_[i];
     if (ev.finished) {
       if (auto err = abnormal_end(ev.finish_reason, ev.error)) {
         // One failed choice ends the response: report it and stop the rest.
@@ -182,8 +197,7 @@ bool GenerationResponse::pump_stream(ResponseWriter& w, double now_s) {
       }
     }
     if (ev.text.empty() && ev.logprobs.empty() && !ev.finished) continue;
-    out += sse_event(event_chunk(meta_, ev, text_, offsets_[ev.choice]));
-    for (const TokenLogprob& lp : ev.logprobs) offsets_[ev.choice] += text_(lp.token).size();
+    out += sse_event(event_chunk(meta_, ev, text_, offs_[i]));
   }
   if (!done && gen_->finished()) {
     if (meta_.include_usage) out += sse_event(usage_chunk(meta_, gen_->usage()));

@@ -64,7 +64,8 @@ class Generation {
   int32_t n() const { return n_; }  // choices in all
   // The events ready now, each counted in usage(). With echo, a choice's
   // first event starts with its prompt's text and the prompt's logprobs.
-  void next(std::vector<RequestEvent>& out);
+  // offsets[i]: where event i's logprobs tokens start in its choice's text.
+  void next(std::vector<RequestEvent>& out, std::vector<std::vector<size_t>>& offsets);
   bool finished() const { return finished_choices_ == n_; }
   const Usage& usage() const { return usage_; }
   void cancel();  // idempotent
@@ -81,6 +82,7 @@ class Generation {
   std::vector<bool> choice_done_;
   std::vector<std::string> echo_;  // per prompt; empty: no echo
   std::vector<bool> echoed_;       // per choice
+  std::vector<size_t> text_at_;    // per choice: bytes its tokens have spelled so far
   int32_t finished_choices_ = 0;
   Usage usage_;
   bool cancelled_ = false;
@@ -108,8 +110,8 @@ class GenerationResponse final : public AsyncResponse {
   double heartbeat_s_;
   std::vector<http::Header> headers_;  // added to the response (CORS)
   std::vector<ChoiceState> choices_;   // whole responses
-  std::vector<size_t> offsets_;        // streams: per choice, bytes of token pieces sent (text_offset)
   std::vector<RequestEvent> evs_;
+  std::vector<std::vector<size_t>> offs_;
   bool started_ = false;
   double last_write_s_ = 0;
 };

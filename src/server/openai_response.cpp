@@ -6,9 +6,10 @@ namespace tandem::server {
 
 using nlohmann::json;
 
-void ChoiceState::add(const RequestEvent& ev) {
+void ChoiceState::add(const RequestEvent& ev, const std::vector<size_t>& offs) {
   text += ev.text;
   logprobs.insert(logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+  offsets.insert(offsets.end(), offs.begin(), offs.end());
   top_logprobs.insert(top_logprobs.end(), ev.top_logprobs.begin(), ev.top_logprobs.end());
   completion_tokens = ev.completion_tokens;
   if (ev.finished) {
@@ -26,14 +27,13 @@ json usage_json(const Usage& u) {
 }
 
 json completion_logprobs_json(const std::vector<TokenLogprob>& lp, const std::vector<std::vector<TokenLogprob>>& top,
-                              const TokenText& text, size_t offset) {
+                              const TokenText& text, const std::vector<size_t>& offs) {
   json tokens = json::array(), values = json::array(), offsets = json::array();
   json tops = top.empty() ? json(nullptr) : json::array();
   for (size_t i = 0; i < lp.size(); ++i) {
     const std::string piece = text(lp[i].token);
     tokens.push_back(piece);
-    offsets.push_back(offset);
-    offset += piece.size();
+    offsets.push_back(i < offs.size() ? offs[i] : 0);
     if (std::isnan(lp[i].logprob)) {  // an echoed prompt's first token: nothing predicts it
       values.push_back(nullptr);
       if (i < top.size()) tops.push_back(nullptr);
@@ -100,7 +100,7 @@ json full_response(const ResponseMeta& m, const std::vector<ChoiceState>& choice
       if (m.logprobs) ch["logprobs"] = {{"content", chat_logprobs_json(c.logprobs, c.top_logprobs, text)}};
     } else {
       ch["text"] = c.text;
-      if (m.logprobs) ch["logprobs"] = completion_logprobs_json(c.logprobs, c.top_logprobs, text, 0);
+      if (m.logprobs) ch["logprobs"] = completion_logprobs_json(c.logprobs, c.top_logprobs, text, c.offsets);
     }
     arr.push_back(std::move(ch));
   }
@@ -118,7 +118,8 @@ json role_chunk(const ResponseMeta& m, int32_t choice) {
   return out;
 }
 
-json event_chunk(const ResponseMeta& m, const RequestEvent& ev, const TokenText& text, size_t offset) {
+json event_chunk(const ResponseMeta& m, const RequestEvent& ev, const TokenText& text,
+                 const std::vector<size_t>& offsets) {
   json out = envelope(m, true);
   json ch = {{"index", ev.choice}, {"logprobs", nullptr},
              {"finish_reason", ev.finished ? finish_value(ev.finish_reason) : json(nullptr)}};
@@ -127,7 +128,7 @@ json event_chunk(const ResponseMeta& m, const RequestEvent& ev, const TokenText&
     if (m.logprobs) ch["logprobs"] = {{"content", chat_logprobs_json(ev.logprobs, ev.top_logprobs, text)}};
   } else {
     ch["text"] = ev.text;
-    if (m.logprobs) ch["logprobs"] = completion_logprobs_json(ev.logprobs, ev.top_logprobs, text, offset);
+    if (m.logprobs) ch["logprobs"] = completion_logprobs_json(ev.logprobs, ev.top_logprobs, text, offsets);
   }
   out["choices"] = json::array({std::move(ch)});
   if (m.include_usage) out["usage"] = nullptr;

@@ -31,12 +31,13 @@ struct ResponseMeta {
 struct ChoiceState {
   std::string text;
   std::vector<TokenLogprob> logprobs;
+  std::vector<size_t> offsets;  // where each logprobs token starts in the text
   std::vector<std::vector<TokenLogprob>> top_logprobs;
   bool finished = false;
   std::string finish_reason;
   std::string error;
   int32_t completion_tokens = 0;
-  void add(const RequestEvent& ev);
+  void add(const RequestEvent& ev, const std::vector<size_t>& offsets);
 };
 
 struct Usage {
@@ -48,11 +49,11 @@ struct Usage {
 nlohmann::json usage_json(const Usage& u);
 
 // Completions' logprobs object for these tokens: tokens, token_logprobs,
-// top_logprobs (null without alternatives), text_offset (from `offset`, in
-// bytes of the generated text).
+// top_logprobs (null without alternatives), text_offset (`offsets`: where
+// each token starts in the choice's text, in bytes).
 nlohmann::json completion_logprobs_json(const std::vector<TokenLogprob>& lp,
                                         const std::vector<std::vector<TokenLogprob>>& top, const TokenText& text,
-                                        size_t offset);
+                                        const std::vector<size_t>& offsets);
 // Chat's logprobs.content array: {token, logprob, bytes, top_logprobs} each.
 nlohmann::json chat_logprobs_json(const std::vector<TokenLogprob>& lp,
                                   const std::vector<std::vector<TokenLogprob>>& top, const TokenText& text);
@@ -64,9 +65,10 @@ nlohmann::json full_response(const ResponseMeta& m, const std::vector<ChoiceStat
 // Streaming: chat's opening chunk for a choice (delta.role = "assistant").
 nlohmann::json role_chunk(const ResponseMeta& m, int32_t choice);
 // The chunk for one event: its new text, its tokens' logprobs, and the
-// finish_reason when it ends the choice. `offset`: bytes of this choice's
-// earlier token pieces (completions' text_offset continues from there).
-nlohmann::json event_chunk(const ResponseMeta& m, const RequestEvent& ev, const TokenText& text, size_t offset);
+// finish_reason when it ends the choice. `offsets`: where its tokens start
+// in the choice's text (completions' text_offset).
+nlohmann::json event_chunk(const ResponseMeta& m, const RequestEvent& ev, const TokenText& text,
+                           const std::vector<size_t>& offsets);
 // The final usage chunk (choices: []), sent when include_usage.
 nlohmann::json usage_chunk(const ResponseMeta& m, const Usage& u);
 

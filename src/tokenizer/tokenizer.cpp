@@ -161,6 +161,20 @@ class GgufTokenizer final : public Tokenizer {
   int32_t find_token(std::string_view piece) const override { return v_.find(piece); }
 
  protected:
+  std::string spell(const std::vector<int32_t>& ids, std::vector<size_t>* offsets) const override {
+    std::string out;
+    if (offsets) offsets->resize(ids.size());
+    bool strip_space = v_.add_space_prefix;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (offsets) (*offsets)[i] = out.size();
+      std::string piece = token_to_piece(ids[i], false);
+      if (piece.empty()) continue;  // BOS and other control tokens
+      out.append(piece, strip_space && piece[0] == ' ' ? 1 : 0);
+      strip_space = false;
+    }
+    return out;
+  }
+
   std::string detokenize(const std::vector<int32_t>& ids, bool render_special) const override {
     std::string out;
     bool strip_space = v_.add_space_prefix;  // only ever the very first token
@@ -208,6 +222,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool render_special) const {
   return detokenize(ids, render_special);
 }
+
 
 std::string Tokenizer::detokenize(const std::vector<int32_t>& ids, bool render_special) const {
   std::string out;

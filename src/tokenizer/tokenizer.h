@@ -47,6 +47,11 @@ class Tokenizer {
   virtual std::string token_to_piece(int32_t id, bool render_special = false) const = 0;
   // llama.cpp's llama_detokenize(remove_special = false): the pieces joined.
   std::string decode(const std::vector<int32_t>& ids, bool render_special = false) const;
+  // The text the tokens spell as a client reads it back: control tokens
+  // spell nothing, and the first visible piece loses the space the
+  // tokenizer put in front of the text (SentencePiece's prefix), so a
+  // prompt's ids spell the prompt. With `offsets`, where each token starts.
+  virtual std::string spell(const std::vector<int32_t>& ids, std::vector<size_t>* offsets = nullptr) const = 0;
 
   virtual int32_t n_vocab() const = 0;
   virtual int32_t bos_id() const = 0;  // -1 when none

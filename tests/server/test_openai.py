@@ -237,6 +237,13 @@ def test_echo_scores_the_prompt(stories):
     assert s.text == g.text
     assert s.logprobs.tokens == g.logprobs.tokens
     assert s.logprobs.token_logprobs[1:] == pytest.approx(g.logprobs.token_logprobs[1:], abs=1e-5)
+    # text_offset points into the text returned: BOS spells nothing, the first word starts at 0
+    # (not after the tokenizer's prefix space), and each visible token's text is where its offset says.
+    offs = g.logprobs.text_offset
+    assert offs[:2] == [0, 0] and offs == sorted(offs)
+    for tok_text, off in zip(g.logprobs.tokens[1:], offs[1:]):
+        piece = tok_text if off > 0 else tok_text.lstrip()
+        assert g.text[off:off + len(piece)] == piece, (tok_text, off, g.text)
     # Streaming and n = 2: each choice's first chunk carries the prompt.
     first = {}
     for chunk in c.completions.create(model="stories260K", prompt=PROMPT, max_tokens=3, temperature=0, n=2,
