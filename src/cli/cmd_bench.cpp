@@ -39,7 +39,8 @@ void print_table(const BenchResult& r, const Roofline& roof) {
       r.threads, r.kernel_level, r.opts.prepack, r.load_s, r.warmup_s, mib(r.peak_rss_bytes), mib(r.file_bytes),
       mib(r.kv_cache_bytes));
   if (r.opts.batch > 1)
-    out += fmt::format("batch    {} sequences: {} prefill passes of {} tokens, then {} decode steps of {} rows\n\n",
+    out += fmt::format("batch    {} requests on the engine: one step of {} prompts of {} tokens, then {} decode steps "
+                       "of {} rows\n\n",
                        r.opts.batch, r.opts.batch, r.opts.n_prompt, r.opts.n_gen, r.opts.batch);
   out += fmt::format("{:<8} {:>7} {:>5} {:>12} {:>10} {:>10}\n", "phase", "tokens", "reps", "median tok/s", "min",
                      "max");

@@ -25,7 +25,8 @@ namespace {
 
 struct ServeOpts {
   std::string model, host = "127.0.0.1", api_key, alias, kv_memory, swap_space, policy = "latency", prepack = "auto",
-              repack_cache;
+              repack_cache, max_body = "64M";
+  int32_t json_depth = 64;
   int port = 8080;
   int32_t threads = 0, ctx = 0, max_batch_tokens = 0, max_seqs = 32, max_waiting = 256, http_threads = 2;
   int32_t max_conns_per_ip = 128;
@@ -103,6 +104,8 @@ int serve(const ServeOpts& o) {
   sc.http.head_timeout_s = o.head_timeout;
   sc.http.body_timeout_s = o.body_timeout;
   sc.http.max_connections_per_ip = o.max_conns_per_ip;
+  sc.http.max_body_bytes = static_cast<size_t>(parse_bytes(o.max_body, "--max-body"));
+  sc.json.max_depth = o.json_depth;
   server::Server srv(engine, sc);
   srv.bind();
   engine.start();
@@ -177,6 +180,11 @@ void add_serve_command(CLI::App& app, int& rc) {
   cmd->add_option("--max-conns-per-ip", o->max_conns_per_ip, "Connections one client address may hold")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
+  cmd->add_option("--max-body", o->max_body, "Largest request body, after chunked decoding (suffixes K, M, G)")
+      ->capture_default_str();
+  cmd->add_option("--json-depth", o->json_depth, "Deepest nesting a request's JSON may have")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1000));
   cmd->callback([o, &rc] { rc = serve(*o); });
 }
 

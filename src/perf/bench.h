@@ -1,11 +1,13 @@
 // `tandem bench`: prefill and decode speed of one model, measured apart.
 //
-// Each repetition starts a fresh sequence, prefills P fixed tokens in one
-// forward pass, then feeds N fixed tokens one decode step at a time (no
-// sampling: the tokens are chosen in advance, so every run does identical
-// work and another engine can be given the very same ids). With --batch B,
-// B sequences are prefilled (one pass each) and then decode together, B rows
-// per step: what a serving step of B running requests costs.
+// Each repetition sends B requests (B = 1 unless --batch) of the same P
+// fixed prompt tokens to the serving engine at once: its first step computes
+// every prompt, the next N steps decode all B together, one greedy token each
+// (end-of-generation ignored). Every time is of the engine's own steps,
+// scheduling and sampling included: what serving B running requests costs.
+// The prompt ids are chosen in advance and the greedy continuation is fixed
+// by the model, so every run does identical work, and another engine can be
+// given the very same ids (BenchResult::tokens).
 #pragma once
 
 #include <cstdint>
@@ -62,7 +64,7 @@ struct BenchResult {
   uint64_t kv_cache_bytes = 0;
   int kv_elem_bytes = 0;  // 2: f16, 4: f32
   ModelCost cost;
-  std::vector<int32_t> tokens;  // P prompt ids, then the N decode ids
+  std::vector<int32_t> tokens;  // P prompt ids, then the N ids the decode steps fed (the first request's)
 };
 
 // Valid ids for a benchmark prompt: `count` ids drawn deterministically from

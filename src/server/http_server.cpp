@@ -411,7 +411,11 @@ struct HttpServer::Impl {
   }
 
   HttpResponse body_too_large() const {
-    return handler.error(413, fmt::format("the request body is larger than {} MiB", lim.max_body_bytes >> 20));
+    const size_t n = lim.max_body_bytes;
+    const std::string size = n % (1 << 20) == 0 ? fmt::format("{} MiB", n >> 20)
+                             : n % 1024 == 0    ? fmt::format("{} KiB", n >> 10)
+                                                : fmt::format("{} bytes", n);
+    return handler.error(413, "the request body is larger than " + size);
   }
 
   // Takes the body's share of the budget: all of a declared length at once,
