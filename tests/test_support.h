@@ -36,6 +36,9 @@ inline Completion greedy(Model& model, std::vector<int32_t> prompt, int32_t max_
   return engine.run_one(std::move(prompt), p);
 }
 
+// Under the sanitizers (TANDEM_TEST_QUICK=1) tests may run fewer cases.
+inline bool quick() { return std::getenv("TANDEM_TEST_QUICK") != nullptr; }
+
 inline std::string shared_path(const std::string& rel) { return std::string(TANDEM_SHARED_DIR) + "/" + rel; }
 inline std::string testdata_path(const std::string& rel) { return std::string(TANDEM_TESTDATA_DIR) + "/" + rel; }
 

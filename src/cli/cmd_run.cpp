@@ -15,6 +15,7 @@
 #include "core/json_parse.h"
 #include "engine/json_schema.h"
 #include "engine/llm_engine.h"
+#include "engine/speculation.h"
 #include "gguf/gguf.h"
 #include "kernels/dot.h"
 #include "model/model.h"
@@ -31,6 +32,7 @@ struct RunOpts {
   std::string kv_type = "f16";
   std::string json_schema, json_schema_file;
   std::string prepack = "auto", repack_cache;
+  SpecFlags spec;
   bool json = false;
   bool ignore_eos = false;
   SamplingParams sp;
@@ -54,6 +56,12 @@ void print_report(const RunOpts& o, const Model& m, const Completion& c, double 
         {"decode_tok_s", t.decode_tok_s()},
         {"ms_per_token", t.ms_per_token()},
         {"stop_reason", c.stop_cause},
+        {"decode_steps", t.decode_steps},
+        {"tokens_per_step", t.tokens_per_step()},
+        {"spec", o.spec.mode},
+        {"drafted_tokens", t.drafted},
+        {"accepted_tokens", t.accepted},
+        {"acceptance", t.acceptance()},
     };
     std::fprintf(stderr, "%s\n", j.dump().c_str());
     return;
@@ -66,6 +74,11 @@ void print_report(const RunOpts& o, const Model& m, const Completion& c, double 
                          t.ms_per_token(), c.stop_cause)
                  .c_str(),
              stderr);
+  if (o.spec.mode != "off")
+    std::fputs(fmt::format("spec     {:6d} drafted, {} kept ({:.0f}%), {:.2f} tokens per decode step ({})\n",
+                           t.drafted, t.accepted, 100 * t.acceptance(), t.tokens_per_step(), o.spec.mode)
+                   .c_str(),
+               stderr);
 }
 
 int run(RunOpts& o) {
@@ -90,6 +103,9 @@ int run(RunOpts& o) {
   const auto t0 = std::chrono::steady_clock::now();
   auto model = Model::load(resolve_model_path(o.model), parse_prepack_mode(o.prepack), o.repack_cache);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
+  std::unique_ptr<Model> draft;
+  if (!o.spec.draft_model.empty())
+    draft = Model::load(o.spec.draft_model, parse_prepack_mode(o.prepack), o.repack_cache);
   // One request on the serving engine: a pool of exactly one context, and
   // the whole prompt in one step.
   const int32_t ctx = o.ctx > 0 ? o.ctx : std::min(model->config().n_ctx_train, 4096);
@@ -103,7 +119,10 @@ int run(RunOpts& o) {
   ec.policy = SchedulePolicy::kThroughput;
   ec.max_batch_tokens = ctx;
   ec.prefix_caching = false;
-  Engine engine(*model, ec);
+  ec.spec.mode = parse_spec_mode(o.spec.mode);
+  ec.spec.max_draft = o.spec.draft_max;
+  ec.spec.adaptive = !o.spec.fixed;
+  Engine engine(*model, ec, draft.get());
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const Intake& intake = engine.intake();
@@ -160,6 +179,7 @@ void add_run_command(CLI::App& app, int& rc) {
       ->check(CLI::IsMember({"f16", "f32"}))
       ->capture_default_str();
   add_prepack_option(cmd, o->prepack, o->repack_cache);
+  add_spec_options(cmd, o->spec);
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
   cmd->add_flag("--json", o->json, "Print the phase report as one JSON object on stderr");
   cmd->callback([o, &rc] { rc = run(*o); });

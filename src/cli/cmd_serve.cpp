@@ -26,6 +26,7 @@ namespace {
 struct ServeOpts {
   std::string model, host = "127.0.0.1", api_key, alias, kv_memory, swap_space, policy = "latency", prepack = "auto",
               repack_cache, max_body = "64M";
+  SpecFlags spec;
   int32_t json_depth = 64;
   int port = 8080;
   int32_t threads = 0, ctx = 0, max_batch_tokens = 0, max_seqs = 32, max_waiting = 256, http_threads = 2;
@@ -78,6 +79,9 @@ int serve(const ServeOpts& o) {
 
   auto model = Model::load(resolve_model_path(o.model), parse_prepack_mode(o.prepack), o.repack_cache);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
+  std::unique_ptr<Model> draft;
+  if (!o.spec.draft_model.empty())
+    draft = Model::load(o.spec.draft_model, parse_prepack_mode(o.prepack), o.repack_cache);
   EngineConfig ec;
   ec.threads = o.threads;
   ec.max_context = o.ctx > 0 ? o.ctx : std::min(model->config().n_ctx_train, 4096);
@@ -90,7 +94,10 @@ int serve(const ServeOpts& o) {
   ec.policy = o.policy == "throughput" ? SchedulePolicy::kThroughput : SchedulePolicy::kLatency;
   ec.prefix_caching = !o.no_prefix_cache;
   ec.step_factor = o.step_factor;
-  Engine engine(*model, ec);
+  ec.spec.mode = parse_spec_mode(o.spec.mode);
+  ec.spec.max_draft = o.spec.draft_max;
+  ec.spec.adaptive = !o.spec.fixed;
+  Engine engine(*model, ec, draft.get());
 
   server::ServerConfig sc;
   sc.host = o.host;
@@ -162,6 +169,7 @@ void add_serve_command(CLI::App& app, int& rc) {
       ->check(CLI::Range(0.0, 100.0));
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not share KV blocks between requests");
   add_prepack_option(cmd, o->prepack, o->repack_cache);
+  add_spec_options(cmd, o->spec);
   cmd->add_option("--http-threads", o->http_threads,
                   "Threads that parse and tokenize requests (connections themselves take none)")
       ->capture_default_str()

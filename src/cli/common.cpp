@@ -24,6 +24,21 @@ void add_prepack_option(CLI::App* cmd, std::string& value, std::string& cache_di
       ->envname("TANDEM_REPACK_CACHE");
 }
 
+void add_spec_options(CLI::App* cmd, SpecFlags& f) {
+  cmd->add_option("--spec", f.mode,
+                  "Speculative decoding: ngram (drafts looked up in the text so far), draft (a draft model), off; "
+                  "never changes the output")
+      ->check(CLI::IsMember({"off", "ngram", "draft"}))
+      ->capture_default_str();
+  cmd->add_option("--draft-model", f.draft_model, "GGUF draft model for --spec draft (the same vocabulary)");
+  cmd->add_option("--draft-max", f.draft_max, "Most tokens drafted per sequence and step")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_flag("--draft-fixed", f.fixed,
+                "Always draft --draft-max tokens where a draft exists, instead of as many as the measured costs "
+                "and acceptance say pay (for measuring)");
+}
+
 std::string resolve_model_path(const std::string& flag) {
   if (!flag.empty()) return flag;
   if (const char* env = std::getenv("TANDEM_MODEL"); env && *env) return env;

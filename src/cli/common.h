@@ -1,6 +1,7 @@
 // Pieces shared by the subcommands.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace CLI {
@@ -12,6 +13,14 @@ namespace tandem::cli {
 // --prepack auto|all|off (kernels/prepack.h) and --repack-cache DIR
 // (model/repack_cache.h) on a subcommand that loads a model.
 void add_prepack_option(CLI::App* cmd, std::string& value, std::string& cache_dir);
+
+// --spec off|ngram|draft, --draft-model FILE, --draft-max K (engine/speculation.h).
+struct SpecFlags {
+  std::string mode = "off", draft_model;
+  int32_t draft_max = 16;
+  bool fixed = false;
+};
+void add_spec_options(CLI::App* cmd, SpecFlags& f);
 
 // -m when given, else $TANDEM_MODEL, else the default model installed by
 // scripts/setup.sh. Throws tandem::Error when none exists.

@@ -14,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "engine/logprobs.h"
 #include "engine/prefill_pacer.h"
+#include "engine/draft_model.h"
 #include "engine/scheduler.h"
 #include "engine/step_log.h"
 #include "kv/block_manager.h"
@@ -31,7 +32,7 @@ constexpr int64_t kPromptLogitBytes = int64_t{64} << 20;
 }  // namespace
 
 struct Engine::Impl {
-  Impl(Model& m, const EngineConfig& c);
+  Impl(Model& m, const EngineConfig& c, Model* draft_model);
 
   Model& model;
   const EngineConfig cfg;
@@ -43,6 +44,9 @@ struct Engine::Impl {
   std::unique_ptr<Scheduler> sched;
   std::unique_ptr<PrefillPacer> pacer;  // latency policy only
   StepLog steps;
+  // Speculative decoding (cfg.spec.mode != kOff).
+  std::unique_ptr<Drafter> drafter;
+  std::unique_ptr<SpecPolicy> spec_policy;
 
   // Inbox: filled by submit()/cancel() on any thread, drained by step().
   std::mutex inbox_mu;
@@ -69,9 +73,10 @@ struct Engine::Impl {
   Logits logits;  // sized for the largest step so far, reused
   struct Sampled {
     Sequence* seq;
-    const float* logits;
+    const float* logits;  // its first row; drafts add one row each
     int32_t token = -1;
     std::exception_ptr error;
+    std::vector<int32_t> verified;  // speculation: the tokens its rows gave, in order
   };
   std::vector<Sampled> sampled;
   struct Scored {  // a prompt position whose logprob this step's logits give
@@ -84,6 +89,14 @@ struct Engine::Impl {
   std::vector<Sequence*> prompt_seqs;  // scheduled sequences computing prompt rows
 
   bool step();
+  // Speculation: drafts for this step's decoding sequences (Sequence::draft).
+  void plan_drafts();
+  // Samples a drafted sequence's rows in order until one differs from its draft.
+  void verify(Sampled& x, int32_t nv);
+  // Commits the rows of `s` its verification kept and gives back the rest;
+  // then accepts the tokens. False when the sequence finished.
+  void accept_verified(Sequence* s, int32_t start, const Sampled& x, int32_t nv);
+  void calibrate_spec();
   void score_prompts();  // prompt logprobs from this step's logits, for `scored`
   void emit_prompt(Sequence* seq);
   // The first token of a choice (after its prompt's logprobs, when asked).
@@ -91,7 +104,8 @@ struct Engine::Impl {
   void drain_inbox();
   // Accepts `token`, sampled from `logits` (and forks the other choices of an n > 1 request).
   void handle_logits(Sequence* seq, const float* logits, int32_t token);
-  void accept_token(Sequence* seq, int32_t token, const float* logits);
+  // False when the token ended the sequence (it is gone then).
+  bool accept_token(Sequence* seq, int32_t token, const float* logits);
   // reason: OpenAI's finish_reason; cause: what ended it (RequestEvent::stop_cause).
   void finish(Sequence* seq, const std::string& reason, const std::string& cause, const std::string& error = "");
   void emit(Sequence* seq, RequestEvent ev);
@@ -104,7 +118,7 @@ struct Engine::Impl {
   void update_gauges();
 };
 
-Engine::Impl::Impl(Model& m, const EngineConfig& c) : model(m), cfg(c), pool(c.threads) {
+Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(m), cfg(c), pool(c.threads) {
   const ModelConfig& mc = m.config();
   max_context = c.max_context > 0 ? c.max_context : std::min(mc.n_ctx_train, 4096);
   if (max_context > mc.n_ctx_train)
@@ -170,6 +184,55 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c) : model(m), cfg(c), pool(c.t
     pacer = std::make_unique<PrefillPacer>(pc);
   }
   metrics.kv_blocks_total = n_blocks;
+
+  if (c.spec.max_draft < 1 || c.spec.ngram_min < 1 || c.spec.ngram_max < c.spec.ngram_min)
+    fail(ErrorKind::kInvalidArgument, "speculation: --draft-max must be >= 1 and the n-gram sizes 1 <= min <= max");
+  if (c.spec.mode == SpecMode::kDraft && !draft_model)
+    fail(ErrorKind::kInvalidArgument, "speculation with a draft model needs --draft-model FILE");
+  if (c.spec.mode != SpecMode::kDraft && draft_model)
+    fail(ErrorKind::kInvalidArgument, "--draft-model is given but speculation is '{}' (use --spec draft)",
+         spec_mode_name(c.spec.mode));
+  if (c.spec.mode != SpecMode::kOff) {
+    spec_policy = std::make_unique<SpecPolicy>(c.spec);
+    if (c.spec.mode == SpecMode::kNgram) drafter = std::make_unique<NgramDrafter>(c.spec);
+    else drafter = make_draft_model_drafter(m, *draft_model, c.spec, max_context, c.max_seqs, pool);
+    calibrate_spec();
+  }
+}
+
+// The cost of a step of R rows on this machine for this model, measured once
+// for a few R (real steps keep refining it): what the draft length policy
+// weighs drafted rows against.
+void Engine::Impl::calibrate_spec() {
+  // Up to the most rows a step of drafts can take (64 at most; beyond, the
+  // curve is extended and real steps fill it in).
+  const int32_t top = std::min({64, max_context, cfg.max_seqs * (1 + cfg.spec.max_draft)});
+  std::vector<int32_t> sizes;
+  for (int32_t r = 1; r <= top; r *= 2) sizes.push_back(r);
+  SeqBlocks sb;
+  const std::vector<int32_t> ids(static_cast<size_t>(top), model.tokenizer().bos_id() >= 0 ? model.tokenizer().bos_id() : 0);
+  if (!blocks->can_allocate(ids, false)) return;  // a pool this small learns from its steps alone
+  blocks->allocate(sb, ids, false);
+  SeqKv sk;
+  sk.blocks = sb.table;
+  SeqKv* one[] = {&sk};
+  Batch b;
+  for (int32_t rows : sizes) {
+    b.clear();
+    for (int32_t p = 0; p < rows; ++p) b.push_back({ids[p], p, 0, true});
+    if (logits.size() < static_cast<size_t>(rows) * model.config().n_vocab)
+      logits.resize(static_cast<size_t>(rows) * model.config().n_vocab);
+    double best = 0;
+    for (int rep = 0; rep < 2; ++rep) {  // the first also faults in what it touches
+      sk.n_tokens = 0;
+      const double t0 = steps.now();
+      model.forward(b, one, *kv, pool, std::span<float>(logits));
+      const double t = steps.now() - t0;
+      if (rep > 0 && (best == 0 || t < best)) best = t;
+    }
+    spec_policy->target_cost().observe(rows, best);
+  }
+  blocks->free(sb);
 }
 
 std::unique_ptr<Sequence> Engine::Impl::make_seq(const std::shared_ptr<RequestState>& req, int32_t choice) {
@@ -242,7 +305,11 @@ void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::s
   t.ttft_s = seq->first_token_s >= 0 ? seq->first_token_s - arrival : 0;
   t.decode_s = seq->first_token_s >= 0 ? seq->last_token_s - seq->first_token_s : 0;
   t.preemptions = seq->preemptions;
+  t.decode_steps = std::max(0, seq->spec.steps);
+  t.drafted = seq->spec.drafted;
+  t.accepted = seq->spec.accepted;
   emit(seq, ev);
+  if (drafter) drafter->forget(*seq, -1);
   if (seq->fork_pending) {
     // Choice 0 of an n > 1 request ends before its prompt was done (cancelled,
     // failed): the other choices, never forked, end with it.
@@ -270,7 +337,7 @@ void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::s
   sched->remove(seq);  // destroys it
 }
 
-void Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
+bool Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
   const RequestParams& p = seq->req->params;
   const double now = steps.now();
   {
@@ -284,7 +351,7 @@ void Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
 
   if (p.stop_at_eog && model.tokenizer().is_eog(token)) {
     finish(seq, "stop", "eog");
-    return;
+    return false;
   }
   if (seq->json) seq->json->accept(token);
   RequestEvent ev;
@@ -309,7 +376,10 @@ void Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
     finish(seq, "length", "length");
   } else if (static_cast<int32_t>(seq->tokens.size()) >= max_context) {
     finish(seq, "length", "context");
+  } else {
+    return true;
   }
+  return false;
 }
 
 void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
@@ -342,6 +412,7 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
 
 bool Engine::Impl::step() {
   drain_inbox();
+  plan_drafts();
   const int32_t prefill_budget = pacer ? pacer->budget(sched->n_decoding(), sched->n_prefilling()) : INT32_MAX;
   std::vector<ScheduledSeq> sched_batch = sched->schedule(prefill_budget);
   update_gauges();
@@ -356,7 +427,9 @@ bool Engine::Impl::step() {
   seq_kv_ptrs.resize(sched_batch.size());
   scored.clear();
   last_row.assign(sched_batch.size(), -1);
-  int32_t n_decode = 0, n_prefill_rows = 0, n_prompt_rows = 0, n_logit_rows = 0;
+  // A decoding sequence with drafts runs its last token and then each draft,
+  // every one of those rows with logits.
+  int32_t n_decode = 0, n_decode_rows = 0, n_prefill_rows = 0, n_prompt_rows = 0, n_logit_rows = 0;
   for (size_t i = 0; i < sched_batch.size(); ++i) {
     Sequence* s = sched_batch[i].seq;
     const int32_t n = sched_batch[i].n_tokens, start = s->n_computed();
@@ -369,14 +442,20 @@ bool Engine::Impl::step() {
       const int32_t pos = start + j;
       const bool score = pos + 1 >= score_from && pos + 1 < s->n_prompt;
       if (score) scored.push_back({s, pos + 1, n_logit_rows});
-      const bool last = pos + 1 == n_tok;
-      if (last) last_row[i] = n_logit_rows;
-      batch.push_back({s->tokens[pos], pos, static_cast<int32_t>(i), score || last});
+      const bool last = pos + 1 >= n_tok;
+      if (pos + 1 == n_tok) last_row[i] = n_logit_rows;
+      const int32_t token = pos < n_tok ? s->tokens[pos] : s->draft[pos - n_tok];
+      batch.push_back({token, pos, static_cast<int32_t>(i), score || last});
       n_logit_rows += score || last;
       if (pos < s->n_prompt) ++n_prompt_rows;
     }
-    if (n == 1 && start + 1 == n_tok && start >= s->n_prompt) ++n_decode;
-    else n_prefill_rows += n;
+    if (start + 1 == n_tok && start >= s->n_prompt) {
+      ++n_decode;
+      n_decode_rows += n;
+      ++s->spec.steps;
+    } else {
+      n_prefill_rows += n;
+    }
     if (start < s->n_prompt) prompt_seqs.push_back(s);
   }
 
@@ -392,7 +471,8 @@ bool Engine::Impl::step() {
   }
   const Phase phase = n_prefill_rows == 0 ? Phase::kDecode : (n_decode == 0 ? Phase::kPrefill : Phase::kMixed);
   steps.add({phase, t0, t1, static_cast<int32_t>(batch.size()), static_cast<int32_t>(sched_batch.size())});
-  if (pacer) pacer->observe(t1 - t0, n_decode, n_prefill_rows);
+  if (pacer) pacer->observe(t1 - t0, n_decode_rows, n_prefill_rows);
+  if (spec_policy) spec_policy->target_cost().observe(static_cast<int32_t>(batch.size()), t1 - t0);
   {
     std::lock_guard<std::mutex> lock(metrics_mu);
     metrics.prompt_tokens += n_prompt_rows;
@@ -408,14 +488,15 @@ bool Engine::Impl::step() {
   // this thread, commit blocks and accept the tokens (events, stops, forks).
   // A 262k vocabulary makes a greedy pick ~50 us a sequence.
   score_prompts();
-  sampled.clear();
+  sampled.resize(0);
   for (size_t i = 0; i < sched_batch.size(); ++i)
-    if (last_row[i] >= 0) sampled.push_back({sched_batch[i].seq, logits.data() + last_row[i] * nv, -1, nullptr});
+    if (last_row[i] >= 0) sampled.push_back({sched_batch[i].seq, logits.data() + last_row[i] * nv, -1, nullptr, {}});
   auto sample = [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       Sampled& x = sampled[i];
       try {
-        x.token = x.seq->sampler->sample(std::span<const float>(x.logits, nv), x.seq->tokens, x.seq->json.get());
+        if (!x.seq->draft.empty()) verify(x, nv);
+        else x.token = x.seq->sampler->sample(std::span<const float>(x.logits, nv), x.seq->tokens, x.seq->json.get());
       } catch (...) {
         x.error = std::current_exception();
       }
@@ -425,13 +506,104 @@ bool Engine::Impl::step() {
   size_t si = 0;
   for (size_t i = 0; i < sched_batch.size(); ++i) {
     Sequence* s = sched_batch[i].seq;
+    if (!s->draft.empty() && last_row[i] >= 0) {
+      const Sampled& x = sampled[si++];
+      if (x.error) std::rethrow_exception(x.error);
+      accept_verified(s, s->n_computed(), x, nv);
+      continue;
+    }
     blocks->commit(s->blocks, s->tokens, s->n_computed() + sched_batch[i].n_tokens);
     if (last_row[i] < 0) continue;
     const Sampled& x = sampled[si++];
     if (x.error) std::rethrow_exception(x.error);
     handle_logits(s, x.logits, x.token);
   }
+  sched->for_each([](Sequence& q) { q.draft.clear(); });
   return true;
+}
+
+void Engine::Impl::plan_drafts() {
+  if (!drafter) return;
+  std::vector<Sequence*> cand;
+  std::vector<double> acceptance;
+  std::vector<int32_t> avail;
+  sched->for_each([&](Sequence& s) {
+    s.draft.clear();
+    const RequestParams& p = s.req->params;
+    // Decoding now, unconstrained (a JSON constraint's state advances token
+    // by token), and the request allows it.
+    if (s.status != SeqStatus::kRunning || s.n_uncomputed() != 1 || s.fork_pending || s.n_generated() == 0 ||
+        s.json || p.spec_max == 0)
+      return;
+    int32_t cap = p.spec_max > 0 ? std::min(p.spec_max, cfg.spec.max_draft) : cfg.spec.max_draft;
+    // k drafts can give k + 1 tokens, and their positions must fit the context.
+    if (p.max_tokens >= 0) cap = std::min(cap, p.max_tokens - s.n_generated() - 1);
+    cap = std::min(cap, max_context - static_cast<int32_t>(s.tokens.size()));
+    if (cap <= 0) return;
+    const int32_t a = drafter->available(s, cap);
+    if (a <= 0) return;
+    if (s.spec.drafted == 0 && s.spec.acceptance == 0) s.spec.acceptance = cfg.spec.prior_acceptance;
+    cand.push_back(&s);
+    acceptance.push_back(s.spec.acceptance);
+    avail.push_back(a);
+  });
+  if (cand.empty()) return;
+  std::vector<int32_t> k(cand.size(), 0);
+  spec_policy->choose(static_cast<int32_t>(sched->n_decoding()), acceptance, avail, drafter.get(), k);
+  std::vector<Sequence*> go;
+  std::vector<int32_t> want;
+  for (size_t i = 0; i < cand.size(); ++i)
+    if (k[i] > 0) {
+      go.push_back(cand[i]);
+      want.push_back(k[i]);
+    }
+  if (go.empty()) return;
+  std::vector<std::vector<int32_t>> out(go.size());
+  drafter->propose(go, want, out);
+  for (size_t i = 0; i < go.size(); ++i) go[i]->draft = std::move(out[i]);
+}
+
+void Engine::Impl::verify(Sampled& x, int32_t nv) {
+  // Each row is sampled exactly as plain decoding would sample that token
+  // (same logits, same sampler state and history); a draft is kept while it
+  // equals the token sampled before it.
+  Sequence& s = *x.seq;
+  std::vector<int32_t> history = s.tokens;
+  const int32_t rows = static_cast<int32_t>(s.draft.size()) + 1;
+  const bool eog_stops = s.req->params.stop_at_eog;
+  for (int32_t j = 0; j < rows; ++j) {
+    const int32_t y = s.sampler->sample(std::span<const float>(x.logits + int64_t{j} * nv, nv), history, nullptr);
+    x.verified.push_back(y);
+    history.push_back(y);
+    if (j + 1 == rows || y != s.draft[j] || (eog_stops && model.tokenizer().is_eog(y))) break;
+  }
+}
+
+void Engine::Impl::accept_verified(Sequence* s, int32_t start, const Sampled& x, int32_t nv) {
+  const int32_t m = static_cast<int32_t>(x.verified.size());
+  const int32_t k = static_cast<int32_t>(s->draft.size());
+  int32_t kept = 0;
+  while (kept < std::min(m, k) && x.verified[kept] == s->draft[kept]) ++kept;
+  // Rows [start, start + m) held the last token and the drafts kept before
+  // the last verified one: their K/V stands; the slots after are given back.
+  std::vector<int32_t> fed = s->tokens;
+  fed.insert(fed.end(), s->draft.begin(), s->draft.begin() + (m - 1));
+  blocks->commit(s->blocks, fed, start + m);
+  blocks->truncate(s->blocks, start + m);
+  // Running acceptance: each draft up to the first miss is one observation.
+  const int32_t observed = std::min(k, kept + 1);
+  for (int32_t j = 0; j < observed; ++j) s->spec.acceptance += 0.1 * ((j < kept ? 1.0 : 0.0) - s->spec.acceptance);
+  s->spec.drafted += k;
+  s->spec.accepted += kept;
+  {
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    metrics.spec_drafted += k;
+    metrics.spec_accepted += kept;
+    ++metrics.spec_steps;
+    metrics.spec_step_tokens += m;
+  }
+  for (int32_t j = 0; j < m; ++j)
+    if (!accept_token(s, x.verified[j], x.logits + int64_t{j} * nv)) return;  // it ended
 }
 
 void Engine::Impl::score_prompts() {
@@ -494,8 +666,8 @@ void Engine::Impl::fail_all(const std::string& error) {
   for (Sequence* s : all) finish(s, "error", "error", error);
 }
 
-Engine::Engine(Model& model, const EngineConfig& cfg)
-    : model_(model), cfg_(cfg), impl_(std::make_unique<Impl>(model, cfg)) {}
+Engine::Engine(Model& model, const EngineConfig& cfg, Model* draft)
+    : model_(model), cfg_(cfg), impl_(std::make_unique<Impl>(model, cfg, draft)) {}
 
 Engine::~Engine() { stop(); }
 
@@ -633,6 +805,14 @@ Completion Engine::run_one(std::vector<int32_t> prompt, const RequestParams& par
 }
 
 const Intake& Engine::intake() const { return *impl_->intake; }
+
+void Engine::check_invariants() {
+  std::vector<BlockManager::LiveSeq> live;
+  impl_->sched->for_each([&](Sequence& s) {
+    if (s.status == SeqStatus::kRunning) live.push_back({&s.blocks, s.tokens});
+  });
+  impl_->blocks->check_invariants(live);
+}
 
 int Engine::threads() const { return static_cast<int>(impl_->pool.size()); }
 

@@ -19,6 +19,7 @@
 #include "engine/intake.h"
 #include "engine/metrics.h"
 #include "engine/request.h"
+#include "engine/speculation.h"
 #include "kv/kv_cache.h"
 
 namespace tandem {
@@ -62,11 +63,15 @@ struct EngineConfig {
   // Host memory for the K/V of preempted sequences (bytes); 0: they are
   // recomputed instead (see engine/scheduler.h).
   int64_t swap_bytes = 0;
+  // Speculative decoding (engine/speculation.h); kDraft needs a draft model.
+  SpecConfig spec;
 };
 
 class Engine {
  public:
-  Engine(Model& model, const EngineConfig& cfg);  // throws tandem::Error
+  // `draft`: the draft model of SpecMode::kDraft, sharing the model's
+  // vocabulary (a difference is an error naming it); it must outlive the engine.
+  Engine(Model& model, const EngineConfig& cfg, Model* draft = nullptr);  // throws tandem::Error
   ~Engine();                                      // stops the loop thread
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -96,6 +101,9 @@ class Engine {
 
   // For tests and offline use without start(): runs one step; false when idle.
   bool step();
+  // For tests, between steps: throws std::logic_error naming the first broken
+  // invariant of the KV block accounting (BlockManager::check_invariants).
+  void check_invariants();
   // One request start to finish on the calling thread, stepping the engine
   // itself (start() must not have been called): what `tandem run` is. on_text
   // gets the text as it is decided (held back while it could be a stop

@@ -37,6 +37,9 @@ struct MetricsSnapshot {
   uint64_t prefix_cache_queried_tokens = 0, prefix_cache_hit_tokens = 0;
   uint64_t preemptions = 0;
   uint64_t swap_outs = 0;  // preemptions that swapped K/V out instead of recomputing
+  // Speculative decoding: tokens drafted and kept, and the sequence-steps
+  // that verified drafts with the tokens they gave (tokens per step).
+  uint64_t spec_drafted = 0, spec_accepted = 0, spec_steps = 0, spec_step_tokens = 0;
   // Forward steps by phase (indexed by Phase): how many, their wall time and
   // rows. Mean step time and rows per step say what the scheduler and pacer
   // made of a load, which the step count alone does not.

@@ -19,6 +19,9 @@ struct RequestParams {
   std::vector<std::string> stop;   // stop strings (not included in the text)
   bool stop_at_eog = true;         // end at EOS / end-of-turn tokens
   int32_t priority = 0;            // higher is scheduled first
+  // Speculative decoding for this request: at most this many drafted tokens
+  // a step (-1: the engine's setting; 0: none). Never changes the output.
+  int32_t spec_max = -1;
   int32_t n = 1;                   // choices; they share the prompt's KV blocks
   int32_t logprobs = -1;           // -1: none; 0: the chosen token's; k > 0: plus the top k
   // Logprobs of the prompt's own tokens, as `logprobs` counts them (the
@@ -50,6 +53,11 @@ struct RequestTimings {
   int32_t cached_tokens = 0;     // of the prompt, found in the prefix cache
   int32_t generated_tokens = 0;
   int32_t preemptions = 0;
+  int32_t decode_steps = 0;      // steps that gave it tokens after the first
+  int32_t drafted = 0;           // speculation: tokens drafted for it
+  int32_t accepted = 0;          // and kept
+  double acceptance() const { return drafted > 0 ? double(accepted) / drafted : 0; }
+  double tokens_per_step() const { return decode_steps > 0 ? double(generated_tokens - 1) / decode_steps : 0; }
 
   double prefill_tok_s() const { return prefill_s > 0 ? (prompt_tokens - cached_tokens) / prefill_s : 0; }
   // Decode steps after the first token (the first comes from the prefill).

@@ -143,9 +143,16 @@ std::vector<ScheduledSeq> Scheduler::schedule(int32_t prefill_budget) {
   for (Sequence* s : decoding) {
     if (budget <= 0) break;
     if (s->status != SeqStatus::kRunning) continue;  // preempted by an earlier one
-    if (!make_room(s, s->n_computed() + 1, batch)) continue;
-    batch.push_back({s, 1});
-    --budget;
+    // Drafted tokens ride along while the budget and free blocks allow; they
+    // never cost another sequence its place.
+    int32_t rows = 1 + static_cast<int32_t>(s->draft.size());
+    if (rows > budget || !blocks_.can_append(s->blocks, s->n_computed() + rows)) {
+      s->draft.clear();
+      rows = 1;
+    }
+    if (!make_room(s, s->n_computed() + rows, batch)) continue;
+    batch.push_back({s, rows});
+    budget -= rows;
   }
   int32_t left = std::min(budget, prefill_budget);
   if (left <= 0) return batch;

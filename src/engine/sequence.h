@@ -11,6 +11,7 @@
 #include "engine/json_grammar.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
+#include "engine/speculation.h"
 #include "kv/block_manager.h"
 #include "tokenizer/tokenizer.h"
 
@@ -61,6 +62,10 @@ struct Sequence {
   size_t emitted = 0;                // bytes of `text` already sent
   double first_token_s = -1;
   double last_token_s = -1;
+  // Speculation: the tokens drafted for this step (after the last token), and
+  // the sequence's drafting record.
+  std::vector<int32_t> draft;
+  SpecState spec;
   double first_step_s = -1;          // when a step first computed its prompt
   double prefill_s = 0;              // forward time of the steps that computed its prompt
   int32_t preemptions = 0;

@@ -201,6 +201,32 @@ SeqBlocks BlockManager::fork(const SeqBlocks& s) {
   return s;
 }
 
+void BlockManager::truncate(SeqBlocks& s, int32_t n_tokens) {
+  check_seq_shape(s, "truncate");
+  if (n_tokens < s.n_computed || n_tokens > s.n_tokens)
+    fail(ErrorKind::kInvalidArgument, "truncate: to {} tokens a sequence with {} slots and {} computed", n_tokens,
+         s.n_tokens, s.n_computed);
+  const size_t keep = static_cast<size_t>(blocks_for(n_tokens));
+  while (s.table.size() > keep) {
+    release(s.table.back());
+    s.table.pop_back();
+  }
+  s.n_tokens = n_tokens;
+}
+
+void BlockManager::rollback(SeqBlocks& s, int32_t n) {
+  check_seq_shape(s, "rollback");
+  if (n < 0 || n > s.n_computed)
+    fail(ErrorKind::kInvalidArgument, "rollback: to {} of {} computed positions", n, s.n_computed);
+  const size_t whole = static_cast<size_t>(n / block_size_);
+  for (size_t i = whole; i < s.prefix.size(); ++i)
+    if (s.prefix[i].block >= 0 || blocks_[s.table[i]].published)
+      fail(ErrorKind::kInvalidArgument, "rollback: block {} of the sequence is published", i);
+  s.prefix.resize(std::min(s.prefix.size(), whole));
+  s.n_computed = n;
+  truncate(s, n);
+}
+
 void BlockManager::free(SeqBlocks& s) {
   check_seq_shape(s, "free");
   // Tail first: the cached list then evicts a prefix's later blocks before

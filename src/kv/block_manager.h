@@ -33,6 +33,8 @@
 //       records how far K/V is written and publishes newly completed blocks.
 //       Blocks are published only here, after their K/V exists: a block that a
 //       chunked prefill has not yet reached must not be a hit for anyone.
+//   truncate(s, n): after a speculative step, drops the slots of positions
+//       past n whose K/V was written for draft tokens that were rejected.
 //   fork(s): a new sequence sharing all of s's blocks (n > 1 choices).
 //   free(s): drops s's references; published blocks stay cached for reuse.
 // Free blocks without cached content are reused first; then cached blocks,
@@ -117,6 +119,15 @@ class BlockManager {
   // K/V of positions [0, n_computed) of `s` is written; `tokens` holds at
   // least those tokens. Publishes the blocks this completes.
   void commit(SeqBlocks& s, std::span<const int32_t> tokens, int32_t n_computed);
+
+  // Gives back the slots past `n_tokens` (>= n_computed): the positions of
+  // rejected draft tokens. Blocks no longer covered return to the pool;
+  // their content was never published (only computed blocks are).
+  void truncate(SeqBlocks& s, int32_t n_tokens);
+  // Forgets the K/V of positions from `n` on (n <= n_computed) and gives back
+  // the slots after it: for a cache whose content is never published (a
+  // draft model's). Throws kInvalidArgument if a block it drops is published.
+  void rollback(SeqBlocks& s, int32_t n);
 
   SeqBlocks fork(const SeqBlocks& s);
   // Releases every block of `s` and leaves it empty; freeing an empty one is a no-op.

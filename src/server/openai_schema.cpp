@@ -361,6 +361,10 @@ ApiRequest parse_request_json(Endpoint ep, json j, const ParseLimits& lim) {
     throw_invalid("n", fmt::format("{} prompts x n = {} asks for {} choices; at most {} are allowed", r.prompts.size(),
                                    p.n, r.prompts.size() * p.n, lim.max_choices));
   if (auto v = get_int(j, "priority", -1000000, 1000000)) p.priority = static_cast<int32_t>(*v);
+  // Speculative decoding per request (llama.cpp's field name for the cap):
+  // "speculative": false opts out, "speculative.n_max" caps the drafts a step.
+  if (auto v = get_bool(j, "speculative"); v && !*v) p.spec_max = 0;
+  if (auto v = get_int(j, "speculative.n_max", 0, 64)) p.spec_max = static_cast<int32_t>(*v);
   if (auto v = get_bool(j, "ignore_eos")) p.stop_at_eog = !*v;
   p.stop = parse_stop(j, lim);
   if (const json* lb = field(j, "logit_bias")) s.logit_bias = parse_logit_bias(*lb, lim);

@@ -67,6 +67,14 @@ std::string render_prometheus(const MetricsSnapshot& m) {
   single(out, "tandem_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.", m.preemptions);
   single(out, "tandem_swap_outs_total", "counter", "Preempted sequences whose K/V was swapped to host memory.",
          m.swap_outs);
+  single(out, "tandem_spec_drafted_tokens_total", "counter", "Speculative decoding: tokens drafted.", m.spec_drafted);
+  single(out, "tandem_spec_accepted_tokens_total", "counter", "Speculative decoding: drafted tokens kept.",
+         m.spec_accepted);
+  single(out, "tandem_spec_steps_total", "counter", "Speculative decoding: sequence-steps that verified drafts.",
+         m.spec_steps);
+  single(out, "tandem_spec_step_tokens_total", "counter",
+         "Speculative decoding: tokens those sequence-steps gave (over tandem_spec_steps_total: tokens per step).",
+         m.spec_step_tokens);
   single(out, "tandem_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
          m.prefix_cache_hit_tokens);
   single(out, "tandem_prefix_cache_queried_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.",

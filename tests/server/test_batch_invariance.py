@@ -4,7 +4,9 @@ time, then all at once: byte-identical text."""
 import concurrent.futures as cf
 import threading
 
-from harness import STORIES, start_server
+import pytest
+
+from harness import STORIES, parse_metrics, start_server
 
 SUBJECTS = ["a little girl named Lily", "a big brown dog", "a tiny red bird", "a boy named Tom", "an old cat",
             "a happy frog", "a small blue car", "a kind old man"]
@@ -39,13 +41,17 @@ def stream_text(srv, body):
     return text
 
 
-def test_32_concurrent_greedy_equal_one_at_a_time():
+@pytest.mark.parametrize("spec", [[], ["--spec", "ngram", "--draft-max", "6", "--draft-fixed"]],
+                         ids=["plain", "speculative"])
+def test_32_concurrent_greedy_equal_one_at_a_time(spec):
     # A server of its own, without the prefix cache, so the concurrent run
     # recomputes every prompt inside mixed batches instead of reusing blocks.
-    srv = start_server(STORIES, "--no-prefix-cache")
+    # With speculation the batched run verifies drafts; "alone" opts out of it
+    # per request, so the two sides also compare speculation with plain decoding.
+    srv = start_server(STORIES, "--no-prefix-cache", *spec)
     try:
         reqs = requests_32()
-        alone = [text_of(srv, r) for r in reqs]
+        alone = [text_of(srv, {**r, "speculative": False}) for r in reqs]
         assert len(set(alone)) > 16  # the prompts really differ
         go = threading.Barrier(32)
 
@@ -58,5 +64,12 @@ def test_32_concurrent_greedy_equal_one_at_a_time():
             batched = list(pool.map(together, range(32), timeout=300))
         for i, (a, b) in enumerate(zip(alone, batched)):
             assert a == b, f"request {i} differs in a batch:\nalone:   {a!r}\nbatched: {b!r}"
+        samples, _ = parse_metrics(srv.metrics())
+        if spec:
+            assert samples["tandem_spec_drafted_tokens_total"] > 0
+            assert 0 < samples["tandem_spec_accepted_tokens_total"] <= samples["tandem_spec_drafted_tokens_total"]
+            assert samples["tandem_spec_step_tokens_total"] > samples["tandem_spec_steps_total"]
+        else:
+            assert samples["tandem_spec_drafted_tokens_total"] == 0
     finally:
         assert srv.stop() == 0
