@@ -18,6 +18,7 @@ namespace {
 
 struct BenchCliOpts {
   BenchOptions bench;
+  SpecFlags spec;
   bool json = false;
   bool roofline = false;
   std::string roofline_cache;
@@ -49,6 +50,10 @@ void print_table(const BenchResult& r, const Roofline& roof) {
   if (r.opts.n_gen > 0)
     out += fmt::format("{:<8} {:>7} {:>5} {:>12.2f} {:>10.2f} {:>10.2f}\n", "decode", r.opts.n_gen, r.opts.reps,
                        r.decode_tok_s.median, r.decode_tok_s.min, r.decode_tok_s.max);
+  if (r.opts.spec.mode != SpecMode::kOff)
+    out += fmt::format("spec     {}: {} drafted, {} kept ({:.0f}%), {:.2f} decode tokens per step\n",
+                       spec_mode_name(r.opts.spec.mode), r.spec_drafted, r.spec_accepted,
+                       r.spec_drafted ? 100.0 * r.spec_accepted / r.spec_drafted : 0.0, r.tokens_per_step);
   out += fmt::format("\nroofline ({} {}, {} threads, {} level)\n", roof.source, roof.measured_at, roof.threads,
                      roof.kernel_level);
   out += fmt::format("  weights read per decode token: {:.1f} MiB ({}; linear layers + output matrix)\n",
@@ -89,6 +94,9 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "(tok/s count all sequences)")
       ->capture_default_str();
   add_prepack_option(cmd, o->bench.prepack, o->bench.repack_cache);
+  add_spec_options(cmd, o->spec);
+  cmd->add_option("-f,--prompt-file", o->bench.prompt_file,
+                  "Take the prompt from this text (cycled to -p tokens) instead of ids drawn from the vocabulary");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
   cmd->add_flag("--roofline", o->roofline,
                 "Measure the machine's ceilings now (1 GiB read, compute peaks) and cache them");
@@ -96,6 +104,10 @@ void add_bench_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->callback([o, &rc] {
     o->bench.model_path = resolve_model_path(o->bench.model_path);
+    o->bench.spec.mode = parse_spec_mode(o->spec.mode);
+    o->bench.spec.max_draft = o->spec.draft_max;
+    o->bench.spec.adaptive = !o->spec.fixed;
+    o->bench.draft_model = o->spec.draft_model;
     const BenchResult r = run_bench(o->bench);
     // After the run, so the microbenchmark's buffer stays out of peak RSS.
     std::string warning;

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <chrono>
+#include <fstream>
 #include <numeric>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -104,6 +106,18 @@ Stats Stats::of(std::vector<double> v) {
   return s;
 }
 
+std::vector<int32_t> text_tokens(const Model& m, const std::string& path, int64_t count) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ErrorKind::kIo, "bench: cannot read the prompt file {}", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::vector<int32_t> ids = m.tokenizer().encode(ss.str(), true, false);
+  if (ids.size() < 2) fail(ErrorKind::kInvalidArgument, "bench: the prompt file {} has no text", path);
+  std::vector<int32_t> out;
+  while (static_cast<int64_t>(out.size()) < count) out.push_back(ids[out.size() % ids.size()]);
+  return out;
+}
+
 std::vector<int32_t> bench_tokens(const Model& m, int64_t count) {
   const Tokenizer& tok = m.tokenizer();
   const int32_t V = tok.n_vocab();
@@ -160,7 +174,11 @@ BenchResult run_bench(const BenchOptions& opts) {
   ec.policy = SchedulePolicy::kThroughput;
   ec.max_batch_tokens = B * P;
   ec.prefix_caching = false;
-  Engine engine(*model, ec);
+  ec.spec = opts.spec;
+  std::unique_ptr<Model> draft;
+  if (!opts.draft_model.empty())
+    draft = Model::load(opts.draft_model, parse_prepack_mode(opts.prepack), opts.repack_cache);
+  Engine engine(*model, ec, draft.get());
   r.load_s = since(t0);
   r.repack_cache_hit = model->repack_cache_hit();
 
@@ -172,7 +190,7 @@ BenchResult run_bench(const BenchOptions& opts) {
   r.kv_cache_bytes = engine.kv_bytes();
   r.kv_elem_bytes = ec.kv_type == KvType::kF32 ? 4 : 2;
   r.cost = model_cost(*model);
-  const std::vector<int32_t> prompt = bench_tokens(*model, P);
+  const std::vector<int32_t> prompt = opts.prompt_file.empty() ? bench_tokens(*model, P) : text_tokens(*model, opts.prompt_file, P);
 
   const auto tw = Clock::now();
   for (int32_t i = 0; i < opts.warmup; ++i) one_rep(engine, prompt, N, B);
@@ -181,6 +199,7 @@ BenchResult run_bench(const BenchOptions& opts) {
   ThreadPool& read_pool = engine.compute_pool();
   const auto regions = model->decode_weight_regions();
   std::vector<double> prefill_tps, decode_tps;
+  const MetricsSnapshot before = engine.metrics();
   for (int32_t i = 0; i < opts.reps; ++i) {
     const RepTimes t = one_rep(engine, prompt, N, B);
     if (r.tokens.empty()) {
@@ -200,6 +219,12 @@ BenchResult run_bench(const BenchOptions& opts) {
     prefill_tps.push_back(double(B) * P / t.prefill_s);
     if (N > 0) decode_tps.push_back(double(B) * N / t.decode_s);
   }
+  const MetricsSnapshot after = engine.metrics();
+  r.spec_drafted = after.spec_drafted - before.spec_drafted;
+  r.spec_accepted = after.spec_accepted - before.spec_accepted;
+  const uint64_t decode_steps = after.phases[static_cast<size_t>(Phase::kDecode)].steps -
+                                before.phases[static_cast<size_t>(Phase::kDecode)].steps;
+  if (decode_steps > 0) r.tokens_per_step = double(N) * opts.reps / double(decode_steps);
   r.prefill_tok_s = Stats::of(prefill_tps);
   r.decode_tok_s = Stats::of(decode_tps);
   r.peak_rss_bytes = peak_rss_bytes();
@@ -279,6 +304,10 @@ nlohmann::json bench_to_json(const BenchResult& r, const Roofline& roof) {
       {"prefill_peak_fraction", u.prefill_frac},
       {"roofline", roofline_to_json(roof)},
       {"token_ids", r.tokens},
+      {"spec", spec_mode_name(r.opts.spec.mode)},
+      {"spec_drafted", r.spec_drafted},
+      {"spec_accepted", r.spec_accepted},
+      {"decode_tokens_per_step", r.tokens_per_step},
   };
   return j;
 }

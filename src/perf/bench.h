@@ -16,6 +16,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "engine/speculation.h"
 #include "perf/model_cost.h"
 #include "perf/roofline.h"
 
@@ -33,6 +34,11 @@ struct BenchOptions {
   int32_t batch = 1;    // sequences decoding together (rows per decode step)
   std::string prepack = "auto";  // kernels/prepack.h
   std::string repack_cache;      // model/repack_cache.h; "" for none
+  // A text whose tokens are the prompt (cycled to P tokens) instead of ids
+  // drawn from the vocabulary: what speculation needs to find anything.
+  std::string prompt_file;
+  SpecConfig spec;               // speculative decoding of the decode steps
+  std::string draft_model;       // for SpecMode::kDraft
 };
 
 struct Stats {
@@ -65,12 +71,18 @@ struct BenchResult {
   int kv_elem_bytes = 0;  // 2: f16, 4: f32
   ModelCost cost;
   std::vector<int32_t> tokens;  // P prompt ids, then the N ids the decode steps fed (the first request's)
+  // Speculation, over the timed repetitions: drafted and kept tokens, and
+  // the decode tokens per sequence-step.
+  uint64_t spec_drafted = 0, spec_accepted = 0;
+  double tokens_per_step = 0;
 };
 
 // Valid ids for a benchmark prompt: `count` ids drawn deterministically from
 // the vocabulary's normal tokens (no control, BOS/EOS/end-of-generation,
 // unused or byte tokens). Throws when the vocabulary has no such token.
 std::vector<int32_t> bench_tokens(const Model& m, int64_t count);
+// The first `count` tokens of a text file (BOS first), cycled when it is shorter.
+std::vector<int32_t> text_tokens(const Model& m, const std::string& path, int64_t count);
 
 // Loads the model, runs the warm-up and the repetitions; the model is
 // released before returning. Throws tandem::Error on bad options or files.
