@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <chrono>
 #include <random>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -586,6 +588,117 @@ TEST_F(EngineTest, LongPromptDoesNotStallDecodes) {
     run_until_idle(e);
     EXPECT_EQ(longp.reason[0], "length");
   }
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+struct SessionRun {
+  std::vector<int32_t> tokens;
+  int32_t cached = 0;
+  RequestTimings timings;
+  std::string reason;
+};
+
+SessionRun submit_and_run(Engine& e, std::vector<int32_t> prompt, int32_t max_tokens, const std::string& session) {
+  RequestParams p;
+  p.sampling.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.session = session;
+  SessionRun r;
+  e.submit(std::move(prompt), p, [&r](const RequestEvent& ev) {
+    r.tokens.insert(r.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+    r.cached = std::max(r.cached, ev.cached_prompt_tokens);
+    if (ev.finished) {
+      r.timings = ev.timings;
+      r.reason = ev.finish_reason;
+    }
+  });
+  while (e.step()) e.check_invariants();
+  return r;
+}
+
+// Progressive prefill: a session's prompt is computed ahead (max_tokens 0);
+// the request that follows with a longer or edited text resumes from it to
+// the token, and its output is what a fresh engine gives.
+TEST_F(EngineTest, SessionsResumeToTheToken) {
+  const std::string a = "Once upon a time, there was a little girl named Lily. She loved to play outside";
+  const std::vector<int32_t> typed = tok(a);                       // what was typed so far
+  const std::vector<int32_t> full = tok(a + " in the park with her dog.");  // what was sent
+  const std::vector<int32_t> edited = tok(a.substr(0, 60) + " and a big cat.");  // an edit mid-text
+  ASSERT_NE(typed.size() % 16, 0u);
+  Engine fresh(*model_, EngineConfig{.threads = 2, .max_context = 256});
+  const SessionRun want_full = submit_and_run(fresh, full, 20, "");
+  const SessionRun want_edit = submit_and_run(fresh, edited, 20, "");
+
+  Engine e(*model_, EngineConfig{.threads = 2, .max_context = 256});
+  const SessionRun pre = submit_and_run(e, typed, 0, "s1");
+  EXPECT_EQ(pre.reason, "length");
+  EXPECT_TRUE(pre.tokens.empty());
+  EXPECT_EQ(e.metrics().sessions, 1);
+  const SessionRun go = submit_and_run(e, full, 20, "s1");
+  EXPECT_EQ(go.tokens, want_full.tokens);
+  // Every typed token resumed, the partly filled last block included.
+  size_t common = 0;
+  while (common < typed.size() && typed[common] == full[common]) ++common;
+  EXPECT_EQ(go.cached, static_cast<int32_t>(common));
+  EXPECT_GT(go.cached % 16, 0);
+  // An edit: resumed up to where the texts part, mid-block.
+  submit_and_run(e, typed, 0, "s2");
+  const SessionRun ed = submit_and_run(e, edited, 20, "s2");
+  EXPECT_EQ(ed.tokens, want_edit.tokens);
+  size_t shared = 0;
+  while (shared < typed.size() && typed[shared] == edited[shared]) ++shared;
+  EXPECT_EQ(ed.cached, static_cast<int32_t>(shared));
+  // An unknown session is a plain request (prefix cache only), which then
+  // starts that session.
+  const SessionRun unknown = submit_and_run(e, full, 20, "nobody");
+  EXPECT_EQ(unknown.tokens, want_full.tokens);
+  EXPECT_EQ(unknown.cached % 16, 0);
+  EXPECT_EQ(e.metrics().sessions, 3);
+  EXPECT_LE(e.metrics().kv_blocks_used, 3);  // at most one pinned partial block each
+}
+
+// Sessions expire; a session whose cached blocks were evicted is recomputed
+// (never wrong); a prefill cancelled midway leaves no session and no blocks.
+TEST_F(EngineTest, SessionsExpireAndSurviveEviction) {
+  const std::vector<int32_t> p = tok("Once upon a time, there was a little girl named Lily. She loved to play");
+  std::vector<int32_t> longer = p;
+  for (int32_t t : tok(" with her ball in the garden")) longer.push_back(t);
+  Engine fresh(*model_, EngineConfig{.threads = 2, .max_context = 256});
+  const SessionRun want = submit_and_run(fresh, longer, 16, "");
+
+  Engine e(*model_, EngineConfig{.threads = 1, .max_context = 256, .session_ttl_s = 0.0});
+  submit_and_run(e, p, 0, "s");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  e.step();  // expires it
+  EXPECT_EQ(e.metrics().sessions, 0);
+  EXPECT_EQ(e.metrics().kv_blocks_used, 0);
+
+  // Eviction: a pool of 8 blocks; other requests take every cached block.
+  Engine small(*model_, EngineConfig{.threads = 1, .max_context = 128, .kv_tokens = 128});
+  submit_and_run(small, p, 0, "s");
+  for (const char* other : {"The little dog ran to the park and played with the other dogs all day long",
+                            "Tom and Sue went to the beach to build a big sand castle near the water"})
+    submit_and_run(small, tok(other), 40, "");
+  const SessionRun after = submit_and_run(small, longer, 16, "s");
+  EXPECT_EQ(after.tokens, want.tokens);
+  EXPECT_LE(small.metrics().kv_blocks_used, 1);
+
+  // Cancelled mid-prefill: nothing kept.
+  Engine c(*model_, EngineConfig{.threads = 1, .max_context = 256, .max_batch_tokens = 16});
+  RequestParams pp;
+  pp.max_tokens = 0;
+  pp.session = "gone";
+  const uint64_t id = c.submit(longer, pp, [](const RequestEvent&) {});
+  c.step();
+  c.cancel(id);
+  while (c.step()) c.check_invariants();
+  EXPECT_EQ(c.metrics().sessions, 0);
+  EXPECT_EQ(c.metrics().kv_blocks_used, 0);
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "core/memory_info.h"
@@ -47,6 +49,23 @@ struct Engine::Impl {
   // Speculative decoding (cfg.spec.mode != kOff).
   std::unique_ptr<Drafter> drafter;
   std::unique_ptr<SpecPolicy> spec_policy;
+
+  // Progressive prefill: what each session's last request left. Its whole
+  // blocks stay ordinary cached blocks (the LRU may take them; a reference
+  // here does not pin them); its last, partly filled block is a private copy,
+  // so the next request resumes to the token.
+  struct Session {
+    std::vector<int32_t> tokens;  // whose K/V was computed
+    std::vector<BlockRef> whole;  // the published blocks of its whole blocks
+    SeqBlocks tail;               // one pinned block: the copy of the partly filled one
+    double last_used = 0;
+  };
+  std::unordered_map<std::string, Session> sessions;
+  double sessions_checked = 0;
+  void resume_session(Sequence& s);
+  void save_session(Sequence& s);
+  void drop_session(std::unordered_map<std::string, Session>::iterator it);
+  void expire_sessions(bool all = false);
 
   // Inbox: filled by submit()/cancel() on any thread, drained by step().
   std::mutex inbox_mu;
@@ -168,6 +187,7 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   sc.max_prompt_logit_rows = static_cast<int32_t>(
       std::max<int64_t>(16, kPromptLogitBytes / (int64_t{mc.n_vocab} * int64_t{sizeof(float)})));
   sched = std::make_unique<Scheduler>(sc, *blocks);
+  sched->set_on_admit([this](Sequence& s) { resume_session(s); });
   if (c.swap_bytes > 0) {
     SwapSpace swap;
     swap.bytes = static_cast<size_t>(c.swap_bytes);
@@ -295,6 +315,8 @@ void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::s
   ev.stop_cause = cause;
   ev.error = error;
   const double now = steps.now();
+  if ((reason == "stop" || reason == "length") && seq->choice == 0 && !seq->req->params.session.empty())
+    save_session(*seq);
   RequestTimings& t = ev.timings;
   const double arrival = seq->req->arrival_s;
   t.prompt_tokens = seq->n_prompt;
@@ -412,6 +434,7 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
 
 bool Engine::Impl::step() {
   drain_inbox();
+  expire_sessions();
   plan_drafts();
   const int32_t prefill_budget = pacer ? pacer->budget(sched->n_decoding(), sched->n_prefilling()) : INT32_MAX;
   std::vector<ScheduledSeq> sched_batch = sched->schedule(prefill_budget);
@@ -645,9 +668,73 @@ void Engine::Impl::first_token(Sequence* seq, const float* lg, int32_t token) {
   accept_token(seq, token, lg);
 }
 
+void Engine::Impl::resume_session(Sequence& s) {
+  if (s.req->params.session.empty() || s.n_generated() > 0) return;
+  const auto it = sessions.find(s.req->params.session);
+  if (it == sessions.end()) return;
+  Session& ss = it->second;
+  ss.last_used = steps.now();
+  // The prefix cache found the whole blocks the prompt shares with the
+  // session (or fewer, if some were evicted). The next block is fresh: copy
+  // the session's version of it and keep its positions up to where the two
+  // part (an edit, or where the session stopped).
+  const int32_t bs = blocks->block_size(), start = s.n_computed();
+  if (start % bs != 0) return;  // a wholly cached prompt, computing its last token
+  const int32_t h = start / bs;
+  const int32_t limit = std::min({bs, s.n_prompt - 1 - start, static_cast<int32_t>(ss.tokens.size()) - start});
+  int32_t r = 0;
+  while (r < limit && s.tokens[start + r] == ss.tokens[start + r]) ++r;
+  if (r <= 0) return;
+  int32_t src = -1;
+  if (h < static_cast<int32_t>(ss.whole.size()) && blocks->holds(ss.whole[h])) src = ss.whole[h].block;
+  else if (h == static_cast<int32_t>(ss.tokens.size()) / bs && !ss.tail.table.empty()) src = ss.tail.table[0];
+  if (src < 0) return;
+  kv->copy_block(src, s.blocks.table[h]);
+  blocks->commit(s.blocks, s.tokens, start + r);
+}
+
+void Engine::Impl::save_session(Sequence& s) {
+  const int32_t n = s.n_computed(), bs = blocks->block_size();
+  if (n <= 0) return;
+  auto it = sessions.find(s.req->params.session);
+  if (it != sessions.end()) blocks->free(it->second.tail);
+  Session& ss = sessions[s.req->params.session];
+  ss.tokens.assign(s.tokens.begin(), s.tokens.begin() + n);
+  ss.whole.assign(s.blocks.prefix.begin(), s.blocks.prefix.begin() + std::min<size_t>(s.blocks.prefix.size(), n / bs));
+  ss.last_used = steps.now();
+  if (n % bs != 0 && blocks->n_free() > 0) {
+    const std::vector<int32_t> slots(static_cast<size_t>(bs), 0);
+    blocks->allocate(ss.tail, slots, false);
+    kv->copy_block(s.blocks.table[n / bs], ss.tail.table[0]);
+  }
+  while (static_cast<int32_t>(sessions.size()) > cfg.max_sessions) {
+    auto oldest = sessions.begin();
+    for (auto i = sessions.begin(); i != sessions.end(); ++i)
+      if (i->second.last_used < oldest->second.last_used) oldest = i;
+    drop_session(oldest);
+  }
+}
+
+void Engine::Impl::drop_session(std::unordered_map<std::string, Session>::iterator it) {
+  blocks->free(it->second.tail);
+  sessions.erase(it);
+}
+
+void Engine::Impl::expire_sessions(bool all) {
+  const double now = steps.now();
+  if (!all && (sessions.empty() || now - sessions_checked < 1.0)) return;
+  sessions_checked = now;
+  for (auto it = sessions.begin(); it != sessions.end();) {
+    auto next = std::next(it);
+    if (all || now - it->second.last_used > cfg.session_ttl_s) drop_session(it);
+    it = next;
+  }
+}
+
 void Engine::Impl::update_gauges() {
   const BlockStats bs = blocks->stats();
   std::lock_guard<std::mutex> lock(metrics_mu);
+  metrics.sessions = static_cast<int64_t>(sessions.size());
   metrics.running = static_cast<int64_t>(sched->n_running());
   metrics.waiting = static_cast<int64_t>(sched->n_waiting());
   metrics.swapped = static_cast<int64_t>(sched->n_swapped());
@@ -811,6 +898,8 @@ void Engine::check_invariants() {
   impl_->sched->for_each([&](Sequence& s) {
     if (s.status == SeqStatus::kRunning) live.push_back({&s.blocks, s.tokens});
   });
+  for (auto& [id, ss] : impl_->sessions)
+    if (!ss.tail.table.empty()) live.push_back({&ss.tail, {}});
   impl_->blocks->check_invariants(live);
 }
 

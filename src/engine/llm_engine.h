@@ -65,6 +65,10 @@ struct EngineConfig {
   int64_t swap_bytes = 0;
   // Speculative decoding (engine/speculation.h); kDraft needs a draft model.
   SpecConfig spec;
+  // Progressive prefill sessions (RequestParams::session): at most this many,
+  // each forgotten after this long unused.
+  int32_t max_sessions = 64;
+  double session_ttl_s = 600;
 };
 
 class Engine {

@@ -30,6 +30,7 @@ struct Histogram {
 struct MetricsSnapshot {
   // gauges
   int64_t running = 0, waiting = 0, swapped = 0;
+  int64_t sessions = 0;  // progressive prefill sessions kept
   int64_t kv_blocks_used = 0, kv_blocks_free = 0, kv_blocks_cached = 0, kv_blocks_total = 0;
   // counters
   uint64_t requests_finished = 0, requests_cancelled = 0, requests_rejected = 0;

@@ -22,6 +22,10 @@ struct RequestParams {
   // Speculative decoding for this request: at most this many drafted tokens
   // a step (-1: the engine's setting; 0: none). Never changes the output.
   int32_t spec_max = -1;
+  // Progressive prefill: a request naming a session resumes from the K/V the
+  // session's last request left (to the token, not only whole blocks), and
+  // leaves its own for the next. Empty: none.
+  std::string session;
   int32_t n = 1;                   // choices; they share the prompt's KV blocks
   int32_t logprobs = -1;           // -1: none; 0: the chosen token's; k > 0: plus the top k
   // Logprobs of the prompt's own tokens, as `logprobs` counts them (the

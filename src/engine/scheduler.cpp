@@ -172,6 +172,7 @@ std::vector<ScheduledSeq> Scheduler::schedule(int32_t prefill_budget) {
       const bool use_cache = !s->wants_prompt_logits();
       if (!blocks_.can_allocate(s->tokens, use_cache)) break;
       blocks_.allocate(s->blocks, s->tokens, use_cache);  // n_computed = prompt tokens found in the prefix cache
+      if (on_admit_ && use_cache) on_admit_(*s);
       if (s->n_generated() == 0) s->n_cached_prompt = s->n_computed();
     }
     std::unique_ptr<Sequence> owned = std::move(next);

@@ -70,6 +70,9 @@ class Scheduler {
   // else back to waiting.
   void preempt(Sequence* seq);
   void set_swap(SwapSpace swap) { swap_ = std::move(swap); }
+  // Called right after a waiting sequence's prompt gets its blocks (the
+  // prefix cache's hits counted): may mark more of it computed.
+  void set_on_admit(std::function<void(Sequence&)> fn) { on_admit_ = std::move(fn); }
 
   template <typename F>
   void for_each(F&& f) {
@@ -103,6 +106,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;  // sorted: priority desc, arrival asc
   std::vector<std::unique_ptr<Sequence>> swapped_;  // in scheduling order
   SwapSpace swap_;
+  std::function<void(Sequence&)> on_admit_;
   size_t swap_used_ = 0;
   uint64_t preemptions_ = 0, swap_outs_ = 0;
 };

@@ -133,6 +133,10 @@ class BlockManager {
   // Releases every block of `s` and leaves it empty; freeing an empty one is a no-op.
   void free(SeqBlocks& s);
 
+  // Whether a block still holds what it held when `r` was taken (published,
+  // same epoch): a reference that does not pin the block can check it.
+  bool holds(BlockRef r) const { return is_current(r); }
+
   // Forgets cached content of free blocks (e.g. to measure a cold start).
   void clear_prefix_cache();
 
