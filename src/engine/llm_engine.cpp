@@ -62,6 +62,11 @@ struct Engine::Impl {
   };
   std::unordered_map<std::string, Session> sessions;
   double sessions_checked = 0;
+
+  // The live timeline: what the observer hears after each step.
+  std::function<void(const StepReport&)> observer;
+  StepReport report;
+  uint64_t preemptions_seen = 0;
   void resume_session(Sequence& s);
   void save_session(Sequence& s);
   void drop_session(std::unordered_map<std::string, Session>::iterator it);
@@ -281,7 +286,10 @@ void Engine::Impl::drain_inbox() {
     fresh.swap(inbox);
     cancel_ids.swap(cancels);
   }
-  for (auto& s : fresh) sched->add(std::move(s));
+  for (auto& s : fresh) {
+    if (observer) report.arrived.push_back({s->req->id, s->req->arrival_s});
+    sched->add(std::move(s));
+  }
   if (cancel_ids.empty()) return;
   std::vector<Sequence*> doomed;
   sched->for_each([&](Sequence& s) {
@@ -332,6 +340,7 @@ void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::s
   t.accepted = seq->spec.accepted;
   emit(seq, ev);
   if (drafter) drafter->forget(*seq, -1);
+  if (observer && seq->choice == 0) report.finished.push_back({seq->req->id, reason});
   if (seq->fork_pending) {
     // Choice 0 of an n > 1 request ends before its prompt was done (cancelled,
     // failed): the other choices, never forked, end with it.
@@ -496,6 +505,18 @@ bool Engine::Impl::step() {
   steps.add({phase, t0, t1, static_cast<int32_t>(batch.size()), static_cast<int32_t>(sched_batch.size())});
   if (pacer) pacer->observe(t1 - t0, n_decode_rows, n_prefill_rows);
   if (spec_policy) spec_policy->target_cost().observe(static_cast<int32_t>(batch.size()), t1 - t0);
+  if (observer) {
+    report.start_s = t0;
+    report.end_s = t1;
+    report.phase = phase;
+    report.rows = static_cast<int32_t>(batch.size());
+    report.parts.clear();
+    for (const ScheduledSeq& x : sched_batch) {
+      const bool decoding = x.seq->n_computed() + 1 == static_cast<int32_t>(x.seq->tokens.size()) &&
+                            x.seq->n_computed() >= x.seq->n_prompt;
+      report.parts.push_back({x.seq->req->id, x.seq->choice, decoding ? 0 : x.n_tokens, decoding ? x.n_tokens : 0});
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(metrics_mu);
     metrics.prompt_tokens += n_prompt_rows;
@@ -542,6 +563,14 @@ bool Engine::Impl::step() {
     handle_logits(s, x.logits, x.token);
   }
   sched->for_each([](Sequence& q) { q.draft.clear(); });
+  if (observer) {
+    ++report.step;
+    report.preempted = static_cast<int32_t>(sched->preemptions() - preemptions_seen);
+    preemptions_seen = sched->preemptions();
+    observer(report);
+    report.arrived.clear();
+    report.finished.clear();
+  }
   return true;
 }
 
@@ -892,6 +921,8 @@ Completion Engine::run_one(std::vector<int32_t> prompt, const RequestParams& par
 }
 
 const Intake& Engine::intake() const { return *impl_->intake; }
+
+void Engine::set_step_observer(std::function<void(const StepReport&)> fn) { impl_->observer = std::move(fn); }
 
 void Engine::check_invariants() {
   std::vector<BlockManager::LiveSeq> live;

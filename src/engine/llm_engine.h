@@ -105,6 +105,10 @@ class Engine {
 
   // For tests and offline use without start(): runs one step; false when idle.
   bool step();
+  // Called on the engine's thread after every step (the live timeline); set
+  // before start(). It must be quick: copy what it needs and return.
+  void set_step_observer(std::function<void(const StepReport&)> fn);
+
   // For tests, between steps: throws std::logic_error naming the first broken
   // invariant of the KV block accounting (BlockManager::check_invariants).
   void check_invariants();

@@ -18,6 +18,27 @@ inline const char* phase_name(Phase p) {
   return "?";
 }
 
+// One engine step as the live timeline shows it: which requests had rows in
+// it (prompt rows and decode rows), who arrived and who ended since the step
+// before, and the preemptions it took.
+struct StepReport {
+  uint64_t step = 0;
+  double start_s = 0;   // the forward pass, seconds since the engine started
+  double end_s = 0;
+  Phase phase = Phase::kDecode;
+  int32_t rows = 0;
+  struct Part {
+    uint64_t request = 0;
+    int32_t choice = 0;
+    int32_t prompt_rows = 0;
+    int32_t decode_rows = 0;  // a decoding sequence's rows: its token and its drafts
+  };
+  std::vector<Part> parts;
+  std::vector<std::pair<uint64_t, double>> arrived;         // request, when it arrived
+  std::vector<std::pair<uint64_t, std::string>> finished;   // request, its finish reason
+  int32_t preempted = 0;
+};
+
 struct StepRecord {
   Phase phase = Phase::kDecode;
   double start_s = 0;   // seconds since the log was created
