@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_synth_command(app, rc);
   tandem::cli::add_serve_command(app, rc);
   tandem::cli::add_perplexity_command(app, rc);
+  tandem::cli::add_quantize_command(app, rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
