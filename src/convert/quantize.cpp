@@ -295,8 +295,8 @@ GgmlType fallback_type(GgmlType t, int64_t ne0, bool& fell_back) {
 }
 
 std::string shape_str(const std::vector<int64_t>& dims) {
-  std::string s = fmt::format("{:5}", dims[0]);
-  for (size_t i = 1; i < 4; ++i) s += fmt::format(", {:5}", i < dims.size() ? dims[i] : 1);
+  std::string s = fmt::format("{:6}", dims[0]);
+  for (size_t i = 1; i < 4; ++i) s += fmt::format(", {:6}", i < dims.size() ? dims[i] : 1);
   return s;
 }
 
