@@ -562,6 +562,27 @@ TEST(QuantizePlan, OptionsPureAndLeaveOutput) {
   EXPECT_EQ(m.at("token_embd.weight"), "q4_K");
 }
 
+// ------------------------------------------------- GgufWriter, streamed data
+
+// header() followed by each tensor's bytes, padded, is what to_bytes() makes.
+TEST(GgufWriterStream, HeaderThenDataEqualsToBytes) {
+  GgufWriter held, streamed;
+  const std::vector<uint8_t> a(4 * 3 * 5, 7), b(row_bytes(GgmlType::Q8_0, 64) * 2, 9);
+  for (GgufWriter* w : {&held, &streamed}) w->add_string("general.architecture", "llama");
+  held.add_tensor("a", GgmlType::F32, {3, 5}, a);
+  held.add_tensor("b", GgmlType::Q8_0, {64, 2}, b);
+  streamed.add_tensor_info("a", GgmlType::F32, {3, 5});
+  streamed.add_tensor_info("b", GgmlType::Q8_0, {64, 2});
+  std::vector<uint8_t> img = streamed.header();
+  for (const auto* d : {&a, &b}) {
+    img.insert(img.end(), d->begin(), d->end());
+    img.resize((img.size() + 31) / 32 * 32, 0);
+  }
+  EXPECT_EQ(img, held.to_bytes());
+  EXPECT_THROW(streamed.to_bytes(), Error);  // declared-only tensors have no bytes to write
+  EXPECT_THROW(streamed.add_tensor_info("c", GgmlType::Q4_K, {100, 2}), Error);  // 100 % 256
+}
+
 // ----------------------------------------------------------------- the CLI
 
 test::CliResult cli(const std::string& args) { return test::run_cli("quantize " + args); }
