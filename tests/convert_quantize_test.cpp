@@ -424,6 +424,65 @@ TEST(Quantize, BlocksEqualTheReferenceQuantizers) {
   }
 }
 
+// ------------------------------------------- byte for byte as llama.cpp
+
+// SHA-256 of the files llama.cpp 0.3.36 (llama-cpp-python's llama_model_quantize,
+// no importance matrix) wrote from the same inputs: stories260K.gguf, and
+// make_synth's F32 file (which synth writes identically on any x86-64
+// build). bench/quantize_compare.py makes the same comparison on Gemma 3.
+const std::map<std::string, std::string> kLlamaCppStories = {
+    {"F32", "f18837d06914bcc627d8b93c818b453823493a057041a85a8484819de8938664"},
+    {"F16", "4cd29bbe9cb3b735750837816a43c3dd4b473dbd658e8612816f7c4d3926ac21"},
+    {"BF16", "633551c4cd934c2090c88fd56a8e7b1263b1bc6e91b22e41f398a16f4245ebb0"},
+    {"Q8_0", "ff8701a45da28293b7af11a695ab33575b692e9b109a2eae6238c906c31415da"},
+    {"Q4_0", "fd93abd9957992763c863e7e3f30934baf1e7a2e31b6c911a720cd109daed40d"},
+    {"Q4_1", "2ddb634a1e71dffd234b5fa3ecb0608b43e9a913b19012e4fbc616c29d9a3c66"},
+    {"Q5_0", "749e10e0a33dbef8df92045c6add0d807dc5d1105667c96ad3f81ae3deb64ac7"},
+    {"Q5_1", "c36497248a0a883836c36c96bf707bd176b94911d34af9bf7681df98cd22025d"},
+    {"Q2_K", "94967a2bf35ea5fc57aedcc8fe06e2b94454323b4899a260927830860274267b"},
+    {"Q3_K_S", "c9d3191472266bf63362214aa05e48a6ab226dd38cc39faa843d78bb3c171768"},
+    {"Q3_K_M", "1b8cf84b50f0676d7580c30d76ab0f80f337f782824b7f312de674c521bcf79d"},
+    {"Q3_K_L", "0b715a6c2598aac375ef30f200ac19d157a1431eb40a57041c5243c994fdfb42"},
+    {"Q4_K_S", "ec7a769903d8b4cb18e5ed29b288c60f9d8a15437321c67ac319ddb6191125b6"},
+    {"Q4_K_M", "7f61512f1889080c73b2afd3ac7fdfe55a368e83570b20e5019829adfa734a2a"},
+    {"Q5_K_S", "66ed769a4df768d67b88ea4395e9dab273b717de9f64980b9cd5cfe832108b6f"},
+    {"Q5_K_M", "017253a152346d29609472739647c6c1136557abaad67c24e6966fccd07eafda"},
+    {"Q6_K", "137d1fbe834a43bc20cc1e04a9459af61953a7579baeedba17590faacfb13104"},
+};
+const std::map<std::string, std::string> kLlamaCppSynth = {
+    {"Q2_K", "b8ea719459a71caf22f41cb71e3463d37439e8f50dd7701cc1f0884b70c9e560"},
+    {"Q3_K_S", "7a1ac416b433cd348daa746f6581c3587ccc26dc6735eddbff354d735a2b9bae"},
+    {"Q3_K_M", "e70a221609124a0bd7a5b7d3b46f8a8997fcfa5e7a7e429a49ae975ad0b1730b"},
+    {"Q3_K_L", "394816c0c002ac89d51f87698d656a1b6b3ad798d244e3d041e41251b9b8f6a9"},
+    {"Q4_K_S", "2e1f2c749be4aaae0a73a047390244815497ffe8b02690cad859be2d6a8f3d15"},
+    {"Q4_K_M", "a32b7eb97df74b695ea33d2da6e6a9c956ce1a46435baa3668ca2fbf4727129d"},
+    {"Q5_K_S", "8fa46e2f75b3cd39846a5eeac28ad7bdb28b1eeb48d0623519ab90deabae6da0"},
+    {"Q5_K_M", "41c87476ca7d65a0d7956470bd204e41e5eb73ee801d8ed6211a04020bc82dfd"},
+    {"Q6_K", "7f98f1c62c7452444520e22e13ef3dcee2007f20848912902283d55e56ee4939"},
+    {"Q4_0", "d0065785e538a35f3ddc8b7953741b66653f794749fb973f6d5dfbf9358fcdd5"},
+    {"Q8_0", "db25a06a1aa0ec999ce44fc7be0e872f7ea091cfc4069b2703eeda5aead53819"},
+    {"BF16", "54b3e6d8a9b892131ecc43cbbe4548355e748929bf49365991c97ee884707fc8"},
+};
+
+TEST(Quantize, FilesEqualLlamaCppsByteForByte) {
+  TempDir dir("llamacpp");
+  ASSERT_EQ(test::sha256_file(kStories), "270cba1bd5109f42d03350f60406024560464db173c0e387d91f0426d3bd256d");
+  for (const auto& [type, sha] : kLlamaCppStories) {
+    quantize(kStories, dir.file("s.gguf"), type);
+    EXPECT_EQ(test::sha256_file(dir.file("s.gguf")), sha) << "stories260K " << type;
+  }
+  const std::string in = make_synth(dir);
+  ASSERT_EQ(test::sha256_file(in), "8207423e7e5091b1341f9e7ec494fa898c363ca3a8c9d19bea033bb7633f17cb");
+  // Under the sanitizers (TANDEM_TEST_QUICK=1) three mixes that write all five
+  // K-quant block types between them.
+  const bool quick = std::getenv("TANDEM_TEST_QUICK") != nullptr;
+  for (const auto& [type, sha] : kLlamaCppSynth) {
+    if (quick && type != "Q3_K_L" && type != "Q2_K" && type != "Q4_K_M") continue;
+    quantize(in, dir.file("g.gguf"), type);
+    EXPECT_EQ(test::sha256_file(dir.file("g.gguf")), sha) << "synth " << type;
+  }
+}
+
 // ----------------------------------------------------------- requantizing
 
 TEST(Quantize, RequantizingNeedsTheFlagDequantizingDoesNot) {
