@@ -678,6 +678,10 @@ TEST(QuantizeCli, Errors) {
   r = cli(kStories + " " + dir.file("o.gguf"));
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("no type"), std::string::npos) << r.err;
+  // A type where the output belongs (llama-quantize would make up a name).
+  r = cli(kStories + " q4_k_m");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("give OUT.gguf"), std::string::npos) << r.err;
   // Missing input.
   r = cli(dir.file("missing.gguf") + " " + dir.file("o.gguf") + " --type q8_0");
   EXPECT_EQ(r.status, 1);

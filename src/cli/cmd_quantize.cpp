@@ -38,6 +38,9 @@ int run(const QuantizeOpts& o) {
   std::string type_name = o.type_flag.empty() ? o.type_pos : o.type_flag;
   if (!o.type_flag.empty() && !o.type_pos.empty() && o.type_flag != o.type_pos)
     fail(ErrorKind::kInvalidArgument, "quantize: two types given ('{}' and --type '{}')", o.type_pos, o.type_flag);
+  if (type_name.empty() && !o.out.empty() && find_quantize_type(o.out))
+    fail(ErrorKind::kInvalidArgument, "quantize: '{}' is a type, not an output file: give OUT.gguf before it",
+         o.out);
   if (type_name.empty())
     fail(ErrorKind::kInvalidArgument, "quantize: no type given (--type T); one of: {}", quantize_type_list());
   const auto type = find_quantize_type(type_name);
