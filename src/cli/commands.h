@@ -14,5 +14,6 @@ void add_bench_command(CLI::App& app, int& rc);
 void add_synth_command(CLI::App& app, int& rc);
 void add_serve_command(CLI::App& app, int& rc);
 void add_perplexity_command(CLI::App& app, int& rc);
+void add_quantize_command(CLI::App& app, int& rc);
 
 }  // namespace tandem::cli

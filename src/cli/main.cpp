@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_synth_command(app, rc);
   tandem::cli::add_serve_command(app, rc);
   tandem::cli::add_perplexity_command(app, rc);
+  tandem::cli::add_quantize_command(app, rc);
   // An unknown command is named, with the ones there are (CLI11 alone would
   // say only that a subcommand is required).
   std::string names;

@@ -164,6 +164,14 @@ class GgufWriter {
   // `data` must hold exactly the bytes of a tensor of this type and shape.
   void add_tensor(std::string name, GgmlType type, std::vector<int64_t> dims,
                   std::vector<uint8_t> data);
+  // Declares a tensor without its bytes, for a caller that streams the data
+  // itself (tandem quantize): it writes header() and then each tensor's
+  // row_bytes x rows bytes in order, each padded with zeros to alignment().
+  // write() and to_bytes() refuse a writer that holds declared-only tensors.
+  void add_tensor_info(std::string name, GgmlType type, std::vector<int64_t> dims);
+  // Everything before the data section, including the padding up to it.
+  std::vector<uint8_t> header() const;
+  uint64_t alignment() const { return alignment_; }
   void write(const std::string& path) const;  // throws kIo on failure
   // The whole file image in memory (tests, small files).
   std::vector<uint8_t> to_bytes() const;
@@ -174,7 +182,12 @@ class GgufWriter {
     GgmlType type;
     std::vector<int64_t> dims;
     std::vector<uint8_t> data;
+    uint64_t n_bytes = 0;     // the tensor's size (data.size() when held)
+    bool has_data = true;     // false: declared by add_tensor_info
   };
+  // Checks name, type and shape; returns the tensor's byte count.
+  uint64_t check_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& dims) const;
+  void require_data() const;
   uint64_t alignment_;
   std::vector<GgufKV> kvs_;
   std::vector<PendingTensor> tensors_;

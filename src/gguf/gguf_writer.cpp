@@ -165,8 +165,8 @@ void GgufWriter::add_i32_array(std::string key, const std::vector<int32_t>& v) {
   add(std::move(key), GgufValue{GgufType::ARRAY, GgufType::INT32, std::move(elems)});
 }
 
-void GgufWriter::add_tensor(std::string name, GgmlType type, std::vector<int64_t> dims,
-                            std::vector<uint8_t> data) {
+uint64_t GgufWriter::check_tensor(const std::string& name, GgmlType type,
+                                  const std::vector<int64_t>& dims) const {
   if (name.empty() || name.size() > 63)
     fail(ErrorKind::kInvalidArgument, "GgufWriter: tensor name '{}' must be 1..63 bytes", name);
   for (const auto& t : tensors_)
@@ -186,11 +186,28 @@ void GgufWriter::add_tensor(std::string name, GgmlType type, std::vector<int64_t
     fail(ErrorKind::kInvalidArgument,
          "GgufWriter: tensor '{}': ne[0] = {} is not a multiple of the {} block size {}", name,
          dims[0], tt.name, tt.block_elems);
-  const uint64_t expect = row_bytes(type, dims[0]) * static_cast<uint64_t>(n / dims[0]);
+  return row_bytes(type, dims[0]) * static_cast<uint64_t>(n / dims[0]);
+}
+
+void GgufWriter::add_tensor(std::string name, GgmlType type, std::vector<int64_t> dims,
+                            std::vector<uint8_t> data) {
+  const uint64_t expect = check_tensor(name, type, dims);
   if (data.size() != expect)
     fail(ErrorKind::kInvalidArgument, "GgufWriter: tensor '{}' has {} bytes of data, expected {}",
          name, data.size(), expect);
-  tensors_.push_back({std::move(name), type, std::move(dims), std::move(data)});
+  tensors_.push_back({std::move(name), type, std::move(dims), std::move(data), expect, true});
+}
+
+void GgufWriter::add_tensor_info(std::string name, GgmlType type, std::vector<int64_t> dims) {
+  const uint64_t n_bytes = check_tensor(name, type, dims);
+  tensors_.push_back({std::move(name), type, std::move(dims), {}, n_bytes, false});
+}
+
+void GgufWriter::require_data() const {
+  for (const auto& t : tensors_)
+    if (!t.has_data)
+      fail(ErrorKind::kInvalidArgument,
+           "GgufWriter: tensor '{}' was declared without data; stream it after header()", t.name);
 }
 
 // Everything before the data section, including the padding up to it.
@@ -238,7 +255,7 @@ static std::vector<uint8_t> header_bytes(uint64_t alignment, const std::vector<G
   return out;
 }
 
-std::vector<uint8_t> GgufWriter::to_bytes() const {
+std::vector<uint8_t> GgufWriter::header() const {
   std::vector<uint64_t> offsets;
   std::vector<std::string> names;
   std::vector<GgmlType> types;
@@ -249,7 +266,24 @@ std::vector<uint8_t> GgufWriter::to_bytes() const {
     names.push_back(t.name);
     types.push_back(t.type);
     dims.push_back(t.dims);
-    off = pad_to(off + t.data.size(), alignment_);
+    off = pad_to(off + t.n_bytes, alignment_);
+  }
+  return header_bytes(alignment_, kvs_, offsets, names, types, dims);
+}
+
+std::vector<uint8_t> GgufWriter::to_bytes() const {
+  require_data();
+  std::vector<uint64_t> offsets;
+  std::vector<std::string> names;
+  std::vector<GgmlType> types;
+  std::vector<std::vector<int64_t>> dims;
+  uint64_t off = 0;
+  for (const auto& t : tensors_) {
+    offsets.push_back(off);
+    names.push_back(t.name);
+    types.push_back(t.type);
+    dims.push_back(t.dims);
+    off = pad_to(off + t.n_bytes, alignment_);
   }
   std::vector<uint8_t> out = header_bytes(alignment_, kvs_, offsets, names, types, dims);
   const size_t data_start = out.size();
@@ -262,6 +296,7 @@ std::vector<uint8_t> GgufWriter::to_bytes() const {
 
 void GgufWriter::write(const std::string& path) const {
   // Streams the tensor data so a large model is not held twice in memory.
+  require_data();
   std::vector<uint64_t> offsets;
   std::vector<std::string> names;
   std::vector<GgmlType> types;
@@ -272,7 +307,7 @@ void GgufWriter::write(const std::string& path) const {
     names.push_back(t.name);
     types.push_back(t.type);
     dims.push_back(t.dims);
-    off = pad_to(off + t.data.size(), alignment_);
+    off = pad_to(off + t.n_bytes, alignment_);
   }
   const std::vector<uint8_t> head = header_bytes(alignment_, kvs_, offsets, names, types, dims);
 
