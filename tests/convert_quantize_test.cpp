@@ -223,14 +223,14 @@ TEST(Quantize, EveryTypeOnStories260K) {
 // stays near the F32 model's.
 double stories_ppl(const std::string& path) {
   auto model = Model::load(path);
-  ThreadPool pool(2);
   std::string text = test::read_file(test::testdata_path("perplexity/stories.txt"));
   const std::vector<int32_t> tokens = model->tokenizer().encode(text, true, false);
   PerplexityOptions o;
   o.n_ctx = 128;
   o.max_chunks = 4;
   o.kv_type = KvType::kF32;
-  return perplexity(*model, pool, tokens, o).ppl;
+  o.threads = 2;
+  return perplexity(*model, tokens, o).ppl;
 }
 
 TEST(Quantize, Stories260KStillPredicts) {
