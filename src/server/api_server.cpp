@@ -17,6 +17,8 @@
 #include "server/openai_response.h"
 #include "server/openai_schema.h"
 #include "server/prometheus.h"
+#include "server/timeline.h"
+#include "server/web_page.h"
 
 namespace tandem::server {
 
@@ -24,7 +26,9 @@ using nlohmann::json;
 
 namespace {
 
-enum class Route { kHealth, kModels, kModel, kMetrics, kCompletions, kChat, kTokenize, kDetokenize };
+enum class Route {
+  kPage, kHealth, kModels, kModel, kMetrics, kTimeline, kCompletions, kChat, kPrefill, kTokenize, kDetokenize
+};
 
 struct RouteInfo {
   Route route;
@@ -32,7 +36,10 @@ struct RouteInfo {
 };
 
 std::optional<RouteInfo> find_route(const std::string& path) {
+  if (path == "/" || path == "/index.html") return RouteInfo{Route::kPage, false};
   if (path == "/health") return RouteInfo{Route::kHealth, false};
+  if (path == "/v1/timeline") return RouteInfo{Route::kTimeline, false};
+  if (path == "/v1/prefill") return RouteInfo{Route::kPrefill, true};
   if (path == "/v1/models") return RouteInfo{Route::kModels, false};
   if (path.rfind("/v1/models/", 0) == 0 && path.size() > 11) return RouteInfo{Route::kModel, false};
   if (path == "/metrics") return RouteInfo{Route::kMetrics, false};
@@ -89,8 +96,54 @@ std::string host_name(const std::string& v) {
 
 }  // namespace
 
+// The answer to a prefill, once its prompt is in the cache.
+class PrefillResponse final : public AsyncResponse {
+ public:
+  PrefillResponse(std::shared_ptr<Generation> gen, std::string session, std::vector<http::Header> headers)
+      : gen_(std::move(gen)), session_(std::move(session)), headers_(std::move(headers)) {}
+  bool pump(ResponseWriter& w, double) override {
+    evs_.clear();
+    gen_->next(evs_, offs_);
+    for (const RequestEvent& ev : evs_)
+      if (ev.finished) {
+        reason_ = ev.finish_reason;
+        error_ = ev.error;
+        timings_ = ev.timings;
+      }
+    if (!gen_->finished()) return false;
+    HttpResponse r;
+    if (reason_ == "cancelled" || reason_ == "error") {
+      r = error_response(reason_ == "error" ? ApiError(500, "prefill failed: " + error_, "server_error")
+                                            : ApiError(503, "the prefill was cancelled", "server_error"));
+    } else {
+      const RequestTimings& t = timings_;
+      r.body = dump_json({{"object", "prefill"},
+                          {"session", session_},
+                          {"prompt_tokens", t.prompt_tokens},
+                          {"cached_tokens", t.cached_tokens},
+                          {"computed_tokens", t.prompt_tokens - t.cached_tokens},
+                          {"queued_ms", 1000 * t.queued_s},
+                          {"prefill_ms", 1000 * t.prefill_s}});
+    }
+    r.headers.insert(r.headers.end(), headers_.begin(), headers_.end());
+    w.respond(std::move(r));
+    return true;
+  }
+  void cancel() override { gen_->cancel(); }
+
+ private:
+  std::shared_ptr<Generation> gen_;
+  std::string session_;
+  std::vector<http::Header> headers_;
+  std::vector<RequestEvent> evs_;
+  std::vector<std::vector<size_t>> offs_;
+  std::string reason_, error_;
+  RequestTimings timings_;
+};
+
 struct Server::Impl final : HttpHandler {
   Engine& engine;
+  Timeline timeline;
   const Intake& intake;
   ServerConfig cfg;
   HttpServer http;
@@ -197,7 +250,8 @@ struct Server::Impl final : HttpHandler {
       r.headers.push_back({"Allow", route->post ? "POST" : "GET, HEAD"});
       return with_cors(h, std::move(r));
     }
-    if (route->route != Route::kHealth && !authorized(h)) {
+    // The page itself is public (it asks for the key); everything it calls is not.
+    if (route->route != Route::kHealth && route->route != Route::kPage && !authorized(h)) {
       HttpResponse r = api_error(401, "Missing or incorrect API key (send 'Authorization: Bearer KEY')",
                                  "invalid_request_error", "", "invalid_api_key");
       r.headers.push_back({"WWW-Authenticate", "Bearer"});
@@ -239,6 +293,18 @@ struct Server::Impl final : HttpHandler {
     try {
       const RouteInfo route = *find_route(h.path);
       switch (route.route) {
+        case Route::kPage: {
+          HttpResponse r;
+          r.body = std::string(web_page());
+          r.content_type = "text/html; charset=utf-8";
+          // Its own scripts only, and no framing by other sites.
+          r.headers = {{"Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src "
+                                                   "'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'"},
+                       {"X-Content-Type-Options", "nosniff"}};
+          return Reply{std::move(r), nullptr};
+        }
+        case Route::kTimeline: return Reply{std::nullopt, timeline.subscribe(wake, cors_headers(h), cfg.heartbeat_s)};
+        case Route::kPrefill: return prefill(req, wake);
         case Route::kHealth: return ok(h, R"({"status":"ok"})");
         case Route::kModels: return ok(h, dump_json({{"object", "list"}, {"data", json::array({model_json()})}}));
         case Route::kModel:
@@ -349,6 +415,7 @@ struct Server::Impl final : HttpHandler {
     meta.created = static_cast<int64_t>(std::time(nullptr));
     meta.logprobs = r.params.logprobs >= 0;
     meta.include_usage = r.include_usage;
+    meta.timings = r.timings;
     std::vector<std::string> echo;
     if (r.echo)
       for (size_t k = 0; k < r.prompts.size(); ++k)
@@ -359,6 +426,37 @@ struct Server::Impl final : HttpHandler {
     TokenText text = [in](int32_t id) { return in->piece(id); };
     return Reply{std::nullopt, std::make_unique<GenerationResponse>(std::move(gen), std::move(meta), std::move(text),
                                                                     r.stream, cfg.heartbeat_s, cors_headers(req.head))};
+  }
+
+  // POST /v1/prefill: computes a prompt's (or a conversation's) K/V ahead of
+  // the request that will use it, as a background request below every
+  // decode, kept under a session for that request (progressive prefill).
+  Reply prefill(HttpRequest& req, const Waker& wake) {
+    ParseLimits lim;
+    lim.json = cfg.json;
+    json tree = parse_json_body(req.body);
+    req.body = std::string();
+    const Endpoint ep = tree.is_object() && tree.contains("messages") ? Endpoint::kChat : Endpoint::kCompletions;
+    ApiRequest r = parse_request_json(ep, std::move(tree), lim);
+    check_model(r.model);
+    if (r.prompts.size() > 1) throw_invalid("prompt", "a prefill takes one prompt");
+    std::vector<std::vector<int32_t>> prompts = prompt_tokens(r);
+    RequestParams& p = r.params;
+    p.max_tokens = 0;
+    p.n = 1;
+    p.priority = std::min(p.priority, -1);  // below the requests that decode
+    if (p.session.empty()) p.session = new_id("sess-");
+    if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
+    auto gen = Generation::start(engine, std::move(prompts), p, {}, wake);
+    return Reply{std::nullopt, std::make_unique<PrefillResponse>(std::move(gen), p.session, cors_headers(req.head))};
+  }
+
+  json parse_json_body(const std::string& body) const {
+    try {
+      return parse_json(body, cfg.json);
+    } catch (const Error& e) {
+      throw_invalid("", e.what());
+    }
   }
 
   // /tokenize and /detokenize, answered in both vLLM's and llama.cpp's keys.
@@ -391,6 +489,7 @@ Server::Server(Engine& engine, ServerConfig cfg) : impl_(std::make_unique<Impl>(
   s.model_names = {s.cfg.model_id, file_name, s.intake.model_path()};
   if (file_name.size() > 5 && file_name.ends_with(".gguf")) s.model_names.push_back(file_name.substr(0, file_name.size() - 5));
   s.max_context = s.cfg.max_context > 0 ? s.cfg.max_context : s.intake.max_context();
+  engine.set_step_observer([&s](const StepReport& r) { s.timeline.publish(r); });
   s.created = static_cast<int64_t>(std::time(nullptr));
 }
 

@@ -153,7 +153,10 @@ bool GenerationResponse::pump(ResponseWriter& w, double now_s) {
 bool GenerationResponse::pump_whole(ResponseWriter& w) {
   evs_.clear();
   gen_->next(evs_, offs_);
-  for (size_t i = 0; i < evs_.size(); ++i) choices_[evs_[i].choice].add(evs_[i], offs_[i]);
+  for (size_t i = 0; i < evs_.size(); ++i) {
+    choices_[evs_[i].choice].add(evs_[i], offs_[i]);
+    if (evs_[i].finished && evs_[i].choice == 0) timings_ = evs_[i].timings;
+  }
   if (!gen_->finished()) return false;
   for (const ChoiceState& c : choices_)
     if (std::optional<ApiError> err = abnormal_end(c.finish_reason, c.error)) {
@@ -163,7 +166,7 @@ bool GenerationResponse::pump_whole(ResponseWriter& w) {
       return true;
     }
   HttpResponse r;
-  r.body = dump_json(full_response(meta_, choices_, gen_->usage(), text_));
+  r.body = dump_json(full_response(meta_, choices_, gen_->usage(), text_, &timings_));
   r.headers = headers_;
   w.respond(std::move(r));
   return true;
@@ -187,6 +190,7 @@ bool GenerationResponse::pump_stream(ResponseWriter& w, double now_s) {
   gen_->next(evs_, offs_);
   for (size_t i = 0; i < evs_.size(); ++i) {
     const RequestEvent& ev = evs_[i];
+    if (ev.finished && ev.choice == 0) timings_ = ev.timings;
     if (ev.finished) {
       if (auto err = abnormal_end(ev.finish_reason, ev.error)) {
         // One failed choice ends the response: report it and stop the rest.
@@ -201,6 +205,7 @@ bool GenerationResponse::pump_stream(ResponseWriter& w, double now_s) {
   }
   if (!done && gen_->finished()) {
     if (meta_.include_usage) out += sse_event(usage_chunk(meta_, gen_->usage()));
+    if (meta_.timings) out += sse_event(timings_chunk(meta_, timings_));
     done = true;
   }
   if (done) out += "data: [DONE]\n\n";

@@ -1,5 +1,6 @@
 #include "server/openai_response.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace tandem::server {
@@ -88,8 +89,34 @@ json finish_value(const std::string& reason) { return reason.empty() ? json(null
 
 }  // namespace
 
+json timings_json(const RequestTimings& t) {
+  const int32_t computed = t.prompt_tokens - t.cached_tokens;
+  const int32_t decoded = std::max(t.generated_tokens - 1, 0);
+  return {{"queued_ms", 1000 * t.queued_s},
+          {"cache_n", t.cached_tokens},
+          {"prompt_n", computed},
+          {"prompt_ms", 1000 * t.prefill_s},
+          {"prompt_per_token_ms", computed > 0 ? 1000 * t.prefill_s / computed : 0.0},
+          {"prompt_per_second", t.prefill_tok_s()},
+          {"ttft_ms", 1000 * t.ttft_s},
+          {"predicted_n", t.generated_tokens},
+          {"predicted_ms", 1000 * t.decode_s},
+          {"predicted_per_token_ms", decoded > 0 ? 1000 * t.decode_s / decoded : 0.0},
+          {"predicted_per_second", t.decode_tok_s()},
+          {"preemptions", t.preemptions},
+          {"draft_n", t.drafted},
+          {"draft_n_accepted", t.accepted}};
+}
+
+json timings_chunk(const ResponseMeta& m, const RequestTimings& t) {
+  json out = envelope(m, true);
+  out["choices"] = json::array();
+  out["timings"] = timings_json(t);
+  return out;
+}
+
 json full_response(const ResponseMeta& m, const std::vector<ChoiceState>& choices, const Usage& u,
-                   const TokenText& text) {
+                   const TokenText& text, const RequestTimings* timings) {
   json out = envelope(m, false);
   json arr = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -106,6 +133,7 @@ json full_response(const ResponseMeta& m, const std::vector<ChoiceState>& choice
   }
   out["choices"] = std::move(arr);
   out["usage"] = usage_json(u);
+  if (m.timings && timings) out["timings"] = timings_json(*timings);
   return out;
 }
 

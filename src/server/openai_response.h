@@ -25,7 +25,13 @@ struct ResponseMeta {
   int64_t created = 0;  // unix seconds
   bool logprobs = false;
   bool include_usage = false;  // streaming: "usage": null on every chunk, totals at the end
+  bool timings = false;        // the first choice's phases ("timings"), at the end
 };
+
+// A request's phases in llama.cpp's server's names (prompt_n, prompt_ms,
+// predicted_per_second, ...; cache_n, draft_n), with queued_ms, ttft_ms and
+// preemptions beside.
+nlohmann::json timings_json(const RequestTimings& t);
 
 // One choice, accumulated over its events.
 struct ChoiceState {
@@ -58,9 +64,11 @@ nlohmann::json completion_logprobs_json(const std::vector<TokenLogprob>& lp,
 nlohmann::json chat_logprobs_json(const std::vector<TokenLogprob>& lp,
                                   const std::vector<std::vector<TokenLogprob>>& top, const TokenText& text);
 
-// The whole (non-streaming) response.
+// The whole (non-streaming) response; `timings` when m.timings.
 nlohmann::json full_response(const ResponseMeta& m, const std::vector<ChoiceState>& choices, const Usage& u,
-                             const TokenText& text);
+                             const TokenText& text, const RequestTimings* timings = nullptr);
+// Streaming: the last chunk before [DONE] when m.timings (choices: []).
+nlohmann::json timings_chunk(const ResponseMeta& m, const RequestTimings& t);
 
 // Streaming: chat's opening chunk for a choice (delta.role = "assistant").
 nlohmann::json role_chunk(const ResponseMeta& m, int32_t choice);

@@ -337,9 +337,9 @@ ApiRequest parse_request_json(Endpoint ep, json j, const ParseLimits& lim) {
   // echo (completions): the prompt leads each choice's text; with max_tokens
   // 0 it is all of it, which is how a prompt is scored (its logprobs).
   if (!chat) r.echo = get_bool(j, "echo").value_or(false);
-  if (const json* v = field(j, "max_tokens"); v && !r.echo && v->is_number_integer() && v->get<int64_t>() == 0)
-    throw_invalid("max_tokens", "'max_tokens' must be at least 1 ('max_tokens': 0 needs 'echo': true)");
-  if (auto v = get_int(j, "max_tokens", r.echo ? 0 : 1, kMaxInt)) p.max_tokens = static_cast<int32_t>(*v);
+  // max_tokens 0: the prompt alone, its logprobs with echo, else a cache
+  // warm-up (as llama.cpp's clients send one): nothing is generated.
+  if (auto v = get_int(j, "max_tokens", 0, kMaxInt)) p.max_tokens = static_cast<int32_t>(*v);
   if (auto v = get_int(j, "max_completion_tokens", 1, kMaxInt)) p.max_tokens = static_cast<int32_t>(*v);
   if (auto v = get_number(j, "temperature", {0, 2})) s.temperature = static_cast<float>(*v);
   // A positive value too small for a float keeps its meaning (the top token alone) rather than becoming 0.
@@ -380,6 +380,12 @@ ApiRequest parse_request_json(Endpoint ep, json j, const ParseLimits& lim) {
   }
 
   r.stream = get_bool(j, "stream").value_or(false);
+  r.timings = get_bool(j, "timings").value_or(false);
+  if (auto v = get_string(j, "session")) {
+    if (v->empty() || v->size() > 256)
+      throw_invalid("session", "'session' must be a name of 1 to 256 characters");
+    p.session = std::move(*v);
+  }
   if (const json* so = field(j, "stream_options")) {
     if (!so->is_object()) wrong_type("stream_options", "an object", *so);
     if (!r.stream) throw_invalid("stream_options", "'stream_options' is only allowed with 'stream': true");

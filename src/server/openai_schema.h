@@ -85,6 +85,7 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;           // stream_options.include_usage
   bool echo = false;                    // completions: each choice's text starts with its prompt
+  bool timings = false;                 // "timings": true: the phases, as llama.cpp's server reports them
 };
 
 // Throws ApiError(400) for malformed JSON, a body that is not an object,
