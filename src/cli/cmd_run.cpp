@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/chat_terminal.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
@@ -34,6 +35,7 @@ struct RunOpts {
   std::string prepack = "auto", repack_cache;
   SpecFlags spec;
   bool json = false;
+  bool interactive = false;  // --chat without a message
   bool ignore_eos = false;
   SamplingParams sp;
   int64_t seed = -1;
@@ -82,8 +84,8 @@ void print_report(const RunOpts& o, const Model& m, const Completion& c, double 
 }
 
 int run(RunOpts& o) {
-  if (!o.prompt.empty() + !o.prompt_file.empty() + !o.chat.empty() != 1)
-    fail(ErrorKind::kInvalidArgument, "give exactly one of -p TEXT, -f FILE or --chat TEXT");
+  if (!o.prompt.empty() + !o.prompt_file.empty() + (!o.chat.empty() || o.interactive) != 1)
+    fail(ErrorKind::kInvalidArgument, "give exactly one of -p TEXT, -f FILE or --chat [TEXT]");
   if (!o.prompt_file.empty()) o.prompt = read_text_file(o.prompt_file, "--file");
   if (o.seed >= 0) o.sp.seed = static_cast<uint64_t>(o.seed);
 
@@ -118,7 +120,8 @@ int run(RunOpts& o) {
   ec.max_waiting = 0;
   ec.policy = SchedulePolicy::kThroughput;
   ec.max_batch_tokens = ctx;
-  ec.prefix_caching = false;
+  ec.prefix_caching = o.interactive;  // an interactive chat's turns and prefills reuse each other's blocks
+  if (o.interactive) ec.max_seqs = 2;  // a prefill may still run when the message is sent
   ec.spec.mode = parse_spec_mode(o.spec.mode);
   ec.spec.max_draft = o.spec.draft_max;
   ec.spec.adaptive = !o.spec.fixed;
@@ -126,6 +129,10 @@ int run(RunOpts& o) {
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const Intake& intake = engine.intake();
+  if (o.interactive) {
+    engine.start();
+    return chat_in_terminal(engine, p, o.system);
+  }
   std::vector<int32_t> prompt;
   if (!o.chat.empty()) {
     ChatPrompt chat = intake.chat({{"user", o.chat}}, o.system);
@@ -154,7 +161,10 @@ void add_run_command(CLI::App& app, int& rc) {
   cmd->add_option("-m,--model", o->model, "GGUF model file (default: the installed Gemma 3 270M)");
   cmd->add_option("-p,--prompt", o->prompt, "Text to continue (stdout gets exactly the continuation)");
   cmd->add_option("-f,--file", o->prompt_file, "Read the text to continue from FILE ('-': standard input)");
-  cmd->add_option("--chat", o->chat, "A user message, formatted with the model's chat template");
+  CLI::Option* chat = cmd->add_option("--chat", o->chat,
+                                      "A user message, formatted with the model's chat template; without one, an "
+                                      "interactive chat that prefills each message while it is typed")
+                          ->expected(0, 1);
   cmd->add_option("--system", o->system, "System message for --chat");
   cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (-1: until the context is full; 0: none)")
       ->capture_default_str();
@@ -182,7 +192,10 @@ void add_run_command(CLI::App& app, int& rc) {
   add_spec_options(cmd, o->spec);
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
   cmd->add_flag("--json", o->json, "Print the phase report as one JSON object on stderr");
-  cmd->callback([o, &rc] { rc = run(*o); });
+  cmd->callback([o, chat, &rc] {
+    o->interactive = chat->count() > 0 && o->chat.empty();
+    rc = run(*o);
+  });
 }
 
 }  // namespace tandem::cli
