@@ -95,6 +95,7 @@ void add_bench_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   add_prepack_option(cmd, o->bench.prepack, o->bench.repack_cache);
   add_spec_options(cmd, o->spec);
+  add_device_option(cmd, o->bench.device);
   cmd->add_option("-f,--prompt-file", o->bench.prompt_file,
                   "Take the prompt from this text (cycled to -p tokens) instead of ids drawn from the vocabulary");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");

@@ -34,6 +34,7 @@ struct RunOpts {
   std::string json_schema, json_schema_file;
   std::string prepack = "auto", repack_cache;
   SpecFlags spec;
+  std::string device = "cpu";
   bool json = false;
   bool interactive = false;  // --chat without a message
   bool ignore_eos = false;
@@ -125,6 +126,7 @@ int run(RunOpts& o) {
   ec.spec.mode = parse_spec_mode(o.spec.mode);
   ec.spec.max_draft = o.spec.draft_max;
   ec.spec.adaptive = !o.spec.fixed;
+  ec.device = o.device;
   Engine engine(*model, ec, draft.get());
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -190,6 +192,7 @@ void add_run_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   add_prepack_option(cmd, o->prepack, o->repack_cache);
   add_spec_options(cmd, o->spec);
+  add_device_option(cmd, o->device);
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
   cmd->add_flag("--json", o->json, "Print the phase report as one JSON object on stderr");
   cmd->callback([o, chat, &rc] {

@@ -27,6 +27,7 @@ struct ServeOpts {
   std::string model, host = "127.0.0.1", api_key, alias, kv_memory, swap_space, policy = "latency", prepack = "auto",
               repack_cache, max_body = "64M";
   SpecFlags spec;
+  std::string device = "cpu";
   int32_t json_depth = 64;
   int port = 8080;
   int32_t threads = 0, ctx = 0, max_batch_tokens = 0, max_seqs = 32, max_waiting = 256, http_threads = 2;
@@ -97,6 +98,7 @@ int serve(const ServeOpts& o) {
   ec.spec.mode = parse_spec_mode(o.spec.mode);
   ec.spec.max_draft = o.spec.draft_max;
   ec.spec.adaptive = !o.spec.fixed;
+  ec.device = o.device;
   Engine engine(*model, ec, draft.get());
 
   server::ServerConfig sc;
@@ -170,6 +172,7 @@ void add_serve_command(CLI::App& app, int& rc) {
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not share KV blocks between requests");
   add_prepack_option(cmd, o->prepack, o->repack_cache);
   add_spec_options(cmd, o->spec);
+  add_device_option(cmd, o->device);
   cmd->add_option("--http-threads", o->http_threads,
                   "Threads that parse and tokenize requests (connections themselves take none)")
       ->capture_default_str()

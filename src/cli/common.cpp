@@ -39,6 +39,12 @@ void add_spec_options(CLI::App* cmd, SpecFlags& f) {
                 "and acceptance say pay (for measuring)");
 }
 
+void add_device_option(CLI::App* cmd, std::string& device) {
+  cmd->add_option("--device", device, "Where the forward passes run: cpu, or cuda (a build with -DTANDEM_CUDA=ON)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+}
+
 std::string resolve_model_path(const std::string& flag) {
   if (!flag.empty()) return flag;
   if (const char* env = std::getenv("TANDEM_MODEL"); env && *env) return env;

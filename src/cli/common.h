@@ -22,6 +22,9 @@ struct SpecFlags {
 };
 void add_spec_options(CLI::App* cmd, SpecFlags& f);
 
+// --device cpu|cuda (model/executor.h).
+void add_device_option(CLI::App* cmd, std::string& device);
+
 // -m when given, else $TANDEM_MODEL, else the default model installed by
 // scripts/setup.sh. Throws tandem::Error when none exists.
 std::string resolve_model_path(const std::string& flag);

@@ -21,6 +21,7 @@
 #include "engine/step_log.h"
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
+#include "model/executor.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -41,7 +42,7 @@ struct Engine::Impl {
   int32_t max_context = 0;
   std::unique_ptr<Intake> intake;
   ThreadPool pool;
-  std::unique_ptr<KvCache> kv;
+  std::unique_ptr<Executor> exec;  // the forward passes and the KV pool they write
   std::unique_ptr<BlockManager> blocks;
   std::unique_ptr<Scheduler> sched;
   std::unique_ptr<PrefillPacer> pacer;  // latency policy only
@@ -177,9 +178,12 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
     fail(ErrorKind::kResource,
          "the KV pool ({} MiB) and swap space ({} MiB) need more than the {} MiB of memory available; ask for less",
          pool_bytes >> 20, c.swap_bytes >> 20, *avail >> 20);
-  kv = std::make_unique<KvCache>(shape, static_cast<int32_t>(n_blocks), c.block_size, c.kv_type);
+  const KvPlan plan{shape, static_cast<int32_t>(n_blocks), c.block_size, c.kv_type};
+  if (c.device == "cpu") exec = make_cpu_executor(m, plan, pool);
+  else if (c.device == "cuda") exec = make_cuda_executor(m, plan);
+  else fail(ErrorKind::kInvalidArgument, "unknown device '{}' (cpu or cuda)", c.device);
   blocks = std::make_unique<BlockManager>(static_cast<int32_t>(n_blocks), c.block_size, c.prefix_caching);
-  blocks->set_copy_block([this](int32_t src, int32_t dst) { kv->copy_block(src, dst); });  // copy-on-write
+  blocks->set_copy_block([this](int32_t src, int32_t dst) { exec->copy_block(src, dst); });  // copy-on-write
   SchedulerConfig sc;
   const bool latency = c.policy == SchedulePolicy::kLatency;
   sc.max_batch_tokens = c.max_batch_tokens > 0 ? c.max_batch_tokens : (latency ? 256 : 1024);
@@ -196,9 +200,9 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   if (c.swap_bytes > 0) {
     SwapSpace swap;
     swap.bytes = static_cast<size_t>(c.swap_bytes);
-    swap.block_bytes = kv->block_bytes();
-    swap.save = [this](int32_t block, std::byte* out) { kv->save_block(block, out); };
-    swap.load = [this](int32_t block, const std::byte* in) { kv->load_block(block, in); };
+    swap.block_bytes = exec->block_bytes();
+    swap.save = [this](int32_t block, std::byte* out) { exec->save_block(block, out); };
+    swap.load = [this](int32_t block, const std::byte* in) { exec->load_block(block, in); };
     sched->set_swap(std::move(swap));
   }
   if (latency && c.step_factor > 1.0) {
@@ -251,7 +255,7 @@ void Engine::Impl::calibrate_spec() {
     for (int rep = 0; rep < 2; ++rep) {  // the first also faults in what it touches
       sk.n_tokens = 0;
       const double t0 = steps.now();
-      model.forward(b, one, *kv, pool, std::span<float>(logits));
+      exec->forward(b, one, std::span<float>(logits));
       const double t = steps.now() - t0;
       if (rep > 0 && (best == 0 || t < best)) best = t;
     }
@@ -495,7 +499,7 @@ bool Engine::Impl::step() {
   const size_t n_out = rows_with_logits(batch) * static_cast<size_t>(nv);
   if (logits.size() < n_out) logits.resize(n_out);
   const double t0 = steps.now();
-  model.forward(batch, seq_kv_ptrs, *kv, pool, std::span<float>(logits));
+  exec->forward(batch, seq_kv_ptrs, std::span<float>(logits));
   const double t1 = steps.now();
   for (Sequence* s : prompt_seqs) {
     if (s->first_step_s < 0) s->first_step_s = t0;
@@ -718,7 +722,7 @@ void Engine::Impl::resume_session(Sequence& s) {
   if (h < static_cast<int32_t>(ss.whole.size()) && blocks->holds(ss.whole[h])) src = ss.whole[h].block;
   else if (h == static_cast<int32_t>(ss.tokens.size()) / bs && !ss.tail.table.empty()) src = ss.tail.table[0];
   if (src < 0) return;
-  kv->copy_block(src, s.blocks.table[h]);
+  exec->copy_block(src, s.blocks.table[h]);
   blocks->commit(s.blocks, s.tokens, start + r);
 }
 
@@ -734,7 +738,7 @@ void Engine::Impl::save_session(Sequence& s) {
   if (n % bs != 0 && blocks->n_free() > 0) {
     const std::vector<int32_t> slots(static_cast<size_t>(bs), 0);
     blocks->allocate(ss.tail, slots, false);
-    kv->copy_block(s.blocks.table[n / bs], ss.tail.table[0]);
+    exec->copy_block(s.blocks.table[n / bs], ss.tail.table[0]);
   }
   while (static_cast<int32_t>(sessions.size()) > cfg.max_sessions) {
     auto oldest = sessions.begin();
@@ -936,7 +940,9 @@ void Engine::check_invariants() {
 
 int Engine::threads() const { return static_cast<int>(impl_->pool.size()); }
 
-size_t Engine::kv_bytes() const { return impl_->kv->bytes(); }
+size_t Engine::kv_bytes() const { return impl_->exec->kv_bytes(); }
+
+std::string Engine::device() const { return impl_->exec->device(); }
 
 ThreadPool& Engine::compute_pool() { return impl_->pool; }
 

@@ -69,6 +69,8 @@ struct EngineConfig {
   // each forgotten after this long unused.
   int32_t max_sessions = 64;
   double session_ttl_s = 600;
+  // Where the forward passes run: "cpu", or "cuda" (model/executor.h).
+  std::string device = "cpu";
 };
 
 class Engine {
@@ -96,6 +98,7 @@ class Engine {
   const EngineConfig& config() const { return cfg_; }
   int threads() const;  // compute threads
   size_t kv_bytes() const;  // the KV pool
+  std::string device() const;  // where the forward passes run
   // The compute threads, for work measured beside the engine's (bench's
   // read of the weights); not while the engine steps.
   ThreadPool& compute_pool();

@@ -175,6 +175,7 @@ BenchResult run_bench(const BenchOptions& opts) {
   ec.max_batch_tokens = B * P;
   ec.prefix_caching = false;
   ec.spec = opts.spec;
+  ec.device = opts.device;
   std::unique_ptr<Model> draft;
   if (!opts.draft_model.empty())
     draft = Model::load(opts.draft_model, parse_prepack_mode(opts.prepack), opts.repack_cache);

@@ -39,6 +39,7 @@ struct BenchOptions {
   std::string prompt_file;
   SpecConfig spec;               // speculative decoding of the decode steps
   std::string draft_model;       // for SpecMode::kDraft
+  std::string device = "cpu";    // model/executor.h
 };
 
 struct Stats {

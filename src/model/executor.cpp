@@ -1,0 +1,40 @@
+#include "model/executor.h"
+
+#include "core/error.h"
+
+namespace tandem {
+namespace {
+
+class CpuExecutor final : public Executor {
+ public:
+  CpuExecutor(Model& m, const KvPlan& p, ThreadPool& pool)
+      : m_(m), kv_(p.shape, p.n_blocks, p.block_size, p.type), pool_(pool) {}
+  void forward(const Batch& batch, std::span<SeqKv* const> seqs, std::span<float> logits) override {
+    m_.forward(batch, seqs, kv_, pool_, logits);
+  }
+  void copy_block(int32_t src, int32_t dst) override { kv_.copy_block(src, dst); }
+  size_t block_bytes() const override { return kv_.block_bytes(); }
+  void save_block(int32_t block, std::byte* out) override { kv_.save_block(block, out); }
+  void load_block(int32_t block, const std::byte* in) override { kv_.load_block(block, in); }
+  size_t kv_bytes() const override { return kv_.bytes(); }
+  std::string device() const override { return "cpu"; }
+
+ private:
+  Model& m_;
+  KvCache kv_;
+  ThreadPool& pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Executor> make_cpu_executor(Model& model, const KvPlan& plan, ThreadPool& pool) {
+  return std::make_unique<CpuExecutor>(model, plan, pool);
+}
+
+#ifndef TANDEM_CUDA
+std::unique_ptr<Executor> make_cuda_executor(Model&, const KvPlan&) {
+  fail(ErrorKind::kUnsupported, "this build of Tandem has no CUDA backend (configure with -DTANDEM_CUDA=ON)");
+}
+#endif
+
+}  // namespace tandem
