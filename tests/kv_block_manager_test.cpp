@@ -5,6 +5,7 @@
 #include "kv/block_manager.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -417,11 +418,50 @@ TEST(KvBlockManager, RejectsMisuse) {
 
 // ---- randomized stress ----
 
+// What a router subscribed to the KV events knows: content hash -> (parent, tokens).
+struct EventReplay {
+  struct Entry {
+    bool has_parent;
+    uint64_t parent;
+  };
+  std::map<uint64_t, Entry> held;
+  int stored = 0, removed = 0, cleared = 0;
+
+  void apply(const std::vector<KvCacheEvent>& events, int32_t block_size) {
+    for (const KvCacheEvent& e : events) {
+      switch (e.kind) {
+        case KvCacheEvent::Kind::kStored:
+          ASSERT_FALSE(held.contains(e.hash)) << "stored twice: " << e.hash;
+          ASSERT_EQ(e.tokens.size(), size_t(block_size));
+          ASSERT_EQ(BlockManager::content_hash(e.has_parent, e.parent, e.tokens), e.hash);
+          if (e.has_parent) ASSERT_TRUE(held.contains(e.parent)) << "stored before its parent";
+          held[e.hash] = {e.has_parent, e.parent};
+          ++stored;
+          break;
+        case KvCacheEvent::Kind::kRemoved:
+          ASSERT_EQ(held.erase(e.hash), 1u) << "removed a hash not held: " << e.hash;
+          ++removed;
+          break;
+        case KvCacheEvent::Kind::kCleared:
+          held.clear();
+          ++cleared;
+          break;
+      }
+    }
+  }
+  std::vector<uint64_t> hashes() const {
+    std::vector<uint64_t> out;
+    for (const auto& [h, e] : held) out.push_back(h);
+    return out;
+  }
+};
+
 struct StressConfig {
   int32_t block_size;
   uint64_t hash_mask;
   bool caching;
   uint32_t seed;
+  int events_from = -1;  // the operation at which KV events start (-1: never)
 };
 
 void stress(const StressConfig& cfg) {
@@ -465,7 +505,9 @@ void stress(const StressConfig& cfg) {
     return true;
   };
 
+  EventReplay router;
   for (int op = 0; op < 4000; ++op) {
+    if (op == cfg.events_from) h.bm.record_events();
     const int kind = uniform(0, 99);
     if (kind < 20 && live.size() < 10) {
       Tokens prompt = prefixes[size_t(uniform(0, 3))];
@@ -508,6 +550,10 @@ void stress(const StressConfig& cfg) {
       live.pop_back();
     }
     check_all();
+    if (cfg.events_from >= 0 && op >= cfg.events_from) {
+      router.apply(h.bm.take_events(), cfg.block_size);
+      ASSERT_EQ(router.hashes(), h.bm.content_hashes()) << "after operation " << op;
+    }
     if (::testing::Test::HasFailure()) return;
   }
   for (const Seq& s : live) h.verify_reads(s);
@@ -526,12 +572,85 @@ void stress(const StressConfig& cfg) {
   if (cfg.caching) {
     EXPECT_GT(st.hit_tokens, 100u);
   }
+  if (cfg.events_from >= 0) {
+    EXPECT_GT(router.stored, 20);
+    EXPECT_GT(router.removed, 10);
+    h.bm.clear_prefix_cache();  // every block is free now: one AllBlocksCleared
+    router.apply(h.bm.take_events(), cfg.block_size);
+    EXPECT_EQ(router.cleared, 1);
+    EXPECT_TRUE(router.held.empty());
+    EXPECT_TRUE(h.bm.content_hashes().empty());
+  }
 }
 
 TEST(KvBlockManager, StressBlockSize4) { stress({4, ~uint64_t(0), true, 1}); }
 TEST(KvBlockManager, StressBlockSize3) { stress({3, ~uint64_t(0), true, 2}); }
 TEST(KvBlockManager, StressCollidingHashes) { stress({4, 3, true, 3}); }
 TEST(KvBlockManager, StressCachingOff) { stress({4, ~uint64_t(0), false, 4}); }
+// The KV events, replayed as a router would, name exactly the content cached,
+// whether recording starts with the pool empty or full of published blocks.
+TEST(KvBlockManager, StressEventsFromTheStart) { stress({4, ~uint64_t(0), true, 5, 0}); }
+TEST(KvBlockManager, StressEventsFromMidway) { stress({3, ~uint64_t(0), true, 6, 1500}); }
+TEST(KvBlockManager, StressEventsCollidingHashes) { stress({4, 3, true, 7, 0}); }
+
+TEST(KvBlockManager, EventsNameContentAlikeOnEveryReplica) {
+  // Two managers (different seeds, different block ids): the same prompt
+  // yields the same hashes, chained through the parent.
+  Harness a(8, 4), b(8, 4);
+  a.bm.record_events();
+  b.bm.record_events();
+  Seq other = b.admit(range_tokens(100, 6));  // shifts b's block ids
+  b.compute_all(other);
+  b.bm.take_events();
+  Seq sa = a.admit(range_tokens(1, 10)), sb = b.admit(range_tokens(1, 10));
+  a.compute_all(sa);
+  b.compute_all(sb);
+  const std::vector<KvCacheEvent> ea = a.bm.take_events(), eb = b.bm.take_events();
+  ASSERT_EQ(ea.size(), 2u);  // two full blocks of 4; the partial third is not cached
+  ASSERT_EQ(eb.size(), 2u);
+  EXPECT_NE(sa.b.table, sb.b.table);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(ea[i].kind, KvCacheEvent::Kind::kStored);
+    EXPECT_EQ(ea[i].hash, eb[i].hash);
+    EXPECT_EQ(ea[i].tokens, range_tokens(1 + 4 * int32_t(i), 4));
+  }
+  EXPECT_FALSE(ea[0].has_parent);
+  EXPECT_TRUE(ea[1].has_parent);
+  EXPECT_EQ(ea[1].parent, ea[0].hash);
+  // The same tokens after another prefix are other content.
+  EXPECT_NE(BlockManager::content_hash(false, 0, range_tokens(5, 4)), ea[1].hash);
+}
+
+TEST(KvBlockManager, EventsForEvictionAndClearing) {
+  Harness h(6, 4);
+  h.bm.record_events();
+  Seq a = h.admit(range_tokens(1, 8));
+  h.compute_all(a);
+  EXPECT_EQ(h.bm.take_events().size(), 2u);
+  // A block in use survives a clear: the freed ones are removed one by one.
+  Seq b = h.admit(range_tokens(50, 9));
+  h.compute_all(b);
+  h.bm.free(a.b);
+  h.bm.take_events();
+  EXPECT_EQ(h.bm.clear_prefix_cache(), 2);
+  std::vector<KvCacheEvent> ev = h.bm.take_events();
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].kind, KvCacheEvent::Kind::kRemoved);
+  EXPECT_EQ(ev[1].kind, KvCacheEvent::Kind::kRemoved);
+  EXPECT_EQ(h.bm.content_hashes().size(), 2u);  // b's two full blocks
+  // Eviction: a prompt that needs every block pushes out b's cached ones.
+  h.bm.free(b.b);
+  Seq c = h.admit(range_tokens(200, 24));
+  h.compute_all(c);
+  ev = h.bm.take_events();
+  int removed = 0, stored = 0;
+  for (const KvCacheEvent& e : ev) (e.kind == KvCacheEvent::Kind::kRemoved ? removed : stored) += 1;
+  EXPECT_EQ(removed, 2);
+  EXPECT_EQ(stored, 6);
+  EXPECT_TRUE(h.bm.content_hashes().size() == 6u);
+  h.bm.free(c.b);
+  h.check({});
+}
 
 }  // namespace
 }  // namespace tandem

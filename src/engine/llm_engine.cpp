@@ -66,6 +66,16 @@ struct Engine::Impl {
 
   // The live timeline: what the observer hears after each step.
   std::function<void(const StepReport&)> observer;
+  std::function<void(std::vector<KvCacheEvent>)> kv_event_sink;
+  std::atomic<bool> reset_cache{false};
+  // Runs between steps on the engine's thread: a requested cache reset, then
+  // the step's KV events to their sink.
+  void after_step() {
+    if (reset_cache.exchange(false)) blocks->clear_prefix_cache();
+    if (!kv_event_sink) return;
+    std::vector<KvCacheEvent> ev = blocks->take_events();
+    if (!ev.empty()) kv_event_sink(std::move(ev));
+  }
   StepReport report;
   uint64_t preemptions_seen = 0;
   void resume_session(Sequence& s);
@@ -805,10 +815,11 @@ void Engine::start() {
         // flight end with an error and the engine carries on.
         I.fail_all(e.what());
       }
+      I.after_step();
       if (!busy) {
         std::unique_lock<std::mutex> lock(I.inbox_mu);
         I.inbox_cv.wait_for(lock, std::chrono::milliseconds(50),
-                            [&] { return I.stopping.load() || !I.inbox.empty() || !I.cancels.empty(); });
+                            [&] { return I.stopping.load() || !I.inbox.empty() || !I.cancels.empty() || I.reset_cache.load(); });
       }
     }
   });
@@ -893,7 +904,11 @@ MetricsSnapshot Engine::metrics() const {
   return impl_->metrics;
 }
 
-bool Engine::step() { return impl_->step(); }
+bool Engine::step() {
+  const bool busy = impl_->step();
+  impl_->after_step();
+  return busy;
+}
 
 Completion Engine::run_one(std::vector<int32_t> prompt, const RequestParams& params,
                            const std::function<bool(std::string_view)>& on_text) {
@@ -927,6 +942,16 @@ Completion Engine::run_one(std::vector<int32_t> prompt, const RequestParams& par
 const Intake& Engine::intake() const { return *impl_->intake; }
 
 void Engine::set_step_observer(std::function<void(const StepReport&)> fn) { impl_->observer = std::move(fn); }
+
+void Engine::set_kv_event_sink(std::function<void(std::vector<KvCacheEvent>)> fn) {
+  impl_->kv_event_sink = std::move(fn);
+  if (impl_->kv_event_sink) impl_->blocks->record_events();
+}
+
+void Engine::reset_prefix_cache() {
+  impl_->reset_cache = true;
+  impl_->inbox_cv.notify_all();
+}
 
 void Engine::check_invariants() {
   std::vector<BlockManager::LiveSeq> live;

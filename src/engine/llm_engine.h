@@ -20,6 +20,7 @@
 #include "engine/metrics.h"
 #include "engine/request.h"
 #include "engine/speculation.h"
+#include "kv/block_manager.h"
 #include "kv/kv_cache.h"
 
 namespace tandem {
@@ -111,6 +112,13 @@ class Engine {
   // Called on the engine's thread after every step (the live timeline); set
   // before start(). It must be quick: copy what it needs and return.
   void set_step_observer(std::function<void(const StepReport&)> fn);
+  // Called on the engine's thread after each step that changed what the
+  // prefix cache holds, with the changes in order (KV events, published by
+  // server/kv_events.h). Set before start().
+  void set_kv_event_sink(std::function<void(std::vector<KvCacheEvent>)> fn);
+  // Thread-safe: at the next step, the prefix cache forgets every block no
+  // sequence holds (a cold start; AllBlocksCleared when that is all of them).
+  void reset_prefix_cache();
 
   // For tests, between steps: throws std::logic_error naming the first broken
   // invariant of the KV block accounting (BlockManager::check_invariants).

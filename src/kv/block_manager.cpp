@@ -235,14 +235,68 @@ void BlockManager::free(SeqBlocks& s) {
   s = SeqBlocks{};
 }
 
-void BlockManager::clear_prefix_cache() {
+int32_t BlockManager::clear_prefix_cache() {
+  // Every published block free: one AllBlocksCleared says it all.
+  const bool all = recording_ && int64_t(index_.size()) == n_cached_free_ && n_cached_free_ > 0;
+  int32_t n = 0;
   while (lru_head_ >= 0) {
     const int32_t b = lru_head_;
     lru_remove(b);
-    unpublish(b);
+    unpublish(b, all);
     blocks_[b].state = State::kPlainFree;
     plain_free_.push_back(b);
+    ++n;
   }
+  if (all) {
+    content_refs_.clear();
+    events_.emplace_back().kind = KvCacheEvent::Kind::kCleared;
+  }
+  return n;
+}
+
+void BlockManager::record_events() {
+  if (recording_) return;
+  recording_ = true;
+  // Blocks published before now are announced as if just stored, parents first.
+  std::vector<int32_t> order;
+  for (int32_t b = 0; b < n_blocks(); ++b)
+    if (blocks_[b].published) order.push_back(b);
+  std::vector<bool> done(blocks_.size());
+  for (size_t k = 0; k < order.size(); ++k) {
+    // Walk up to the first ancestor not yet announced; announce down from there.
+    std::vector<int32_t> chain;
+    for (int32_t b = order[k]; b >= 0 && !done[b] && blocks_[b].published;) {
+      chain.push_back(b);
+      const BlockRef p = blocks_[b].parent;
+      b = is_current(p) ? p.block : -1;
+    }
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      const Block& blk = blocks_[*it];
+      const bool has_parent = is_current(blk.parent);
+      const uint64_t parent = has_parent ? blocks_[blk.parent.block].content : 0;
+      blocks_[*it].content = content_hash(has_parent, parent, stored_tokens(*it));
+      done[*it] = true;
+      if (content_refs_[blocks_[*it].content]++ == 0) {
+        auto t = stored_tokens(*it);
+        events_.push_back({KvCacheEvent::Kind::kStored, blocks_[*it].content, has_parent, parent, {t.begin(), t.end()}});
+      }
+    }
+  }
+}
+
+std::vector<uint64_t> BlockManager::content_hashes() const {
+  std::vector<uint64_t> out;
+  out.reserve(content_refs_.size());
+  for (const auto& [h, n] : content_refs_) out.push_back(h);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+uint64_t BlockManager::content_hash(bool has_parent, uint64_t parent, std::span<const int32_t> tokens) {
+  // Fixed seed: every replica names the same content alike.
+  uint64_t h = fmix64(has_parent ? parent ^ 0x6a09e667f3bcc909ULL : 0xbb67ae8584caa73bULL);
+  for (int32_t t : tokens) h = fmix64(h ^ (uint64_t(uint32_t(t)) + 0x9e3779b97f4a7c15ULL));
+  return fmix64(h ^ tokens.size());
 }
 
 BlockStats BlockManager::stats() const {
@@ -317,14 +371,30 @@ void BlockManager::publish(int32_t b, BlockRef parent, std::span<const int32_t> 
   blk.hash = hash;
   blk.parent = parent;
   index_[hash] = b;
+  if (!recording_) return;
+  // The parent is current when a block is published (commit checks it).
+  const bool has_parent = parent.block >= 0;
+  const uint64_t parent_content = has_parent ? blocks_[parent.block].content : 0;
+  blk.content = content_hash(has_parent, parent_content, tokens);
+  if (content_refs_[blk.content]++ == 0)
+    events_.push_back({KvCacheEvent::Kind::kStored, blk.content, has_parent, parent_content,
+                       {tokens.begin(), tokens.end()}});
 }
 
-void BlockManager::unpublish(int32_t b) {
+void BlockManager::unpublish(int32_t b, bool quiet) {
   Block& blk = blocks_[b];
   if (!blk.published) return;
   index_.erase(blk.hash);
   blk.published = false;
   blk.parent = {};
+  if (!recording_ || quiet) return;
+  auto it = content_refs_.find(blk.content);
+  if (it != content_refs_.end() && --it->second == 0) {
+    content_refs_.erase(it);
+    KvCacheEvent& e = events_.emplace_back();
+    e.kind = KvCacheEvent::Kind::kRemoved;
+    e.hash = blk.content;
+  }
 }
 
 void BlockManager::lru_push_back(int32_t b) {
@@ -413,6 +483,12 @@ void BlockManager::check_invariants() const {
   for (const auto& [h, b] : index_)
     if (b < 0 || b >= n || blocks_[b].hash != h) broken(fmt::format("index entry points at block {} of another hash", b));
   if (!prefix_caching_ && n_published) broken("blocks published with prefix caching off");
+  if (recording_) {  // each content hash counted once per published block holding it
+    std::unordered_map<uint64_t, int32_t> refs;
+    for (int32_t b = 0; b < n; ++b)
+      if (blocks_[b].published) ++refs[blocks_[b].content];
+    if (refs != content_refs_) broken("content hash counts differ from the published blocks");
+  }
 }
 
 void BlockManager::check_invariants(std::span<const LiveSeq> live) const {

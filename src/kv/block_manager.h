@@ -45,6 +45,7 @@
 #include <functional>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace tandem {
@@ -77,6 +78,20 @@ struct BlockStats {
   uint64_t queried_tokens = 0;  // prompt tokens looked up by allocate
   uint64_t hit_tokens = 0;      // of those, served from the cache
   double hit_ratio() const { return queried_tokens ? double(hit_tokens) / double(queried_tokens) : 0.0; }
+};
+
+// A change in what the prefix cache holds, for routers that send a request to
+// the replica caching its prefix (KV events; server/kv_events.h publishes them).
+// A block is named by a content hash, the same on every replica: of its
+// parent's hash and its tokens. Each hash is stored once however many blocks
+// hold that content, and removed when the last one goes.
+struct KvCacheEvent {
+  enum class Kind : uint8_t { kStored, kRemoved, kCleared };
+  Kind kind = Kind::kStored;
+  uint64_t hash = 0;            // kStored, kRemoved
+  bool has_parent = false;      // kStored: false for a prompt's first block
+  uint64_t parent = 0;
+  std::vector<int32_t> tokens;  // kStored: the block's block_size tokens
 };
 
 // Copies the K/V of every layer of block `src` into block `dst`.
@@ -138,7 +153,18 @@ class BlockManager {
   bool holds(BlockRef r) const { return is_current(r); }
 
   // Forgets cached content of free blocks (e.g. to measure a cold start).
-  void clear_prefix_cache();
+  // Returns how many blocks it dropped.
+  int32_t clear_prefix_cache();
+
+  // Starts recording KvCacheEvents (off by default: nothing is kept); the
+  // caller takes them after each change, e.g. once per engine step.
+  void record_events();
+  std::vector<KvCacheEvent> take_events() { return std::exchange(events_, {}); }
+  // The content hash a block of `tokens` after a block of hash `parent` gets
+  // (has_parent = false: the first block of a prompt).
+  static uint64_t content_hash(bool has_parent, uint64_t parent, std::span<const int32_t> tokens);
+  // The content hashes held now, ascending: what the events so far describe.
+  std::vector<uint64_t> content_hashes() const;
 
   BlockStats stats() const;
 
@@ -173,6 +199,7 @@ class BlockManager {
     bool published = false;
     uint64_t epoch = 0;
     uint64_t hash = 0;      // of the key, while published
+    uint64_t content = 0;   // content_hash, while published and recording events
     BlockRef parent;        // key: previous block of the prefix (none for the first)
     int32_t lru_prev = -1;  // cached free list links
     int32_t lru_next = -1;
@@ -198,7 +225,7 @@ class BlockManager {
   void acquire(int32_t b);      // one more reference to a used or cached-free block
   void release(int32_t b);
   void publish(int32_t b, BlockRef parent, std::span<const int32_t> tokens, uint64_t hash);
-  void unpublish(int32_t b);
+  void unpublish(int32_t b, bool quiet = false);
   void copy_on_write(SeqBlocks& s, size_t index);
   void lru_push_back(int32_t b);
   void lru_remove(int32_t b);
@@ -215,6 +242,9 @@ class BlockManager {
   int32_t lru_head_ = -1, lru_tail_ = -1, n_cached_free_ = 0;
   std::unordered_map<uint64_t, int32_t> index_;  // key hash -> published block
   uint64_t queried_tokens_ = 0, hit_tokens_ = 0;
+  bool recording_ = false;
+  std::vector<KvCacheEvent> events_;
+  std::unordered_map<uint64_t, int32_t> content_refs_;  // content hash -> published blocks holding it
 };
 
 }  // namespace tandem
