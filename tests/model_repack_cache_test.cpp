@@ -13,10 +13,10 @@
 
 #include <gtest/gtest.h>
 
-#include "convert/synth.h"
+#include "gguf/synth.h"
 #include "core/thread_pool.h"
-#include "kernels/dot_impl.h"
-#include "kernels/prepack.h"
+#include "kernels/vec_dot_impl.h"
+#include "kernels/layouts.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "test_support.h"

@@ -9,11 +9,11 @@
 
 #include <gtest/gtest.h>
 
-#include "convert/synth.h"
+#include "gguf/synth.h"
 #include "core/error.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"
-#include "kernels/dot_impl.h"
+#include "kernels/vec_dot_impl.h"
 #include "kv/kv_cache.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
@@ -195,7 +195,7 @@ TEST(SynthModel, EveryTypeLoadsBackWithItsTensorTypes) {
   }
 }
 
-// Weights rearranged at load (q8_0 panels, q4_0, q5_0 and q4_K tiles; kernels/prepack.h)
+// Weights rearranged at load (q8_0 panels, q4_0, q5_0 and q4_K tiles; kernels/layouts.h)
 // give the logits of the file's layout bit for bit, in prefill and decode,
 // with a separate output matrix (llama) and a tied one (qwen2: the embedding
 // lookup reads the new layout too).

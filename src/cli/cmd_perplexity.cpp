@@ -15,8 +15,8 @@
 #include "core/thread_pool.h"
 #include "eval/perplexity.h"
 #include "gguf/gguf.h"
-#include "kernels/dot.h"
-#include "kernels/prepack.h"
+#include "kernels/vec_dot.h"
+#include "kernels/layouts.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 

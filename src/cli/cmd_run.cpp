@@ -17,7 +17,7 @@
 #include "engine/generator.h"
 #include "engine/json_schema.h"
 #include "gguf/gguf.h"
-#include "kernels/dot.h"
+#include "kernels/vec_dot.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 

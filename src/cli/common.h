@@ -9,7 +9,7 @@ class App;
 
 namespace tandem::cli {
 
-// --prepack auto|all|off (kernels/prepack.h) and --repack-cache DIR
+// --prepack auto|all|off (kernels/layouts.h) and --repack-cache DIR
 // (model/repack_cache.h) on a subcommand that loads a model.
 void add_prepack_option(CLI::App* cmd, std::string& value, std::string& cache_dir);
 

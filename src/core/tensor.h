@@ -16,10 +16,10 @@ struct WeightMatrix {
   int64_t rows = 0;
   size_t row_stride = 0;  // bytes
   // The same weights already in the tiled kernels' panel layout (see
-  // kernels/prepack.h), or null. When set, products read only these.
+  // kernels/layouts.h), or null. When set, products read only these.
   const uint8_t* packed = nullptr;
   // The same q4_0 / q5_0 / q4_K weights rearranged in 16-row tiles for the decode
-  // kernels (kernels/q32_tiles.h, kernels/k4_tiles.h), or null. When set,
+  // kernels (kernels/layout_q32_tiles.h, kernels/layout_k4_tiles.h), or null. When set,
   // products read the whole 16-row tiles from here and only the rows past
   // them from data.
   const uint8_t* tiles = nullptr;

@@ -1,7 +1,7 @@
 // The chunk kernel of attention_impl.h, written once over a vector "Ops"
 // type and included by each instruction-set file inside its own namespace
 // (after defining Ops and TD_FN, the function attributes of that level), the
-// way dot_avx512_q32.h is. No includes here: the includer provides them.
+// way vec_dot_avx512_q32.h is. No includes here: the includer provides them.
 //
 // Ops provides: V (vector of W floats), W, zero(), bcast(f), load(const
 // float*), load(const uint16_t*) (f16 -> f32), load_part(p, n) for both

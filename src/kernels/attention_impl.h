@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "kernels/attention.h"
-#include "kernels/dot_impl.h"
+#include "kernels/vec_dot_impl.h"
 
 namespace tandem {
 

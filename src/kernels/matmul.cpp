@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "kernels/dot.h"
+#include "kernels/vec_dot.h"
 #include "kernels/stream_tuning.h"
 
 namespace tandem {
@@ -26,7 +26,7 @@ constexpr size_t kPanelBytes = 32 * 1024;
 // 1219 / 846; q6_K 4: 604 / 1189, 6: 1215 / 1281. q4_0 and q5_0 already tie at 3.
 constexpr int64_t kRowwiseMaxRows = 2;
 constexpr int64_t kRowwiseMaxRowsKQuant = 5;
-// Weights in their tiles (q4_0, q5_0, q4_K: kernels/q32_tiles.h, k4_tiles.h):
+// Weights in their tiles (q4_0, q5_0, q4_K: kernels/layout_q32_tiles.h, layout_k4_tiles.h):
 // the tile kernels do 16 rows' work per dot product and stay ahead of
 // packing panels from the tiles up to about these many rows (5632 x 2048,
 // two Zen 4 cores, tile kernel / panels: q4_K 16 rows 727-782 / 969-1062 us,

@@ -1,12 +1,12 @@
 // Linear layers: Y = X W^T for a batch of activation rows.
 //
 // The weight types with tiled kernels (q4_0, q5_0, q8_0, q4_K, q5_K, q6_K,
-// f32, f16, bf16; see gemm.h) go through one code path for any number of
+// f32, f16, bf16; see product_kernels.h) go through one code path for any number of
 // rows: tiles of 16 weight rows are packed into panels (one lane per weight
 // row) and multiplied by up to kGemmMaxRows activation rows at a time. With
 // one row (decode) that streams every weight byte once at memory speed; with
 // many (prefill) each packed panel is reused across all rows while it is in
-// cache. Matrices repacked at load (WeightMatrix::packed, kernels/prepack.h)
+// cache. Matrices repacked at load (WeightMatrix::packed, kernels/layouts.h)
 // take the packed path for any number of rows and skip the packing. Each output is one fixed chain of float operations over its row, so
 // a row's result never depends on how many rows came with it, where it sat in
 // the batch, or the thread count: prefill and decode agree bit for bit.
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "kernels/gemm.h"
+#include "kernels/product_kernels.h"
 
 namespace tandem {
 

@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "core/quant.h"
-#include "kernels/exp_simd.h"
+#include "kernels/simd_exp.h"
 
 #if defined(__x86_64__)
-// See dot_avx512.cpp: GCC 12's AVX-512 headers trip -Wmaybe-uninitialized when inlined.
+// See vec_dot_avx512.cpp: GCC 12's AVX-512 headers trip -Wmaybe-uninitialized when inlined.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -262,7 +262,7 @@ __attribute__((target("avx2,f16c,fma"))) void gelu_gated_avx2(float* gate, const
   gelu_gated_scalar(gate + i, up + i, n - i);
 }
 
-// SiLU with the softmax's e^x (kernels/exp_simd.h): a few ulp from libm's.
+// SiLU with the softmax's e^x (kernels/simd_exp.h): a few ulp from libm's.
 __attribute__((target("avx512f"))) void silu_gated_avx512(float* gate, const float* up, int64_t n) {
   const __m512 one = _mm512_set1_ps(1.0f);
   int64_t i = 0;

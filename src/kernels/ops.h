@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "kernels/dot_impl.h"
+#include "kernels/vec_dot_impl.h"
 
 namespace tandem {
 

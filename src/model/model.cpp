@@ -14,9 +14,9 @@
 #include "core/thread_pool.h"
 #include "gguf/gguf.h"
 #include "kernels/attention.h"
-#include "kernels/gemm.h"
+#include "kernels/product_kernels.h"
 #include "kernels/ops.h"
-#include "kernels/prepack.h"
+#include "kernels/layouts.h"
 #include "kv/kv_cache.h"
 #include "model/repack_cache.h"
 #include "tokenizer/tokenizer.h"
@@ -123,7 +123,7 @@ void populate(uint8_t* p, size_t n, ThreadPool& pool) {
 
 }  // namespace
 
-// Repacks the matrices `mode` names (kernels/prepack.h): with kAuto those
+// Repacks the matrices `mode` names (kernels/layouts.h): with kAuto those
 // whose panels are no larger than the file's bytes, and q4_0 / q5_0 / q4_K /
 // f16 / bf16 ones into tiles where the kernels read them. Drops the file's
 // pages of what was copied.

@@ -15,7 +15,7 @@
 
 #include "core/aligned_vector.h"
 #include "kernels/matmul.h"
-#include "kernels/prepack.h"
+#include "kernels/layouts.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -52,7 +52,7 @@ inline size_t rows_with_logits(const Batch& b) {
 class Model {
  public:
   // Maps the file, binds everything and repacks weights per `prepack`
-  // (kernels/prepack.h; TANDEM_PREPACK=0 in the environment turns it off).
+  // (kernels/layouts.h; TANDEM_PREPACK=0 in the environment turns it off).
   // With a `repack_cache` directory, the repacked weights are mapped from a
   // file there when one matches, and written there when none does
   // (model/repack_cache.h). Throws tandem::Error.
@@ -106,7 +106,7 @@ class Model {
   struct FreeDeleter {
     void operator()(uint8_t* p) const;
   };
-  struct Repacked {  // see kernels/prepack.h
+  struct Repacked {  // see kernels/layouts.h
     std::unique_ptr<uint8_t, FreeDeleter> owned;  // null when mapped from the cache file
     const uint8_t* buf;
     size_t bytes;

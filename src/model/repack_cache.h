@@ -1,4 +1,4 @@
-// A file of weights already repacked (kernels/prepack.h), mapped at the next
+// A file of weights already repacked (kernels/layouts.h), mapped at the next
 // load instead of repacking again.
 //
 // Repacking writes the weights into fresh memory. On a VM that hands freed

@@ -29,7 +29,7 @@ struct BenchOptions {
   int32_t reps = 5;
   int32_t warmup = 1;   // untimed repetitions first (page-in, caches, thread spin-up)
   int32_t batch = 1;    // sequences decoding together (rows per decode step)
-  std::string prepack = "auto";  // kernels/prepack.h
+  std::string prepack = "auto";  // kernels/layouts.h
   std::string repack_cache;      // model/repack_cache.h; "" for none
 };
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "gguf/gguf.h"
-#include "kernels/prepack.h"
+#include "kernels/layouts.h"
 #include "model/model.h"
 
 namespace tandem {
