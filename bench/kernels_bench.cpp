@@ -36,6 +36,7 @@
 #include "kernels/product_kernels.h"
 #include "kernels/matmul.h"
 #include "kernels/layouts.h"
+#include "kernels/products.h"
 #include "kv/kv_cache.h"
 
 namespace tandem {
@@ -64,10 +65,10 @@ struct Matrix {
   // The same copies repacked into panels (kernels/layouts.h), made on demand.
   std::unique_ptr<uint8_t, decltype(&std::free)> packed{nullptr, &std::free};
   size_t packed_bytes = 0;
-  bool tiles = false;  // packed holds tiles, not panels
+  WeightLayout layout = WeightLayout::kFileRows;  // of `packed`
   WeightMatrix P(int i) const {
     WeightMatrix w = W(i);
-    (tiles ? w.tiles : w.packed) = packed.get() + (i % copies) * packed_bytes;
+    w.set_layout(layout, packed.get() + (i % copies) * packed_bytes);
     return w;
   }
 };
@@ -77,16 +78,14 @@ struct Matrix {
 bool ensure_packed(Matrix& m, ThreadPool& pool) {
   if (m.packed) return true;
   const KernelLevel level = active_kernel_level();
-  const size_t pb = prepacked_bytes(m.w0, level), tb = pb ? 0 : tiles_bytes(m.w0, level);
-  if (pb == 0 && tb == 0) return false;
-  const size_t stride = (std::max(pb, tb) + 63) / 64 * 64;
+  const LayoutChoice c = choose_layout(m.w0, level, PrepackMode::kAuto);
+  if (c.layout == WeightLayout::kFileRows) return false;
+  const size_t stride = (c.bytes + 63) / 64 * 64;
   m.packed.reset(static_cast<uint8_t*>(std::aligned_alloc(64, stride * m.copies)));
   m.packed_bytes = stride;
-  m.tiles = tb != 0;
-  for (int c = 0; c < m.copies; ++c) {
-    if (m.tiles) write_tiles(m.W(c), m.packed.get() + c * stride, 0, m.w0.rows / 16, pool);
-    else prepack(m.W(c), level, m.packed.get() + c * stride, pool);
-  }
+  m.layout = c.layout;
+  for (int i = 0; i < m.copies; ++i)
+    write_layout(m.W(i), c.layout, level, m.packed.get() + i * stride, 0, layout_tile_count(m.w0, c.layout), pool);
   return true;
 }
 

@@ -16,6 +16,7 @@
 #include "kernels/layout_k4_tiles.h"
 #include "kernels/matmul.h"
 #include "kernels/layouts.h"
+#include "kernels/products.h"
 #include "kernels/stream_tuning.h"
 
 namespace tandem {
@@ -54,12 +55,12 @@ void expect_same_products(const WeightMatrix& W, const WeightMatrix& R, KernelLe
     // Two panels per kernel call or one, on either side.
     for (bool prefetch : {false, true})
       for (int64_t pair_rows : {0, 1}) {
-        const ScopedStreamTuning tuning({.software_prefetch = prefetch,
-                                         .float_single_row = stream_tuning().float_single_row,
-                                         .panel_prefetch_bytes = prefetch ? 2048 : 0,
-                                         .panel_prefetch_min_rows = 1,
-                                         .panel_prefetch_next = prefetch,
-                                         .panel_pair_min_rows = pair_rows});
+        repacked.set_tuning({.software_prefetch = prefetch,
+                             .float_single_row = stream_tuning().float_single_row,
+                             .panel_prefetch_bytes = prefetch ? 2048 : 0,
+                             .panel_prefetch_min_rows = 1,
+                             .panel_prefetch_next = prefetch,
+                             .panel_pair_min_rows = pair_rows});
         repacked.run(R, x.data(), W.cols, n, yb.data(), W.rows, pool);
         EXPECT_EQ(ya, yb) << type_traits(W.type).name << " level " << static_cast<int>(level) << " " << W.rows
                           << "x" << W.cols << " n=" << n << " prefetch=" << prefetch << " pair_rows=" << pair_rows;
@@ -83,23 +84,24 @@ TEST(KernelsPrepack, PrepackedProductsEqualPackingOnTheFly) {
       for (auto [rows, cols] : shapes) {
         std::vector<uint8_t> w;
         const WeightMatrix W = quantized(type, rows, cols, rng, w);
-        const size_t bytes = prepacked_bytes(W, level, PrepackMode::kAll);
-        EXPECT_EQ(prepacked_bytes(W, level, PrepackMode::kOff), 0u);
+        const LayoutChoice all = choose_layout(W, level, PrepackMode::kAll);
+        const size_t bytes = all.bytes;
+        EXPECT_EQ(choose_layout(W, level, PrepackMode::kOff).layout, WeightLayout::kFileRows);
         if (type != GgmlType::Q8_0) {
-          EXPECT_EQ(prepacked_bytes(W, level, PrepackMode::kAuto), 0u);
+          EXPECT_NE(choose_layout(W, level, PrepackMode::kAuto).layout, WeightLayout::kPanels);
         }
-        if (level == KernelLevel::kScalar && bytes == 0) continue;  // no packed path to compare
-        ASSERT_GT(bytes, 0u) << type_traits(type).name;
+        ASSERT_EQ(all.layout, WeightLayout::kPanels) << type_traits(type).name;
+        ASSERT_EQ(bytes, layout_bytes(W, WeightLayout::kPanels));
         Packed buf(bytes);
-        prepack(W, level, buf.p, pool);
+        write_layout(W, WeightLayout::kPanels, level, buf.p, 0, layout_tile_count(W, WeightLayout::kPanels), pool);
         WeightMatrix P = W;
-        P.packed = buf.p;
+        P.set_layout(WeightLayout::kPanels, buf.p);
         P.data = nullptr;  // the raw bytes must not be needed any more
         if (!kq) {
           std::vector<float> raw_row(cols), packed_row(cols);
           for (int64_t r : {int64_t{0}, rows / 2, rows - 1}) {
             dequantize_row(type, W.row(r), raw_row.data(), cols);
-            dequantize_prepacked_row(P, level, r, packed_row.data());
+            dequantize_weight_row(P, r, packed_row.data());
             EXPECT_EQ(raw_row, packed_row) << "row " << r;
           }
         }
@@ -128,9 +130,11 @@ TEST(KernelsPrepack, StreamedOutputsEqualStoredOutputs) {
         WeightMatrix P = W;
         std::unique_ptr<Packed> buf;
         if (type == GgmlType::Q8_0) {
-          buf = std::make_unique<Packed>(prepacked_bytes(W, level, PrepackMode::kAuto));
-          prepack(W, level, buf->p, pool);
-          P.packed = buf->p;
+          const LayoutChoice c = choose_layout(W, level, PrepackMode::kAuto);
+          ASSERT_EQ(c.layout, WeightLayout::kPanels);
+          buf = std::make_unique<Packed>(c.bytes);
+          write_layout(W, c.layout, level, buf->p, 0, layout_tile_count(W, c.layout), pool);
+          P.set_layout(c.layout, buf->p);
         }
         const int64_t ldy = 64;  // 256 bytes: every output row on a cache line
         Matmul mm(level);
@@ -142,15 +146,11 @@ TEST(KernelsPrepack, StreamedOutputsEqualStoredOutputs) {
             StreamTuning t = stream_tuning();
             t.panel_pair_min_rows = pair_rows;
             t.stream_out_min_bytes = -1;
-            {
-              const ScopedStreamTuning never(t);
-              mm.run(P, x.data(), W.cols, n, stored.data(), ldy, pool);
-            }
+            mm.set_tuning(t);
+            mm.run(P, x.data(), W.cols, n, stored.data(), ldy, pool);
             t.stream_out_min_bytes = 0;
-            {
-              const ScopedStreamTuning always(t);
-              mm.run(P, x.data(), W.cols, n, streamed.data(), ldy, pool);
-            }
+            mm.set_tuning(t);
+            mm.run(P, x.data(), W.cols, n, streamed.data(), ldy, pool);
             EXPECT_EQ(stored, streamed) << type_traits(type).name << " level " << static_cast<int>(level) << " "
                                         << rows << " rows, n=" << n << " pair_rows=" << pair_rows;
           }
@@ -185,7 +185,8 @@ TEST(KernelsPrepack, TilesEqualTheFileLayout) {
         std::vector<uint8_t> w;
         const WeightMatrix W = quantized(type, rows, cols, rng, w);
         const size_t rb = W.row_stride;
-        const size_t bytes = tiles_bytes(W, level);
+        const LayoutChoice c = choose_layout(W, level, PrepackMode::kAuto);
+        const size_t bytes = c.layout == WeightLayout::kTiles ? c.bytes : 0;
         if (bytes == 0) {
           EXPECT_TRUE(rows < 16 || level < KernelLevel::kAvx512Vnni || (fl && cols % 16 != 0)) << rows << " rows";
           continue;
@@ -194,16 +195,16 @@ TEST(KernelsPrepack, TilesEqualTheFileLayout) {
         // q4_0, q5_0: the file's bytes rearranged; q4_K: 2368 bytes per 16 rows x 256.
         ASSERT_EQ(bytes, static_cast<size_t>(rows / 16) * (k4 ? 2368u * (cols / 256) : 16 * rb));
         Packed buf(bytes);
-        write_tiles(W, buf.p, 0, rows / 16, pool);
+        write_layout(W, WeightLayout::kTiles, level, buf.p, 0, rows / 16, pool);
         std::vector<uint8_t> spoiled = w;
         std::fill(spoiled.begin(), spoiled.begin() + static_cast<int64_t>(rows / 16 * 16 * rb), 0xFF);  // NaN scales
         WeightMatrix T = W;
         T.data = spoiled.data();
-        T.tiles = buf.p;
+        T.set_layout(WeightLayout::kTiles, buf.p);
         std::vector<float> raw_row(cols), tiled_row(cols);
         for (int64_t r = 0; r < rows; ++r) {
           dequantize_row(type, W.row(r), raw_row.data(), cols);
-          dequantize_prepacked_row(T, level, r, tiled_row.data());
+          dequantize_weight_row(T, r, tiled_row.data());
           ASSERT_EQ(raw_row, tiled_row) << "row " << r;
         }
         expect_same_products(W, T, level, rng, pool);
@@ -244,18 +245,18 @@ TEST(KernelsPrepack, OnlyTypesWhosePanelsAreNotLarger) {
   const WeightMatrix q4{GgmlType::Q4_0, w.data(), 64, 16, row_bytes(GgmlType::Q4_0, 64)};
   for (KernelLevel level : kAllKernelLevels) {
     if (!cpu_supports_level(level)) continue;  // e.g. avx2-vnni on AMD Zen 4
-    EXPECT_EQ(prepacked_bytes(q4, level), 0u);
+    const LayoutChoice c = choose_layout(q4, level, PrepackMode::kAuto);
+    EXPECT_NE(c.layout, WeightLayout::kPanels);
     // q4_0 is rearranged, not widened: 16 rows x 2 blocks x 18 bytes.
-    EXPECT_EQ(tiles_bytes(q4, level), level >= KernelLevel::kAvx512Vnni ? 16u * 2u * 18u : 0u);
+    EXPECT_EQ(c.layout == WeightLayout::kTiles ? c.bytes : 0u, level >= KernelLevel::kAvx512Vnni ? 16u * 2u * 18u : 0u);
   }
   const std::vector<uint8_t> w8(row_bytes(GgmlType::Q8_0, 64) * 17);
   const WeightMatrix q8{GgmlType::Q8_0, w8.data(), 64, 17, row_bytes(GgmlType::Q8_0, 64)};
   for (KernelLevel level : kAllKernelLevels) {
     if (!cpu_supports_level(level)) continue;
-    const size_t b = prepacked_bytes(q8, level);
-    if (b) {
-      EXPECT_EQ(b, 2u * 2u * 544u);  // 2 tiles (17 rows) x 2 blocks, as many bytes as 32 rows in the file
-    }
+    const LayoutChoice c = choose_layout(q8, level, PrepackMode::kAuto);
+    EXPECT_EQ(c.layout, WeightLayout::kPanels);
+    EXPECT_EQ(c.bytes, 2u * 2u * 544u);  // 2 tiles (17 rows) x 2 blocks, as many bytes as 32 rows in the file
   }
 }
 

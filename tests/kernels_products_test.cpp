@@ -19,6 +19,8 @@
 #include "core/thread_pool.h"
 #include "kernels/vec_dot.h"
 #include "kernels/product_kernels.h"
+#include "kernels/products.h"
+#include "kernels/vec_dot_impl.h"
 #include "kernels/matmul.h"
 #include "kernels/stream_tuning.h"
 
@@ -115,8 +117,8 @@ Problem make_problem(GgmlType t, int64_t rows, int64_t blocks, std::mt19937& rng
 }
 
 std::vector<float> matmul(const Problem& p, const std::vector<float>& x, int64_t n, KernelLevel level,
-                          ThreadPool& pool) {
-  Matmul mm(level);
+                          ThreadPool& pool, const StreamTuning& tuning = stream_tuning()) {
+  Matmul mm(level, tuning);
   // Padding the output rows (ldy > W.rows) checks nothing is written past a row.
   const int64_t ldy = p.rows + 3;
   std::vector<float> y(n * ldy, -7.0f);
@@ -180,14 +182,14 @@ TEST(KernelsGemm, EveryStreamTuningGivesTheSameBits) {
     for (bool prefetch : {false, true})
       for (bool single : {false, true})
         for (int64_t pair_rows : {0, 1, 9}) {
-          const ScopedStreamTuning tuning({.software_prefetch = prefetch,
-                                           .float_single_row = single,
-                                           .panel_prefetch_bytes = prefetch ? 2048 : 0,
-                                           .panel_prefetch_min_rows = 1,
-                                           .panel_pair_min_rows = pair_rows});
+          const StreamTuning tuning{.software_prefetch = prefetch,
+                                    .float_single_row = single,
+                                    .panel_prefetch_bytes = prefetch ? 2048 : 0,
+                                    .panel_prefetch_min_rows = 1,
+                                    .panel_pair_min_rows = pair_rows};
           for (KernelLevel level : levels())
             for (int64_t n : {1, 2, 9}) {
-              const std::vector<float> y = matmul(p, x, n, level, pool);
+              const std::vector<float> y = matmul(p, x, n, level, pool, tuning);
               for (int64_t i = 0; i < n * p.rows; ++i)
                 ASSERT_TRUE(same_bits(y[i], ref[i]))
                     << name(t) << " " << kernel_level_name(level) << " n=" << n << " prefetch=" << prefetch
@@ -557,6 +559,52 @@ TEST(KernelsGemm, MatmulSameResultsOnAnyPool) {
       EXPECT_EQ(ya, yb) << type_traits(t).name << " n=" << n;
     }
   }
+}
+
+// select_product reads one table: the row kernels up to a type's threshold
+// (2 rows for the q32 file rows, 5 for the K-quants, 16 / 8 / 64 from the
+// q4_0 / q5_0 / q4_K tiles, always for floats), panels past it or whenever
+// they were made at load, vec_dot for types without product kernels, and two
+// panels a call from the tuning's row count.
+TEST(KernelsGemm, SelectFollowsTheTable) {
+  const StreamTuning tuning = stream_tuning({.panel_pair_min_rows = 9});
+  auto route = [&](GgmlType t, WeightLayout l, int64_t rows, KernelLevel level) {
+    return select_product(t, l, rows, level, tuning).route;
+  };
+  constexpr auto kRows = ProductRoute::kRows, kPanels = ProductRoute::kPanels;
+  constexpr auto kFile = WeightLayout::kFileRows, kTiled = WeightLayout::kTiles;
+  for (KernelLevel level : levels()) {
+    SCOPED_TRACE(kernel_level_name(level));
+    EXPECT_EQ(route(GgmlType::Q8_0, kFile, 2, level), kRows);
+    EXPECT_EQ(route(GgmlType::Q8_0, kFile, 3, level), kPanels);
+    EXPECT_EQ(route(GgmlType::Q8_0, WeightLayout::kPanels, 1, level), kPanels);
+    EXPECT_TRUE(select_product(GgmlType::Q8_0, WeightLayout::kPanels, 1, level, tuning).prepacked());
+    EXPECT_FALSE(select_product(GgmlType::Q8_0, kFile, 3, level, tuning).prepacked());
+    EXPECT_EQ(route(GgmlType::Q6_K, kFile, 5, level), kRows);
+    EXPECT_EQ(route(GgmlType::Q6_K, kFile, 6, level), kPanels);
+    EXPECT_EQ(route(GgmlType::F16, kFile, 512, level), kRows);
+    const Product q41 = select_product(GgmlType::Q4_1, kFile, 7, level, tuning);
+    EXPECT_EQ(q41.route, ProductRoute::kVecDot);
+    EXPECT_EQ(q41.dot, vec_dot_fn_for_level(GgmlType::Q4_1, level));
+    const Product pair = select_product(GgmlType::Q8_0, kFile, 9, level, tuning);
+    EXPECT_EQ(pair.pairs, pair.kernel.run2 != nullptr);
+    EXPECT_FALSE(select_product(GgmlType::Q8_0, kFile, 8, level, tuning).pairs);
+    if (level >= KernelLevel::kAvx512Vnni) {
+      EXPECT_EQ(route(GgmlType::Q4_K, kTiled, 64, level), kRows);
+      EXPECT_EQ(route(GgmlType::Q4_K, kTiled, 65, level), kPanels);
+      EXPECT_EQ(route(GgmlType::Q4_0, kTiled, 16, level), kRows);
+      EXPECT_EQ(route(GgmlType::Q4_0, kTiled, 17, level), kPanels);
+      EXPECT_EQ(route(GgmlType::Q5_0, kTiled, 8, level), kRows);
+      EXPECT_EQ(route(GgmlType::Q5_0, kTiled, 9, level), kPanels);
+      EXPECT_EQ(route(GgmlType::BF16, kTiled, 512, level), kRows);
+    } else {
+      EXPECT_THROW(route(GgmlType::Q4_K, kTiled, 1, level), Error);  // no kernel of this level reads tiles
+    }
+  }
+  EXPECT_EQ(select_product(GgmlType::Q4_K, kFile, 1, KernelLevel::kScalar, tuning).name(), "rows scalar");
+  EXPECT_EQ(select_product(GgmlType::Q8_0, WeightLayout::kPanels, 3, KernelLevel::kScalar, tuning).name(),
+            "panels scalar");
+  EXPECT_EQ(select_product(GgmlType::Q3_K, kFile, 3, KernelLevel::kScalar, tuning).name(), "vec_dot scalar");
 }
 
 }  // namespace

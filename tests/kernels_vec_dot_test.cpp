@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/quant_blocks.h"
@@ -227,12 +228,15 @@ TEST(KernelsDotTest, DispatcherUsesSupportedLevel) {
 
 TEST(KernelsDotTest, KernelLevelRequestParsing) {
   const KernelLevel best = best_kernel_level();
-  EXPECT_EQ(choose_kernel_level(nullptr, best), best);
-  EXPECT_EQ(choose_kernel_level("", best), best);
+  std::string warning;
+  EXPECT_EQ(choose_kernel_level("", best, &warning), best);
+  EXPECT_EQ(warning, "");
   EXPECT_EQ(choose_kernel_level("scalar", best), KernelLevel::kScalar);
-  EXPECT_EQ(choose_kernel_level("bogus", best), best);
+  EXPECT_EQ(choose_kernel_level("bogus", best, &warning), best);
+  EXPECT_NE(warning.find("bogus is not one of scalar, avx2, avx512"), std::string::npos) << warning;
   // A level above what the CPU (here: the given best) offers falls back.
-  EXPECT_EQ(choose_kernel_level("avx2", KernelLevel::kScalar), KernelLevel::kScalar);
+  EXPECT_EQ(choose_kernel_level("avx2", KernelLevel::kScalar, &warning), KernelLevel::kScalar);
+  EXPECT_NE(warning.find("not supported by this CPU"), std::string::npos) << warning;
   EXPECT_EQ(choose_kernel_level("avx512-vnni", KernelLevel::kScalar), KernelLevel::kScalar);
   if (cpu_supports_level(KernelLevel::kAvx2)) {
     const KernelLevel l = choose_kernel_level("avx2", best);

@@ -212,7 +212,7 @@ TEST(SynthModel, RepackedWeightsGiveTheFileLayoutsLogits) {
       const fs::path p = tmp(std::string("repack_") + arch + type);
       synth_model(s, p.string(), 1);
       auto logits = [&](PrepackMode mode, size_t* packed) {
-        auto m = Model::load(p.string(), mode);
+        auto m = Model::load(p.string(), {.prepack = mode});
         *packed = m->packed_bytes();
         ThreadPool pool(2);
         const ModelConfig& c = m->config();
@@ -251,12 +251,6 @@ TEST(SynthModel, RepackedWeightsGiveTheFileLayoutsLogits) {
       ASSERT_EQ(a.size(), b.size());
       EXPECT_EQ(a, b);
       EXPECT_EQ(c, b);
-      // The environment switch still turns repacking off.
-      ::setenv("TANDEM_PREPACK", "0", 1);
-      size_t env_off = 1;
-      logits(PrepackMode::kAll, &env_off);
-      ::unsetenv("TANDEM_PREPACK");
-      EXPECT_EQ(env_off, 0u);
       fs::remove(p);
     }
 }

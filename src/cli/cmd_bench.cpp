@@ -35,8 +35,8 @@ void print_table(const BenchResult& r, const Roofline& roof) {
       "model    {} ({}, {}), {} | {} threads, {} kernels, prepack {}\n"
       "load     {:.3f} s   warm-up {:.3f} s   peak RSS {:.1f} MiB (file {:.1f} MiB, KV cache {:.1f} MiB)\n\n",
       r.opts.model_path, r.model_name.empty() ? "unnamed" : r.model_name, r.arch,
-      mc.file_type.empty() ? std::string(type_traits(mc.main_type).name) : mc.file_type,
-      r.threads, r.kernel_level, r.opts.prepack, r.load_s, r.warmup_s, mib(r.peak_rss_bytes), mib(r.file_bytes),
+      mc.file_type.empty() ? std::string(type_traits(mc.main_type).name) : mc.file_type, r.threads, r.kernel_level,
+      prepack_mode_name(r.opts.runtime.prepack), r.load_s, r.warmup_s, mib(r.peak_rss_bytes), mib(r.file_bytes),
       mib(r.kv_cache_bytes));
   if (r.opts.batch > 1)
     out += fmt::format("batch    {} sequences: {} prefill passes of {} tokens, then {} decode steps of {} rows\n\n",
@@ -87,7 +87,7 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "Sequences decoding together: B prompts are prefilled, then every decode step runs B rows "
                   "(tok/s count all sequences)")
       ->capture_default_str();
-  add_prepack_option(cmd, o->bench.prepack, o->bench.repack_cache);
+  add_runtime_options(cmd, o->bench.runtime);
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
   cmd->add_flag("--roofline", o->roofline,
                 "Measure the machine's ceilings now (1 GiB read, compute peaks) and cache them");

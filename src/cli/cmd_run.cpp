@@ -17,7 +17,7 @@
 #include "engine/generator.h"
 #include "engine/json_schema.h"
 #include "gguf/gguf.h"
-#include "kernels/vec_dot.h"
+#include "core/cpu_features.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -32,7 +32,7 @@ struct RunOpts {
   int32_t ctx = 0;
   std::string kv_type = "f16";
   std::string json_schema, json_schema_file;
-  std::string prepack = "auto", repack_cache;
+  RuntimeOptions runtime;
   bool json = false;
   bool ignore_eos = false;
   SamplingParams sp;
@@ -76,7 +76,7 @@ int run(RunOpts& o) {
   if (o.seed >= 0) o.sp.seed = static_cast<uint64_t>(o.seed);
 
   const auto t0 = std::chrono::steady_clock::now();
-  auto model = Model::load(resolve_model_path(o.model), parse_prepack_mode(o.prepack), o.repack_cache);
+  auto model = Model::load(resolve_model_path(o.model), o.runtime);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   ThreadPool pool(o.threads);
   Generator gen(*model, pool, o.ctx, parse_kv_type(o.kv_type));
@@ -152,7 +152,7 @@ void add_run_command(CLI::App& app, int& rc) {
   cmd->add_option("--kv-type", o->kv_type, "KV cache element type: f16 or f32")
       ->check(CLI::IsMember({"f16", "f32"}))
       ->capture_default_str();
-  add_prepack_option(cmd, o->prepack, o->repack_cache);
+  add_runtime_options(cmd, o->runtime);
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
   cmd->add_flag("--json", o->json, "Print the phase report as one JSON object on stderr");
   cmd->callback([o, &rc] { rc = run(*o); });

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,6 +48,8 @@ struct EngineConfig {
   // Host memory for the K/V of preempted sequences (bytes); 0: they are
   // recomputed instead (see engine/scheduler.h).
   int64_t swap_bytes = 0;
+  // Stands in for the memory available (RuntimeOptions::memory_available).
+  std::optional<uint64_t> memory_available = std::nullopt;
 };
 
 class Engine {

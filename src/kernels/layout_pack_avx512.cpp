@@ -195,10 +195,10 @@ TD_FN void pack_k4_tile(const uint8_t* tile, int64_t b0, int64_t b1, uint8_t* pa
 
 TD_ATTR void avx512_pack_q32(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
   if (o0 + kGemmTile > W.rows) return pack_q32_ref(W, o0, b0, b1, panel);
-  if (W.tiles) {
+  if (W.tiles()) {
     const int64_t nb = W.cols / kQK;
     const bool q5 = W.type == GgmlType::Q5_0;
-    return pack_q32_tile(W.tiles + (o0 / kGemmTile) * q32_tiles::tile_bytes(nb, q5), nb, q5, b0, b1, panel);
+    return pack_q32_tile(W.tiles() + (o0 / kGemmTile) * q32_tiles::tile_bytes(nb, q5), nb, q5, b0, b1, panel);
   }
   const uint8_t* rows[16];
   row_pointers(W, o0, rows);
@@ -211,7 +211,7 @@ TD_ATTR void avx512_pack_q32(const WeightMatrix& W, int64_t o0, int64_t b0, int6
 
 TD_ATTR void avx512_pack_k4(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
   if (o0 + kGemmTile > W.rows) return pack_k4_ref(W, o0, b0, b1, panel);
-  if (W.tiles) return pack_k4_tile(W.tiles + (o0 / kGemmTile) * k4_tiles::tile_bytes(W.cols / kQKK), b0, b1, panel);
+  if (W.tiles()) return pack_k4_tile(W.tiles() + (o0 / kGemmTile) * k4_tiles::tile_bytes(W.cols / kQKK), b0, b1, panel);
   const uint8_t* rows[16];
   row_pointers(W, o0, rows);
   if (W.type == GgmlType::Q5_K) return pack_k4_rows<BlockQ5K>(rows, b0, b1, panel);

@@ -50,6 +50,16 @@ struct K6Panel {
   static constexpr size_t kBytes = kQ + 64 * 64;   // 5184
 };
 
+// Bytes of one panel block (16 rows' blocks) of a class with panels; 0 for the others.
+inline size_t panel_block_bytes(GemmClass c) {
+  switch (c) {
+    case GemmClass::kQ32: return Q32Panel::kBytes;
+    case GemmClass::kK4: return K4Panel::kBytes;
+    case GemmClass::kK6: return K6Panel::kBytes;
+    default: return 0;
+  }
+}
+
 // Scalar packers (the definition of the layouts above); SIMD levels may use
 // faster ones that write the same bytes.
 void pack_q32_ref(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);

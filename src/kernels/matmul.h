@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/cpu_features.h"
 #include "kernels/product_kernels.h"
+#include "kernels/stream_tuning.h"
 
 namespace tandem {
 
@@ -26,10 +28,12 @@ class ThreadPool;
 
 class Matmul {
  public:
-  Matmul();
-  // Pins the instruction-set level (tests); the default is the active one.
-  explicit Matmul(KernelLevel level);
+  // Products at `level` (which the CPU must run), streaming memory as `tuning` says.
+  explicit Matmul(KernelLevel level = active_kernel_level(), const StreamTuning& tuning = stream_tuning());
   KernelLevel level() const { return level_; }
+  const StreamTuning& tuning() const { return tuning_; }
+  // Every tuning gives the same bits; change it only while no product runs.
+  void set_tuning(const StreamTuning& tuning) { tuning_ = tuning; }
 
   // y[r * ldy + o] = sum_i W[o][i] * x[r * ldx + i], r < n_rows, o < W.rows.
   void run(const WeightMatrix& W, const float* x, int64_t ldx, int64_t n_rows, float* y, int64_t ldy,
@@ -51,9 +55,10 @@ class Matmul {
     std::vector<float> acc;
   };
   void run_fallback(const WeightMatrix& W, const float* x, int64_t ldx, int64_t n_rows, float* y, int64_t ldy,
-                    ThreadPool& pool);
+                    VecDotFn dot, ThreadPool& pool);
 
   KernelLevel level_;
+  StreamTuning tuning_;
   GemmActs acts_;
   std::vector<ThreadScratch> scratch_;
   std::vector<int64_t> first_tile_;  // per matrix of run_many: its first tile in the shared list

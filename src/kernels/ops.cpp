@@ -142,8 +142,7 @@ float log_sum_exp_at(KernelLevel level, const float* x, int64_t n) {
 }
 
 float log_sum_exp(const float* x, int64_t n) {
-  static const KernelLevel level = active_kernel_level();
-  return log_sum_exp_at(level, x, n);
+  return log_sum_exp_at(active_kernel_level(), x, n);
 }
 
 void rms_norm_at(KernelLevel level, const float* x, const float* w, int64_t n, float eps, float* out) {
@@ -158,8 +157,7 @@ void rms_norm_at(KernelLevel level, const float* x, const float* w, int64_t n, f
 }
 
 void rms_norm(const float* x, const float* w, int64_t n, float eps, float* out) {
-  static const KernelLevel level = active_kernel_level();
-  rms_norm_at(level, x, w, n, eps, out);
+  rms_norm_at(active_kernel_level(), x, w, n, eps, out);
 }
 
 void rope_angles(const RopeParams& p, int32_t pos, float* cos_out, float* sin_out) {
@@ -312,8 +310,7 @@ void gated_activation_at(KernelLevel level, Activation act, float* gate, const f
 }
 
 void gated_activation(Activation act, float* gate, const float* up, int64_t n) {
-  static const KernelLevel level = active_kernel_level();
-  gated_activation_at(level, act, gate, up, n);
+  gated_activation_at(active_kernel_level(), act, gate, up, n);
 }
 
 }  // namespace tandem

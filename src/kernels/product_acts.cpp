@@ -1,4 +1,4 @@
-// Kernel choice and activation preparation for the tiled kernels.
+// Activation preparation for the product kernels (the scalar reference).
 #include "kernels/product_kernels.h"
 
 #include <algorithm>
@@ -6,7 +6,6 @@
 #include <cstring>
 
 #include "core/quant_blocks.h"
-#include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/quant.h"
 
@@ -88,21 +87,6 @@ void prepare_q8_k_row(const float* x, int64_t nb, GemmClass cls, int8_t* q, floa
 
 }  // namespace
 
-GemmClass gemm_class(GgmlType w) {
-  switch (w) {
-    case GgmlType::Q4_0:
-    case GgmlType::Q5_0:
-    case GgmlType::Q8_0: return GemmClass::kQ32;
-    case GgmlType::Q4_K:
-    case GgmlType::Q5_K: return GemmClass::kK4;
-    case GgmlType::Q6_K: return GemmClass::kK6;
-    case GgmlType::F32:
-    case GgmlType::F16:
-    case GgmlType::BF16: return GemmClass::kFloat;
-    default: return GemmClass::kNone;
-  }
-}
-
 void gemm_acts_shape(GgmlType w, int64_t rows, int64_t cols, int64_t max_slots, GemmActs& a) {
   const GemmClass cls = gemm_class(w);
   if (cls == GemmClass::kNone)
@@ -178,19 +162,6 @@ void ref_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmA
 void gemm_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmActs& acts, KernelLevel level) {
   if (level >= KernelLevel::kAvx512Vnni && gemm_detail::avx512_prepare_acts(x, ldx, g0, g1, acts)) return;
   gemm_detail::ref_prepare_acts(x, ldx, g0, g1, acts);
-}
-
-GemmKernel gemm_kernel(GgmlType w, KernelLevel level) {
-  if (gemm_class(w) == GemmClass::kNone) return {};
-  if (!cpu_supports_level(level))
-    fail(ErrorKind::kInvalidArgument, "kernel level {} is not supported by this CPU", kernel_level_name(level));
-  GemmKernel k;
-  if (level >= KernelLevel::kAvx512Vnni) k = gemm_detail::avx512_kernel(w, cpu_features().avx512bf16);
-  if (!k && level >= KernelLevel::kAvx2)
-    k = gemm_detail::avx2_kernel(w, cpu_supports_level(KernelLevel::kAvx2Vnni) && level != KernelLevel::kAvx2 &&
-                                        level != KernelLevel::kAvx512);
-  if (!k) k = gemm_detail::ref_kernel(w);
-  return k;
 }
 
 }  // namespace tandem

@@ -81,6 +81,10 @@ struct GemmActs {
   int64_t block_elems = 1;
   int64_t extra_per_block = 0;
   int64_t group_q_bytes = 0;
+  // How the row kernels stream the weights (the Matmul's StreamTuning):
+  // software prefetch ahead of their loads; float weights one row at a time.
+  bool prefetch = true;
+  bool float_single_row = false;
   std::vector<uint8_t> q;      // int8 quants, or floats for the float class
   std::vector<float> scale;    // block scales (quantized classes)
   std::vector<int32_t> extra;  // see gemm_prepare_acts
@@ -151,14 +155,16 @@ struct GemmKernel {
   // [o0, o1) and activation rows r in [r0, r1), weights read in place.
   void (*rows)(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& acts, int64_t r0, int64_t r1,
                float* y, int64_t ldy) = nullptr;
-  // pack and rows also read W.tiles (kernels/layouts.h) when it is set;
-  // then o0 must be a multiple of kGemmTile, as Matmul's ranges are.
+  // pack and rows also read W.tiles() (kernels/layouts.h) when it is set;
+  // then o0 must be a multiple of kGemmTile, as Matmul's ranges are. Set by
+  // gemm_kernel from the table (products.cpp).
   bool reads_tiles = false;
   explicit operator bool() const { return rows != nullptr; }
 };
 
-// The kernel for weight type w at `level` (which the CPU must support); an
-// empty GemmKernel for types without one.
+// The functions of weight type w at `level` (which the CPU must support): the
+// best level at or below it that has them, from products.cpp's table; an
+// empty GemmKernel for types without product kernels.
 GemmKernel gemm_kernel(GgmlType w, KernelLevel level);
 
 namespace gemm_detail {
@@ -166,7 +172,7 @@ GemmKernel ref_kernel(GgmlType w);
 GemmKernel avx2_kernel(GgmlType w, bool vnni);
 // k with its row-wise path replaced by the AVX2 one.
 GemmKernel avx2_rows_kernel(GgmlType w, GemmKernel k);
-GemmKernel avx512_kernel(GgmlType w, bool bf16);  // needs AVX512-VNNI
+GemmKernel avx512_kernel(GgmlType w);  // needs AVX512-VNNI
 // k with its row-wise path replaced by the AVX-512 one.
 GemmKernel avx512_rows_kernel(GgmlType w, GemmKernel k);
 void ref_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmActs& acts);

@@ -21,6 +21,7 @@
 
 #include "core/quant_blocks.h"
 #include "kernels/layout_pack_avx512.h"
+#include "kernels/product_rows_avx512.h"
 #include "kernels/layout_panels.h"
 
 #define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
@@ -256,7 +257,7 @@ TD_DISPATCH_ROWS(run_k6, k6_rows, const uint8_t*, const GemmAcc&)
 
 }  // namespace
 
-GemmKernel avx512_kernel(GgmlType w, bool /*bf16*/) {
+GemmKernel avx512_kernel(GgmlType w) {
   GemmKernel k = ref_kernel(w);  // block sizes and panel layout
   switch (k.cls) {
     case GemmClass::kQ32:
@@ -275,9 +276,9 @@ GemmKernel avx512_kernel(GgmlType w, bool /*bf16*/) {
     case GemmClass::kFloat:
     case GemmClass::kNone: break;
   }
-  k = avx512_rows_kernel(w, k);
-  k.reads_tiles = w == GgmlType::Q4_0 || w == GgmlType::Q5_0 || w == GgmlType::Q4_K || w == GgmlType::F16 ||
-                  w == GgmlType::BF16;
+  for (avx512_rows::RowsFn f : {avx512_rows::q32_rows_for(w), avx512_rows::kquant_rows_for(w),
+                                 avx512_rows::float_rows_for(w)})
+    if (f) k.rows = f;
   return k;
 }
 
@@ -286,7 +287,7 @@ GemmKernel avx512_kernel(GgmlType w, bool /*bf16*/) {
 #else
 
 namespace tandem::gemm_detail {
-GemmKernel avx512_kernel(GgmlType, bool) { return {}; }
+GemmKernel avx512_kernel(GgmlType) { return {}; }
 }  // namespace tandem::gemm_detail
 
 #endif

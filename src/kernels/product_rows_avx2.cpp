@@ -208,7 +208,7 @@ TD_FN void k6_tile(const uint8_t* w, const GemmActs& A, int64_t r, float* y, int
 template <typename Conv>
 TD_ATTR void rows_q32(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
                       float* y, int64_t ldy) {
-  const int64_t pf = prefetch_distance(W.row_stride, 2);
+  const int64_t pf = prefetch_distance(A.prefetch, W.row_stride, 2);
   for (int64_t o = o0; o < o1; o += 2) {
     const uint8_t* w[2] = {W.row(o), W.row(std::min(o + 1, o1 - 1))};
     for (int64_t r = r0; r < r1; r += 2) {
@@ -225,7 +225,7 @@ TD_ATTR void rows_q32(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmA
 template <typename Block>
 TD_ATTR void rows_k4(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
                      float* y, int64_t ldy) {
-  const int64_t pf = prefetch_distance(W.row_stride, 1);
+  const int64_t pf = prefetch_distance(A.prefetch, W.row_stride, 1);
   for (int64_t o = o0; o < o1; ++o)
     for (int64_t r = r0; r < r1; r += 2) {
       if (r + 1 < r1) k4_tile<Block, 2>(W.row(o), A, r, y + r * ldy + o, ldy, pf);
@@ -235,7 +235,7 @@ TD_ATTR void rows_k4(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmAc
 
 TD_ATTR void rows_k6(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
                      float* y, int64_t ldy) {
-  const int64_t pf = prefetch_distance(W.row_stride, 1);
+  const int64_t pf = prefetch_distance(A.prefetch, W.row_stride, 1);
   for (int64_t o = o0; o < o1; ++o)
     for (int64_t r = r0; r < r1; r += 2) {
       if (r + 1 < r1) k6_tile<2>(W.row(o), A, r, y + r * ldy + o, ldy, pf);
@@ -312,7 +312,8 @@ template <typename Load>
 TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
                         float* y, int64_t ldy) {
   const int64_t K = A.cols;
-  const int64_t pf4 = prefetch_distance(W.row_stride, 4), pf2 = prefetch_distance(W.row_stride, 2);
+  const int64_t pf4 = prefetch_distance(A.prefetch, W.row_stride, 4),
+                pf2 = prefetch_distance(A.prefetch, W.row_stride, 2);
   for (int64_t ob = o0; ob < o1; ob += 64) {
     const int64_t oe = std::min(o1, ob + 64);
     for (int64_t r = r0; r < r1; r += 2) {

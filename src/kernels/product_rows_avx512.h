@@ -1,8 +1,23 @@
-// Helpers shared by the AVX-512 row-wise kernels (gemm_rows_avx512*.cpp):
-// scalar steps of the float chain, lane sums, the software prefetch of the
-// weight stream (its distance: kernels/stream_tuning.h), and the walk over
-// weight and activation rows that the q32 and K-quant kernels share. Only for those files: it defines TD_ATTR and
-// TD_FN (the TD_GEMM_AVX512 target) for them and silences the warnings below.
+// AVX-512 row-wise kernels (product_kernels.h): decode-shaped products that stream each
+// weight row once, in file order, at memory speed.
+//
+// Quantized types: vector lanes run along the row (dpbusd over 64 quants),
+// the lane sums of each block are folded into exact block sums, and the
+// per-block float chain of product_kernels.h runs in scalar FMAs, so the results equal
+// the packed path's bit for bit. Two weight rows are interleaved so that two
+// chains are in flight; q32 types take 8 rows at a time with the 8 chains in
+// the lanes of one FMA, and q4_0 16 rows with a cheaper reduction (see there).
+//
+// Float types: tiles of up to 6 activation rows x 4 weight rows of 16-lane
+// FMA accumulators, reduced by product_kernels.h's fixed tree; f16 / bf16 weight rows
+// come four at a time from their tiles (kernels/layout_float_tiles.h) when loaded so.
+//
+// The kernels are split by class: product_rows_avx512_q32.cpp, _kquant.cpp
+// and _float.cpp. This header holds what they share: scalar steps of the
+// float chain, lane sums, the software prefetch of the weight stream (its
+// distance: kernels/stream_tuning.h), and the walk over weight and activation
+// rows that the q32 and K-quant kernels share. Only for those files (and
+// product_panels_avx512.cpp, which takes their functions).
 #pragma once
 
 #if defined(__x86_64__)
@@ -65,7 +80,7 @@ TD_FN void prefetch_ahead(const uint8_t* p, int64_t bytes, int64_t dist) {
 template <typename Tile>
 TD_FN void quant_rows(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
                       float* y, int64_t ldy) {
-  const int64_t pf = prefetch_distance(W.row_stride, Tile::kRows, kPrefetchBytesFewRows);
+  const int64_t pf = prefetch_distance(A.prefetch, W.row_stride, Tile::kRows, kPrefetchBytesFewRows);
   for (int64_t o = o0; o < o1; o += Tile::kRows) {
     const uint8_t* w[2] = {W.row(o), W.row(std::min(o + 1, o1 - 1))};
     const bool two = Tile::kRows == 2 && o + 1 < o1;

@@ -116,12 +116,12 @@ template <typename Load>
 TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
                         float* y, int64_t ldy) {
   const int64_t K = A.cols;
-  const int64_t pf4 = prefetch_distance(W.row_stride, 4);
-  const bool single_row = stream_tuning().float_single_row;
+  const int64_t pf4 = prefetch_distance(A.prefetch, W.row_stride, 4);
+  const bool single_row = A.float_single_row;
   constexpr int64_t kRowStep = 16 * Load::kBytes;
   constexpr int64_t kTileStep = float_tiles::group_step(Load::kBytes);
-  // Rows below `tiled` come from W.tiles (o0 is a multiple of 16).
-  const int64_t tiled = W.tiles ? W.rows / kGemmTile * kGemmTile : 0;
+  // Rows below `tiled` come from W.tiles() (o0 is a multiple of 16).
+  const int64_t tiled = W.tiles() ? W.rows / kGemmTile * kGemmTile : 0;
   for (int64_t ob = o0; ob < o1; ob += 64) {
     const int64_t oe = std::min(o1, ob + 64);
     for (int64_t r = r0; r < r1; r += 6) {
@@ -132,7 +132,7 @@ TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const Gem
       int64_t o = ob;
       for (; o < std::min(oe, tiled); o += 4) {
         const uint8_t* w[4];
-        for (int i = 0; i < 4; ++i) w[i] = float_tiles::row_start(W.tiles, K, Load::kBytes, o + i);
+        for (int i = 0; i < 4; ++i) w[i] = float_tiles::row_start(W.tiles(), K, Load::kBytes, o + i);
         float_tile_n<Load, 4>(na, w, kTileStep, a, K, y + r * ldy + o, ldy, pf);
       }
       if (na == 1 && single_row)

@@ -435,13 +435,13 @@ template <typename Tile>
 TD_ATTR void rows_quant(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& A, int64_t r0, int64_t r1,
                         float* y, int64_t ldy) {
   if constexpr (std::is_same_v<Tile, K4Tile<BlockQ4K>>) {
-    if (W.tiles) {
-      // Whole tiles from W.tiles only (o0 is a tile's first row), one
+    if (W.tiles()) {
+      // Whole tiles from W.tiles() only (o0 is a tile's first row), one
       // stream; activation rows four at a time, as rows_q32 (the q32 file) does.
       const size_t tb = k4_tiles::tile_bytes(A.nb);
-      const int64_t pf = stream_tuning().software_prefetch ? kPrefetchBytes : 0;
+      const int64_t pf = A.prefetch ? kPrefetchBytes : 0;
       for (; o0 + 16 <= o1; o0 += 16) {
-        const uint8_t* tile = W.tiles + (o0 / 16) * tb;
+        const uint8_t* tile = W.tiles() + (o0 / 16) * tb;
         float* yo = y + o0;
         int64_t r = r0;
         for (; r + 4 <= r1; r += 4) k4_tile16<4>(tile, A, r, yo + r * ldy, ldy, pf);

@@ -383,14 +383,14 @@ TD_ATTR void rows_q32(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmA
   int64_t o = o0;
   constexpr bool kQ5 = std::is_same_v<Conv, Q5_0Conv>;
   if constexpr (kQ5 || std::is_same_v<Conv, Q4_0Conv>) {
-    if (W.tiles) {
-      // Whole tiles come from W.tiles only (their file pages may be gone);
+    if (W.tiles()) {
+      // Whole tiles come from W.tiles() only (their file pages may be gone);
       // o0 is a tile's first row (GemmKernel::rows). One stream, 4 KB ahead
       // where the CPU wants software prefetch; activation rows four at a time.
       const size_t tb = q32_tiles::tile_bytes(A.nb, kQ5);
-      const int64_t pft = stream_tuning().software_prefetch ? kPrefetchBytes : 0;
+      const int64_t pft = A.prefetch ? kPrefetchBytes : 0;
       for (; o + 16 <= o1; o += 16) {
-        const uint8_t* tile = W.tiles + (o / 16) * tb;
+        const uint8_t* tile = W.tiles() + (o / 16) * tb;
         float* yo = y + o;
         int64_t r = r0;
         for (; r + 4 <= r1; r += 4) q32_lane16<4, kQ5>(tile, A, r, yo + r * ldy, ldy, pft);
@@ -401,14 +401,14 @@ TD_ATTR void rows_q32(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmA
     }
   }
   if constexpr (std::is_same_v<Conv, Q4_0Conv>) {
-    const int64_t pf16 = prefetch_distance(W.row_stride, 16);
+    const int64_t pf16 = prefetch_distance(A.prefetch, W.row_stride, 16);
     for (; o + 16 <= o1; o += 16)
       for (int64_t r = r0; r < r1; r += 2) {
         if (r + 1 < r1) q40_tile16<2>(W.row(o), W.row_stride, A, r, y + r * ldy + o, ldy, pf16);
         else q40_tile16<1>(W.row(o), W.row_stride, A, r, y + r * ldy + o, ldy, pf16);
       }
   }
-  const int64_t pf = prefetch_distance(W.row_stride, 8);
+  const int64_t pf = prefetch_distance(A.prefetch, W.row_stride, 8);
   // Gather offsets are int32: row strides past 256 MB take the 2-row tiles.
   if (W.row_stride < (size_t{1} << 28))
     for (; o + 8 <= o1; o += 8)

@@ -1,13 +1,10 @@
 // Activation quantizers (ggml's reference quantize_row_q8_*), the weight ->
-// activation type map, and the start-up choice of kernel level.
+// activation type map, and the choice of vec_dot kernel per level.
 #include "kernels/vec_dot.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <string_view>
 
 #include "core/quant_blocks.h"
 #include "core/cpu_features.h"
@@ -145,76 +142,6 @@ void quantize_activations(GgmlType act_type, const float* x, void* dst, int64_t 
   }
 }
 
-const char* kernel_level_name(KernelLevel level) {
-  switch (level) {
-    case KernelLevel::kScalar: return "scalar";
-    case KernelLevel::kAvx2: return "avx2";
-    case KernelLevel::kAvx2Vnni: return "avx2-vnni";
-    case KernelLevel::kAvx512: return "avx512";
-    case KernelLevel::kAvx512Vnni: return "avx512-vnni";
-  }
-  return "?";
-}
-
-bool cpu_supports_level(KernelLevel level) {
-  const CpuFeatures& f = cpu_features();
-  const bool avx2 = f.avx2 && f.fma && f.f16c;
-  const bool avx512 = avx2 && f.avx512f && f.avx512bw && f.avx512vl;
-  switch (level) {
-    case KernelLevel::kScalar: return true;
-    case KernelLevel::kAvx2: return avx2;
-    case KernelLevel::kAvx2Vnni: return avx2 && f.avx_vnni;
-    case KernelLevel::kAvx512: return avx512;
-    case KernelLevel::kAvx512Vnni: return avx512 && f.avx512vnni;
-  }
-  return false;
-}
-
-KernelLevel best_kernel_level() {
-  KernelLevel best = KernelLevel::kScalar;
-  for (KernelLevel l : kAllKernelLevels)
-    if (cpu_supports_level(l)) best = l;
-  return best;
-}
-
-KernelLevel choose_kernel_level(const char* request, KernelLevel best) {
-  if (request == nullptr || *request == '\0') return best;
-  const std::string_view r(request);
-  auto usable = [&](KernelLevel l) { return l <= best && cpu_supports_level(l); };
-  // A family name picks the best level of that family that is usable.
-  KernelLevel want = best;
-  if (r == "scalar") {
-    want = KernelLevel::kScalar;
-  } else if (r == "avx2") {
-    want = usable(KernelLevel::kAvx2Vnni) ? KernelLevel::kAvx2Vnni : KernelLevel::kAvx2;
-  } else if (r == "avx512") {
-    want = usable(KernelLevel::kAvx512Vnni) ? KernelLevel::kAvx512Vnni : KernelLevel::kAvx512;
-  } else {
-    bool found = false;
-    for (KernelLevel l : kAllKernelLevels)
-      if (r == kernel_level_name(l)) {
-        want = l;
-        found = true;
-      }
-    if (!found) {
-      std::fprintf(stderr, "tandem: warning: TANDEM_KERNELS=%s is not one of scalar, avx2, avx512; using %s\n",
-                   request, kernel_level_name(best));
-      return best;
-    }
-  }
-  if (!usable(want)) {
-    std::fprintf(stderr, "tandem: warning: TANDEM_KERNELS=%s is not supported by this CPU; using %s\n",
-                 request, kernel_level_name(best));
-    return best;
-  }
-  return want;
-}
-
-KernelLevel active_kernel_level() {
-  static const KernelLevel level = choose_kernel_level(std::getenv("TANDEM_KERNELS"), best_kernel_level());
-  return level;
-}
-
 VecDotFn vec_dot_fn_for_level(GgmlType w, KernelLevel level) {
   const VecDotFn ref = dot_detail::ref_fn(w);
   if (ref == nullptr)
@@ -240,7 +167,5 @@ VecDotFn vec_dot_ref_fn(GgmlType w_type) {
     fail(ErrorKind::kUnsupported, "no dot product for weight type id {}", static_cast<uint32_t>(w_type));
   return ref;
 }
-
-const char* cpu_kernel_level() { return kernel_level_name(active_kernel_level()); }
 
 }  // namespace tandem

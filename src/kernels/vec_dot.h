@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/cpu_features.h"
 #include "core/ggml_type.h"
 
 namespace tandem {
@@ -29,8 +30,5 @@ using VecDotFn = float (*)(int64_t n, const void* w, const void* a);
 VecDotFn vec_dot_fn(GgmlType w_type);
 // The plain scalar reference, for tests.
 VecDotFn vec_dot_ref_fn(GgmlType w_type);
-
-// Which instruction set the dispatcher picked ("avx512-vnni", "avx2", "scalar").
-const char* cpu_kernel_level();
 
 }  // namespace tandem

@@ -146,7 +146,7 @@ BenchResult run_bench(const BenchOptions& opts) {
   const int32_t P = opts.n_prompt, N = opts.n_gen, B = opts.batch;
 
   const auto t0 = Clock::now();
-  std::unique_ptr<Model> model = Model::load(opts.model_path, parse_prepack_mode(opts.prepack), opts.repack_cache);
+  std::unique_ptr<Model> model = Model::load(opts.model_path, opts.runtime);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   const ModelConfig& c = model->config();
   if (static_cast<int64_t>(P) + N > c.n_ctx_train)
@@ -234,7 +234,7 @@ nlohmann::json bench_to_json(const BenchResult& r, const Roofline& roof) {
       {"n_prompt", P},
       {"n_gen", N},
       {"batch", r.opts.batch},
-      {"prepack", r.opts.prepack},
+      {"prepack", prepack_mode_name(r.opts.runtime.prepack)},
       {"reps", r.opts.reps},
       {"warmup", r.opts.warmup},
       {"load_s", r.load_s},

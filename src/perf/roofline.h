@@ -49,8 +49,6 @@ nlohmann::json roofline_to_json(const Roofline& r);
 Roofline roofline_from_json(const nlohmann::json& j);
 
 std::string cpu_model_name();
-// $XDG_CACHE_HOME/tandem/roofline.json, else $HOME/.cache/tandem/roofline.json.
-std::string default_roofline_cache_path();
 // The cached entry for this CPU, thread count and level (source = "cached");
 // nullopt when the file is absent, unreadable or has none.
 std::optional<Roofline> load_cached_roofline(const std::string& path, const std::string& cpu, int threads,
