@@ -1,32 +1,17 @@
-// AVX-512 packers: each converts 16 weight rows' blocks to unsigned bytes in
-// registers and transposes them into the lane-per-row panel layout (see
-// layout_panels.h); the bytes written equal the scalar packers'. A tile that runs
-// past the matrix's last row is rare and goes to the scalar packer.
-#include "kernels/layout_pack_avx512.h"
+// AVX-512 packers (layout_pack_rows.h): the file's rows through one 512-bit
+// transpose per 16 x 8 dwords, and the tiles (layout_q32_tiles.h,
+// layout_k4_tiles.h), which are already one lane per row.
+#include "kernels/simd_avx512.h"
 
 #if defined(__x86_64__)
 
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-#include <immintrin.h>
-
-#include <cstring>
-
-#include "core/quant_blocks.h"
-#include "kernels/product_kernels.h"
-#include "kernels/simd_avx512.h"
-#include "kernels/layout_panels.h"
 #include "kernels/layout_k4_tiles.h"
+#include "kernels/layout_panels.h"
 #include "kernels/layout_q32_tiles.h"
+#include "kernels/product_kernels.h"
 
-#define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
-#define TD_FN TD_ATTR inline
-
-namespace tandem::gemm_detail {
+namespace tandem::gemm_detail::avx512 {
 namespace {
-
-using namespace avx512;
 
 // 16 rows of 8 dwords (row n in r[n]) to 8 vectors of 16 dwords, vector g
 // holding dword g of every row, stored 64 bytes apart from out. Pairs of rows
@@ -59,84 +44,9 @@ TD_FN void pack_f16s(const uint8_t* const rows[16], size_t off, float* out) {
   _mm512_store_ps(out, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h))));
 }
 
-template <typename Conv>
-TD_FN void pack_q32_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, uint8_t* panel) {
-  const Conv conv;
-  for (int64_t b = b0; b < b1; ++b, panel += Q32Panel::kBytes) {
-    const size_t off = static_cast<size_t>(b) * Conv::kBlock;
-    __m256i r[16];
-    for (int n = 0; n < 16; ++n) r[n] = conv(rows[n] + off);
-    pack_q32_scales(rows, off, panel);
-    transpose_16x8(r, panel + Q32Panel::kQ);
-  }
-}
-
-template <typename Block>
-TD_FN void pack_k4_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, uint8_t* panel) {
-  constexpr bool kQ5 = sizeof(Block) == sizeof(BlockQ5K);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  for (int64_t b = b0; b < b1; ++b, panel += K4Panel::kBytes) {
-    const size_t off = static_cast<size_t>(b) * sizeof(Block);
-    pack_f16s(rows, off + offsetof(Block, d), reinterpret_cast<float*>(panel + K4Panel::kD));
-    pack_f16s(rows, off + offsetof(Block, dmin), reinterpret_cast<float*>(panel + K4Panel::kDmin));
-    int32_t* sc = reinterpret_cast<int32_t*>(panel + K4Panel::kSc);
-    int16_t* mins = reinterpret_cast<int16_t*>(panel + K4Panel::kMins);
-    for (int n = 0; n < 16; ++n) {
-      uint32_t words[4];
-      k4_unpack_words(rows[n] + off + offsetof(Block, scales), words);
-      uint8_t sm[16];  // scales 0..7, mins 8..15
-      std::memcpy(sm, words, 16);
-      for (int j = 0; j < 8; ++j) {
-        sc[j * 16 + n] = sm[j];
-        mins[((j / 2) * 16 + n) * 2 + j % 2] = sm[8 + j];
-      }
-    }
-    for (int j = 0; j < 8; ++j) {
-      __m256i r[16];
-      for (int n = 0; n < 16; ++n) {
-        const __m256i x = load256(rows[n] + off + offsetof(Block, qs) + 32 * (j / 2));
-        __m256i v = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(x, 4) : x, m4);
-        if constexpr (kQ5) {
-          const __m256i qh = load256(rows[n] + off + offsetof(BlockQ5K, qh));
-          const __mmask32 bit = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << j)));
-          v = _mm256_mask_add_epi8(v, bit, v, _mm256_set1_epi8(0x10));
-        }
-        r[n] = v;
-      }
-      transpose_16x8(r, panel + K4Panel::kQ + 64 * 8 * j);
-    }
-  }
-}
-
-TD_FN void pack_k6_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, uint8_t* panel) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-  for (int64_t b = b0; b < b1; ++b, panel += K6Panel::kBytes) {
-    const size_t off = static_cast<size_t>(b) * sizeof(BlockQ6K);
-    pack_f16s(rows, off + offsetof(BlockQ6K, d), reinterpret_cast<float*>(panel + K6Panel::kD));
-    int32_t* sc = reinterpret_cast<int32_t*>(panel + K6Panel::kSc);
-    for (int n = 0; n < 16; ++n) {
-      const int8_t* s = reinterpret_cast<const int8_t*>(rows[n] + off + offsetof(BlockQ6K, scales));
-      for (int j = 0; j < 16; ++j) sc[j * 16 + n] = s[j];
-    }
-    // Slice j = 4h + q holds elements 128h + 32q + (0..31).
-    for (int j = 0; j < 8; ++j) {
-      const int h = j / 4, q = j % 4;
-      __m256i r[16];
-      for (int n = 0; n < 16; ++n) {
-        const uint8_t* blk = rows[n] + off;
-        const __m256i l = load256(blk + offsetof(BlockQ6K, ql) + 64 * h + 32 * (q % 2));
-        const __m256i lo = _mm256_and_si256(q >= 2 ? _mm256_srli_epi16(l, 4) : l, m4);
-        const __m256i hb = load256(blk + offsetof(BlockQ6K, qh) + 32 * h);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * q), m2);
-        r[n] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-      }
-      transpose_16x8(r, panel + K6Panel::kQ + 64 * 8 * j);
-    }
-  }
-}
-
-TD_FN void row_pointers(const WeightMatrix& W, int64_t o0, const uint8_t* rows[16]) {
-  for (int n = 0; n < 16; ++n) rows[n] = W.row(o0 + n);
+TD_FN __m256i add_fifth_bit(__m256i v, __m256i qh, int j) {
+  const __mmask32 bit = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << j)));
+  return _mm256_mask_add_epi8(v, bit, v, _mm256_set1_epi8(0x10));
 }
 
 // Panels from a q4_0 / q5_0 tile (kernels/layout_q32_tiles.h), blocks [b0, b1):
@@ -191,40 +101,22 @@ TD_FN void pack_k4_tile(const uint8_t* tile, int64_t b0, int64_t b1, uint8_t* pa
   }
 }
 
+TD_FN bool pack_from_tiles(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
+  if (!W.tiles()) return false;
+  if (W.type == GgmlType::Q4_K) {
+    pack_k4_tile(W.tiles() + (o0 / kGemmTile) * k4_tiles::tile_bytes(W.cols / kQKK), b0, b1, panel);
+    return true;
+  }
+  const int64_t nb = W.cols / kQK;
+  const bool q5 = W.type == GgmlType::Q5_0;
+  pack_q32_tile(W.tiles() + (o0 / kGemmTile) * q32_tiles::tile_bytes(nb, q5), nb, q5, b0, b1, panel);
+  return true;
+}
+
 }  // namespace
 
-TD_ATTR void avx512_pack_q32(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
-  if (o0 + kGemmTile > W.rows) return pack_q32_ref(W, o0, b0, b1, panel);
-  if (W.tiles()) {
-    const int64_t nb = W.cols / kQK;
-    const bool q5 = W.type == GgmlType::Q5_0;
-    return pack_q32_tile(W.tiles() + (o0 / kGemmTile) * q32_tiles::tile_bytes(nb, q5), nb, q5, b0, b1, panel);
-  }
-  const uint8_t* rows[16];
-  row_pointers(W, o0, rows);
-  switch (W.type) {
-    case GgmlType::Q4_0: return pack_q32_rows<Q4_0Conv>(rows, b0, b1, panel);
-    case GgmlType::Q5_0: return pack_q32_rows<Q5_0Conv>(rows, b0, b1, panel);
-    default: return pack_q32_rows<Q8_0Conv>(rows, b0, b1, panel);
-  }
-}
+#include "kernels/layout_pack_rows.h"
 
-TD_ATTR void avx512_pack_k4(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
-  if (o0 + kGemmTile > W.rows) return pack_k4_ref(W, o0, b0, b1, panel);
-  if (W.tiles()) return pack_k4_tile(W.tiles() + (o0 / kGemmTile) * k4_tiles::tile_bytes(W.cols / kQKK), b0, b1, panel);
-  const uint8_t* rows[16];
-  row_pointers(W, o0, rows);
-  if (W.type == GgmlType::Q5_K) return pack_k4_rows<BlockQ5K>(rows, b0, b1, panel);
-  pack_k4_rows<BlockQ4K>(rows, b0, b1, panel);
-}
-
-TD_ATTR void avx512_pack_k6(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) {
-  if (o0 + kGemmTile > W.rows) return pack_k6_ref(W, o0, b0, b1, panel);
-  const uint8_t* rows[16];
-  row_pointers(W, o0, rows);
-  pack_k6_rows(rows, b0, b1, panel);
-}
-
-}  // namespace tandem::gemm_detail
+}  // namespace tandem::gemm_detail::avx512
 
 #endif

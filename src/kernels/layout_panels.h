@@ -66,4 +66,17 @@ void pack_q32_ref(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uin
 void pack_k4_ref(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
 void pack_k6_ref(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
 
+// The packers of each vector width (layout_pack_rows.h), for CPUs that run it;
+// the AVX-512 ones also read the tiles.
+namespace avx2 {
+void pack_q32(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
+void pack_k4(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
+void pack_k6(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
+}  // namespace avx2
+namespace avx512 {
+void pack_q32(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
+void pack_k4(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
+void pack_k6(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
+}  // namespace avx512
+
 }  // namespace tandem::gemm_detail

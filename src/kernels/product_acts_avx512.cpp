@@ -2,26 +2,16 @@
 // quantizers and the f16 / bf16 rounding of gemm_prepare_acts, vectorized but
 // bit-identical to the scalar ones (same amax, same per-block scalar scale
 // arithmetic, the same rounding rules, NaN and inf included).
-#include "kernels/product_kernels.h"
+#include "kernels/simd_avx512.h"
 
 #if defined(__x86_64__)
 
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-#include <immintrin.h>
-
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
-#include "core/quant_blocks.h"
 #include "core/quant.h"
-#include "kernels/layout_pack_avx512.h"
+#include "kernels/product_kernels.h"
 #include "kernels/simd_transpose.h"
-
-#define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
-#define TD_FN TD_ATTR inline
 
 namespace tandem::gemm_detail {
 namespace {
@@ -33,7 +23,7 @@ TD_FN __m512 abs_ps(__m512 v) { return _mm512_castsi512_ps(_mm512_and_si512(_mm5
 TD_FN __m512 fold_amax(__m512 x, __m512 m) { return _mm512_max_ps(abs_ps(x), m); }
 
 // round(v) half away from zero as std::round, NaN -> 0, clamped to +-127,
-// as 16 int8 (vec_dot.cpp's to_q8).
+// as 16 int8 (product_acts.cpp's to_q8).
 TD_FN __m128i to_q8(__m512 v) {
   const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
   const __m512 frac = _mm512_sub_ps(v, t);  // exact
@@ -97,15 +87,7 @@ TD_FN void q8_k_row(const float* x, int64_t nb, bool k4, int8_t* q, float* scale
       }
       scale[b] = 1 / iscale;
     }
-    if (k4) {
-      for (int e = 0; e < 4; ++e) {
-        const int32_t lo = bsums[4 * e] + bsums[4 * e + 1], hi = bsums[4 * e + 2] + bsums[4 * e + 3];
-        extra[e] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(lo)) |
-                                        (static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16));
-      }
-    } else {
-      for (int g = 0; g < 16; ++g) extra[g] = -32 * bsums[g];
-    }
+    k_extras(k4 ? GemmClass::kK4 : GemmClass::kK6, bsums, extra);
   }
 }
 
@@ -213,6 +195,8 @@ TD_ATTR bool avx512_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_
 }  // namespace tandem::gemm_detail
 
 #else
+
+#include "kernels/product_kernels.h"
 
 namespace tandem::gemm_detail {
 bool avx512_prepare_acts(const float*, int64_t, int64_t, int64_t, GemmActs&) { return false; }

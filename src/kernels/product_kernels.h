@@ -176,6 +176,9 @@ GemmKernel avx512_kernel(GgmlType w);  // needs AVX512-VNNI
 // k with its row-wise path replaced by the AVX-512 one.
 GemmKernel avx512_rows_kernel(GgmlType w, GemmKernel k);
 void ref_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmActs& acts);
+// The extras of a q8_K block for class kK4 or kK6 (see gemm_prepare_acts)
+// from its 16 group sums.
+void k_extras(GemmClass cls, const int32_t bsums[16], int32_t* extra);
 // Writes one row's plain-order quants (or floats), scales and extras into
 // the interleaved layout.
 void scatter_row(const void* q, const float* scale, const int32_t* extra, int64_t r, GemmActs& acts);

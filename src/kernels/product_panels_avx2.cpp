@@ -11,42 +11,30 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "core/quant_blocks.h"
-#include "kernels/layout_pack_avx2.h"
 #include "kernels/layout_panels.h"
 
 namespace tandem::gemm_detail {
 
-namespace avx2_plain {
-#define TD_TARGET "avx2,fma,f16c"
-#define TD_VNNI 0
-#include "kernels/product_panels_avx2_body.h"
-#undef TD_VNNI
-#undef TD_TARGET
-}  // namespace avx2_plain
-
-namespace avx2_vnni {
-#define TD_TARGET "avx2,fma,f16c,avxvnni"
-#define TD_VNNI 1
-#include "kernels/product_panels_avx2_body.h"
-#undef TD_VNNI
-#undef TD_TARGET
-}  // namespace avx2_vnni
+#define TD_AVX2_VARIANTS_BODY "kernels/product_panels_avx2_body.h"
+#include "kernels/simd_avx2_variants.h"
+#undef TD_AVX2_VARIANTS_BODY
 
 GemmKernel avx2_kernel(GgmlType w, bool vnni) {
   GemmKernel k = ref_kernel(w);  // block sizes and panel layout
   switch (k.cls) {
     case GemmClass::kQ32:
-      k.pack = avx2_pack_q32;
+      k.pack = avx2::pack_q32;
       k.run = vnni ? avx2_vnni::run_q32 : w == GgmlType::Q8_0 ? avx2_plain::run_q32_signed : avx2_plain::run_q32;
       break;
     case GemmClass::kK4:
-      k.pack = avx2_pack_k4;
+      k.pack = avx2::pack_k4;
       k.run = vnni ? avx2_vnni::run_k4 : avx2_plain::run_k4;
       break;
     case GemmClass::kK6:
-      k.pack = avx2_pack_k6;
+      k.pack = avx2::pack_k6;
       k.run = vnni ? avx2_vnni::run_k6 : avx2_plain::run_k6;
       break;
     case GemmClass::kFloat:

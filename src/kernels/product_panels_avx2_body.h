@@ -1,6 +1,6 @@
-// AVX2 tiled kernels, textually included by product_panels_avx2.cpp twice: TD_VNNI 1
-// (AVX-VNNI dpbusd) and TD_VNNI 0 (maddubs + madd), TD_TARGET naming the
-// matching target. Not a normal header. A panel vector (16 lanes) is a pair
+// AVX2 panel kernels, compiled twice by product_panels_avx2.cpp through
+// simd_avx2_variants.h: TD_VNNI 1 (AVX-VNNI dpbusd) and TD_VNNI 0 (maddubs +
+// madd), TD_TARGET naming the matching target. Not a normal header. A panel vector (16 lanes) is a pair
 // of registers; each kernel handles `kStep` activation slots at a time so its
 // accumulators stay in the 16 registers, and loops over the rest.
 
@@ -79,81 +79,55 @@ TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64
   store_acc<R>(acc, s0, f);
 }
 
-template <int R>
-TD_FN void k4_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int s0, int64_t b0, const GemmAcc& acc) {
+// The K-quant panels (q4_K / q5_K: kK6 false; q6_K: true), as the AVX-512
+// kernel: per sub-block j the integer sums (q6_K's seeded with its -32
+// offset's extra) times its scale, then the float chain, q4_K / q5_K with its
+// mins term.
+template <int R, bool kK6>
+TD_FN void kq_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int s0, int64_t b0,
+                   const GemmAcc& acc) {
+  using P = std::conditional_t<kK6, K6Panel, K4Panel>;
+  constexpr int kSub = kK6 ? 16 : 8, kGroups = 64 / kSub, kExtra = kK6 ? 16 : 4;
   const int64_t S = A.slots;
   const int8_t* aq = A.qgroup(G) + b0 * kQKK * S + 4 * s0;
   const float* as = A.sgroup(G) + b0 * S + s0;
-  const int32_t* ae = A.egroup(G) + b0 * 4 * S + s0;
+  const int32_t* ae = A.egroup(G) + b0 * kExtra * S + s0;
   __m256 f[R][2];
   load_acc<R>(acc, s0, f);
   for (int64_t i = 0; i < nblk; ++i) {
     for (int h = 0; h < 2; ++h) {
       __m256i isum[R];
       for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < kSub; ++j) {
         __m256i s[R];
-        for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
+        for (int r = 0; r < R; ++r) s[r] = kK6 ? _mm256_set1_epi32(ae[j * S + r]) : _mm256_setzero_si256();
 #pragma GCC unroll 8
-        for (int g = 0; g < 8; ++g) {
-          const __m256i w = load_i(panel + K4Panel::kQ + 64 * (8 * j + g) + 32 * h);
-          const int8_t* ag = aq + (8 * j + g) * 4 * S;
+        for (int g = 0; g < kGroups; ++g) {
+          const __m256i w = load_i(panel + P::kQ + 64 * (kGroups * j + g) + 32 * h);
+          const int8_t* ag = aq + (kGroups * j + g) * 4 * S;
           for (int r = 0; r < R; ++r) s[r] = dot4(s[r], w, bcast32(ag + 4 * r));
         }
-        const __m256i sc = load_i(panel + K4Panel::kSc + 64 * j + 32 * h);
+        const __m256i sc = load_i(panel + P::kSc + 64 * j + 32 * h);
         for (int r = 0; r < R; ++r) isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(s[r], sc));
       }
-      const __m256 d = load_f(panel + K4Panel::kD + 32 * h);
-      const __m256 dmin = load_f(panel + K4Panel::kDmin + 32 * h);
+      const __m256 d = load_f(panel + P::kD + 32 * h);
       for (int r = 0; r < R; ++r) {
-        __m256i m = _mm256_setzero_si256();
-        for (int e = 0; e < 4; ++e)
-          m = _mm256_add_epi32(m, _mm256_madd_epi16(load_i(panel + K4Panel::kMins + 64 * e + 32 * h), bcast32(ae + e * S + r)));
         const __m256 da = _mm256_set1_ps(as[r]);
         f[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, da), f[r][h]);
-        f[r][h] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dmin, da), f[r][h]);
-      }
-    }
-    panel += K4Panel::kBytes;
-    aq += kQKK * S;
-    as += S;
-    ae += 4 * S;
-  }
-  store_acc<R>(acc, s0, f);
-}
-
-template <int R>
-TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int s0, int64_t b0, const GemmAcc& acc) {
-  const int64_t S = A.slots;
-  const int8_t* aq = A.qgroup(G) + b0 * kQKK * S + 4 * s0;
-  const float* as = A.sgroup(G) + b0 * S + s0;
-  const int32_t* ae = A.egroup(G) + b0 * 16 * S + s0;
-  __m256 f[R][2];
-  load_acc<R>(acc, s0, f);
-  for (int64_t i = 0; i < nblk; ++i) {
-    for (int h = 0; h < 2; ++h) {
-      __m256i isum[R];
-      for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
-      for (int j = 0; j < 16; ++j) {
-        __m256i s[R];
-        for (int r = 0; r < R; ++r) s[r] = _mm256_set1_epi32(ae[j * S + r]);
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; ++g) {
-          const __m256i w = load_i(panel + K6Panel::kQ + 64 * (4 * j + g) + 32 * h);
-          const int8_t* ag = aq + (4 * j + g) * 4 * S;
-          for (int r = 0; r < R; ++r) s[r] = dot4(s[r], w, bcast32(ag + 4 * r));
+        if constexpr (!kK6) {
+          __m256i m = _mm256_setzero_si256();
+          for (int e = 0; e < 4; ++e)
+            m = _mm256_add_epi32(
+                m, _mm256_madd_epi16(load_i(panel + K4Panel::kMins + 64 * e + 32 * h), bcast32(ae + e * S + r)));
+          const __m256 dmin = load_f(panel + K4Panel::kDmin + 32 * h);
+          f[r][h] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dmin, da), f[r][h]);
         }
-        const __m256i sc = load_i(panel + K6Panel::kSc + 64 * j + 32 * h);
-        for (int r = 0; r < R; ++r) isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(s[r], sc));
       }
-      const __m256 d = load_f(panel + K6Panel::kD + 32 * h);
-      for (int r = 0; r < R; ++r)
-        f[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, _mm256_set1_ps(as[r])), f[r][h]);
     }
-    panel += K6Panel::kBytes;
+    panel += P::kBytes;
     aq += kQKK * S;
     as += S;
-    ae += 16 * S;
+    ae += kExtra * S;
   }
   store_acc<R>(acc, s0, f);
 }
@@ -174,8 +148,8 @@ TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_
 
 #define TD_Q32(n) q32_rows<n, false>(panel, nblk, A, G, s0, b0, acc)
 #define TD_Q32S(n) q32_rows<n, true>(panel, nblk, A, G, s0, b0, acc)
-#define TD_K4(n) k4_rows<n>(panel, nblk, A, G, s0, b0, acc)
-#define TD_K6(n) k6_rows<n>(panel, nblk, A, G, s0, b0, acc)
+#define TD_K4(n) kq_rows<n, false>(panel, nblk, A, G, s0, b0, acc)
+#define TD_K6(n) kq_rows<n, true>(panel, nblk, A, G, s0, b0, acc)
 TD_DISPATCH_STEPS(run_q32, 2, TD_Q32)
 TD_DISPATCH_STEPS(run_q32_signed, 2, TD_Q32S)
 TD_DISPATCH_STEPS(run_k4, 2, TD_K4)

@@ -7,25 +7,15 @@
 // quants as unsigned (q + offset) and the activations stay signed; the
 // offset's contribution, offset * sum(activation quants), is precomputed per
 // block (the "extra" of gemm_prepare_acts) and seeds the integer sum.
-#include "kernels/product_kernels.h"
+#include "kernels/simd_avx512.h"
 
 #if defined(__x86_64__)
 
-// See vec_dot_avx512.cpp: GCC 12's AVX-512 headers trip -Wuninitialized when inlined.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <type_traits>
 
-#include <immintrin.h>
-
-#include <cstring>
-
-#include "core/quant_blocks.h"
-#include "kernels/layout_pack_avx512.h"
-#include "kernels/product_rows_avx512.h"
 #include "kernels/layout_panels.h"
-
-#define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
-#define TD_FN TD_ATTR inline
+#include "kernels/product_kernels.h"
+#include "kernels/product_rows_avx512.h"
 
 namespace tandem::gemm_detail {
 namespace {
@@ -148,89 +138,65 @@ TD_FN void q32_rows2(const uint8_t* const* panels, int64_t nblk, const GemmActs&
   q32_rows<R, 2>(panels, nblk, A, G, b0, acc);
 }
 
-template <int R>
-TD_FN void k4_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, const GemmAcc& acc) {
+// The K-quant panels (q4_K / q5_K: kK6 false; q6_K: true): per sub-block j
+// the dpbusd sums (q6_K's seeded with its -32 offset's extra), times the
+// sub-block's scale, summed in integers; then the float chain of
+// product_kernels.h, q4_K / q5_K with its mins term.
+template <int R, bool kK6>
+TD_FN void kq_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, const GemmAcc& acc) {
+  using P = std::conditional_t<kK6, K6Panel, K4Panel>;
+  constexpr int kSub = kK6 ? 16 : 8, kGroups = 64 / kSub, kExtra = kK6 ? 16 : 4;
   const int64_t S = A.slots;
   const int8_t* aq = A.qgroup(G) + b0 * kQKK * S;
   const float* as = A.sgroup(G) + b0 * S;
-  const int32_t* ae = A.egroup(G) + b0 * 4 * S;
+  const int32_t* ae = A.egroup(G) + b0 * kExtra * S;
   __m512 f[R];
   load_acc<R>(acc, f);
   for (int64_t i = 0; i < nblk; ++i) {
     __m512i isum[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < kSub; ++j) {
       __m512i s[R];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_si512();
+      for (int r = 0; r < R; ++r) s[r] = kK6 ? _mm512_set1_epi32(ae[j * S + r]) : _mm512_setzero_si512();
 #pragma GCC unroll 8
-      for (int g = 0; g < 8; ++g) {
-        const __m512i w = _mm512_load_si512(panel + K4Panel::kQ + 64 * (8 * j + g));
-        const int8_t* ag = aq + (8 * j + g) * 4 * S;
+      for (int g = 0; g < kGroups; ++g) {
+        const __m512i w = _mm512_load_si512(panel + P::kQ + 64 * (kGroups * j + g));
+        const int8_t* ag = aq + (kGroups * j + g) * 4 * S;
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) s[r] = _mm512_dpbusd_epi32(s[r], w, bcast32(ag + 4 * r));
       }
-      const __m512i sc = _mm512_load_si512(panel + K4Panel::kSc + 64 * j);
+      const __m512i sc = _mm512_load_si512(panel + P::kSc + 64 * j);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(s[r], sc));
     }
-    const __m512 d = _mm512_load_ps(panel + K4Panel::kD);
-    const __m512 dmin = _mm512_load_ps(panel + K4Panel::kDmin);
+    const __m512 d = _mm512_load_ps(panel + P::kD);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      __m512i m = _mm512_setzero_si512();
-      for (int e = 0; e < 4; ++e)
-        m = _mm512_dpwssd_epi32(m, _mm512_load_si512(panel + K4Panel::kMins + 64 * e), bcast32(ae + e * S + r));
       const __m512 da = _mm512_set1_ps(as[r]);
       f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, da), f[r]);
-      f[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(dmin, da), f[r]);
+      if constexpr (!kK6) {
+        __m512i m = _mm512_setzero_si512();
+        for (int e = 0; e < 4; ++e)
+          m = _mm512_dpwssd_epi32(m, _mm512_load_si512(panel + K4Panel::kMins + 64 * e), bcast32(ae + e * S + r));
+        f[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(_mm512_load_ps(panel + K4Panel::kDmin), da), f[r]);
+      }
     }
-    panel += K4Panel::kBytes;
+    panel += P::kBytes;
     aq += kQKK * S;
     as += S;
-    ae += 4 * S;
+    ae += kExtra * S;
   }
   store_acc<R>(acc, f);
 }
-
+template <int R>
+TD_FN void k4_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, const GemmAcc& acc) {
+  kq_rows<R, false>(panel, nblk, A, G, b0, acc);
+}
 template <int R>
 TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0, const GemmAcc& acc) {
-  const int64_t S = A.slots;
-  const int8_t* aq = A.qgroup(G) + b0 * kQKK * S;
-  const float* as = A.sgroup(G) + b0 * S;
-  const int32_t* ae = A.egroup(G) + b0 * 16 * S;
-  __m512 f[R];
-  load_acc<R>(acc, f);
-  for (int64_t i = 0; i < nblk; ++i) {
-    __m512i isum[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
-    for (int j = 0; j < 16; ++j) {
-      __m512i s[R];
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) s[r] = _mm512_set1_epi32(ae[j * S + r]);
-#pragma GCC unroll 4
-      for (int g = 0; g < 4; ++g) {
-        const __m512i w = _mm512_load_si512(panel + K6Panel::kQ + 64 * (4 * j + g));
-        const int8_t* ag = aq + (4 * j + g) * 4 * S;
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) s[r] = _mm512_dpbusd_epi32(s[r], w, bcast32(ag + 4 * r));
-      }
-      const __m512i sc = _mm512_load_si512(panel + K6Panel::kSc + 64 * j);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(s[r], sc));
-    }
-    const __m512 d = _mm512_load_ps(panel + K6Panel::kD);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-      f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, _mm512_set1_ps(as[r])), f[r]);
-    panel += K6Panel::kBytes;
-    aq += kQKK * S;
-    as += S;
-    ae += 16 * S;
-  }
-  store_acc<R>(acc, f);
+  kq_rows<R, true>(panel, nblk, A, G, b0, acc);
 }
 
 // name(panel, ..., R, ..., acc) calls rows_fn<R>: one panel (Panel = const
@@ -261,16 +227,16 @@ GemmKernel avx512_kernel(GgmlType w) {
   GemmKernel k = ref_kernel(w);  // block sizes and panel layout
   switch (k.cls) {
     case GemmClass::kQ32:
-      k.pack = avx512_pack_q32;
+      k.pack = avx512::pack_q32;
       k.run = run_q32;
       k.run2 = run2_q32;
       break;
     case GemmClass::kK4:
-      k.pack = avx512_pack_k4;
+      k.pack = avx512::pack_k4;
       k.run = run_k4;
       break;
     case GemmClass::kK6:
-      k.pack = avx512_pack_k6;
+      k.pack = avx512::pack_k6;
       k.run = run_k6;
       break;
     case GemmClass::kFloat:
@@ -285,6 +251,8 @@ GemmKernel avx512_kernel(GgmlType w) {
 }  // namespace tandem::gemm_detail
 
 #else
+
+#include "kernels/product_kernels.h"
 
 namespace tandem::gemm_detail {
 GemmKernel avx512_kernel(GgmlType) { return {}; }

@@ -3,21 +3,14 @@
 // the integer sums are exact either way, only speed differs). q8_0 takes the
 // sign trick (|w| times a with w's sign), as its offset quants would
 // saturate maddubs; the other formats hold quants below 64.
-#include "kernels/product_kernels.h"
+#include "kernels/simd_avx2.h"
 
 #if defined(__x86_64__)
 
-#include <immintrin.h>
-
 #include <algorithm>
-#include <cstring>
 
-#include "core/quant_blocks.h"
-#include "kernels/simd_avx2.h"
+#include "kernels/product_kernels.h"
 #include "kernels/stream_tuning.h"
-
-#define TD_ATTR __attribute__((target("avx2,fma,f16c")))
-#define TD_FN TD_ATTR inline
 
 namespace tandem::gemm_detail {
 namespace {

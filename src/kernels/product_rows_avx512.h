@@ -22,22 +22,12 @@
 
 #if defined(__x86_64__)
 
-// See vec_dot_avx512.cpp: GCC 12's AVX-512 headers trip -Wuninitialized when inlined.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-#include <immintrin.h>
+#include "kernels/simd_avx512.h"
 
 #include <algorithm>
-#include <cstdint>
-#include <cstring>
 
 #include "kernels/product_kernels.h"
-#include "kernels/layout_pack_avx512.h"
 #include "kernels/stream_tuning.h"
-
-#define TD_ATTR __attribute__((target(TD_GEMM_AVX512)))
-#define TD_FN TD_ATTR inline
 
 namespace tandem::gemm_detail::avx512_rows {
 

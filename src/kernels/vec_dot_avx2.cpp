@@ -13,83 +13,22 @@
 #include "core/quant_blocks.h"
 
 namespace tandem::dot_detail {
-namespace avx2_plain {
-#define TD_TARGET "avx2,fma,f16c"
-#define TD_VNNI 0
-#include "kernels/vec_dot_avx2_q32.h"
-#undef TD_VNNI
-#undef TD_TARGET
-}  // namespace avx2_plain
-
-namespace avx2_vnni {
-#define TD_TARGET "avx2,fma,f16c,avxvnni"
-#define TD_VNNI 1
-#include "kernels/vec_dot_avx2_q32.h"
-#undef TD_VNNI
-#undef TD_TARGET
-}  // namespace avx2_vnni
+#define TD_AVX2_VARIANTS_BODY "kernels/vec_dot_avx2_q32.h"
+#include "kernels/simd_avx2_variants.h"
+#undef TD_AVX2_VARIANTS_BODY
 
 namespace avx2_plain {
 
 #define TD_FN __attribute__((target("avx2,fma,f16c"))) inline
 
-TD_FN int32_t hsum_epi32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm_cvtsi128_si32(s);
-}
-
 TD_FN __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-
-// int16 lanes: `lo` for the first 16 bytes' products, `hi` for the last 16.
-TD_FN __m256i scale_pair(int lo, int hi) {
-  return _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(hi)), _mm_set1_epi16(static_cast<int16_t>(lo)));
-}
 
 // Unsigned quants (< 64) times q8, weighted per 16-element half, into int32.
 TD_FN __m256i scaled_dot(__m256i q, const int8_t* y, __m256i scales16) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(q, load32(y)), scales16);
 }
 
-TD_FN float dot_f32(int64_t n, const void* w, const void* a) {
-  const float* x = static_cast<const float*>(w);
-  const float* y = static_cast<const float*>(a);
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32)
-    for (int k = 0; k < 4; ++k)
-      acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * k), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
-  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc[0]);
-  float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-  for (; i < n; ++i) sum += x[i] * y[i];
-  return sum;
-}
-
-TD_FN __m256 load_f16(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-TD_FN float dot_f16(int64_t n, const void* w, const void* a) {
-  const uint16_t* x = static_cast<const uint16_t*>(w);
-  const uint16_t* y = static_cast<const uint16_t*>(a);
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32)
-    for (int k = 0; k < 4; ++k)
-      acc[k] = _mm256_fmadd_ps(load_f16(x + i + 8 * k), load_f16(y + i + 8 * k), acc[k]);
-  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_f16(x + i), load_f16(y + i), acc[0]);
-  float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-  for (; i < n; ++i) sum += _cvtsh_ss(x[i]) * _cvtsh_ss(y[i]);
-  return sum;
-}
-
 // bf16 is the top half of an f32, so widening is a 16-bit shift.
-TD_FN __m256 load_bf16(const uint16_t* p) {
-  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-}
-
 TD_FN float bf16_value(uint16_t h) {
   const uint32_t bits = static_cast<uint32_t>(h) << 16;
   float f;
@@ -97,17 +36,41 @@ TD_FN float bf16_value(uint16_t h) {
   return f;
 }
 
-TD_FN float dot_bf16(int64_t n, const void* w, const void* a) {
-  const uint16_t* x = static_cast<const uint16_t*>(w);
-  const uint16_t* y = static_cast<const uint16_t*>(a);
+// Loads of each float weight type: 8 elements as floats, and one.
+struct LoadF32 {
+  using T = float;
+  TD_FN static __m256 vec(const float* p) { return _mm256_loadu_ps(p); }
+  TD_FN static float one(float v) { return v; }
+};
+struct LoadF16 {
+  using T = uint16_t;
+  TD_FN static __m256 vec(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  TD_FN static float one(uint16_t h) { return _cvtsh_ss(h); }
+};
+struct LoadBF16 {
+  using T = uint16_t;
+  TD_FN static __m256 vec(const uint16_t* p) {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  }
+  TD_FN static float one(uint16_t h) { return bf16_value(h); }
+};
+
+// 4 independent accumulators over 32 elements per step, then 8 at a time,
+// then the rest one by one.
+template <typename L>
+TD_FN float float_dot(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const typename L::T*>(w);
+  const auto* y = static_cast<const typename L::T*>(a);
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t i = 0;
   for (; i + 32 <= n; i += 32)
-    for (int k = 0; k < 4; ++k)
-      acc[k] = _mm256_fmadd_ps(load_bf16(x + i + 8 * k), load_bf16(y + i + 8 * k), acc[k]);
-  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_bf16(x + i), load_bf16(y + i), acc[0]);
+    for (int k = 0; k < 4; ++k) acc[k] = _mm256_fmadd_ps(L::vec(x + i + 8 * k), L::vec(y + i + 8 * k), acc[k]);
+  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(L::vec(x + i), L::vec(y + i), acc[0]);
   float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-  for (; i < n; ++i) sum += bf16_value(x[i]) * bf16_value(y[i]);
+  for (; i < n; ++i) sum += L::one(x[i]) * L::one(y[i]);
   return sum;
 }
 
@@ -276,9 +239,9 @@ TD_FN float dot_q6_k(int64_t n, const void* w, const void* a) {
 
 VecDotFn avx2_fn(GgmlType w, bool vnni) {
   switch (w) {
-    case GgmlType::F32: return avx2_plain::dot_f32;
-    case GgmlType::F16: return avx2_plain::dot_f16;
-    case GgmlType::BF16: return avx2_plain::dot_bf16;
+    case GgmlType::F32: return avx2_plain::float_dot<avx2_plain::LoadF32>;
+    case GgmlType::F16: return avx2_plain::float_dot<avx2_plain::LoadF16>;
+    case GgmlType::BF16: return avx2_plain::float_dot<avx2_plain::LoadBF16>;
     case GgmlType::Q4_0: return vnni ? avx2_vnni::dot_q4_0 : avx2_plain::dot_q4_0;
     case GgmlType::Q4_1: return vnni ? avx2_vnni::dot_q4_1 : avx2_plain::dot_q4_1;
     case GgmlType::Q5_0: return vnni ? avx2_vnni::dot_q5_0 : avx2_plain::dot_q5_0;

@@ -1,7 +1,7 @@
 // AVX2 kernels for the 32-element formats (q4_0, q4_1, q5_0, q5_1, q8_0).
-// Textually included by vec_dot_avx2.cpp twice, inside different namespaces: once
-// with TD_VNNI 0 (maddubs + madd) and once with TD_VNNI 1 (AVX-VNNI dpbusd),
-// TD_TARGET naming the matching target attribute. Not a normal header.
+// Compiled twice by vec_dot_avx2.cpp through simd_avx2_variants.h: TD_VNNI 0
+// (maddubs + madd) and TD_VNNI 1 (AVX-VNNI dpbusd), TD_TARGET naming the
+// matching target attribute. Not a normal header.
 //
 // Each block's int32 sums stay exact; only the per-block float scaling and
 // the final lane reduction differ in order from the scalar reference.

@@ -17,7 +17,6 @@ namespace dot_detail {
 // Per-file tables; nullptr where that file has no kernel for the type.
 VecDotFn ref_fn(GgmlType w);
 VecDotFn avx2_fn(GgmlType w, bool vnni);
-VecDotFn avx512_fn(GgmlType w, bool vnni, bool bf16);
 }  // namespace dot_detail
 
 }  // namespace tandem
