@@ -12,12 +12,8 @@ PrepackMode parse_prepack_mode(std::string_view name) {
 }
 
 const char* prepack_mode_name(PrepackMode mode) {
-  switch (mode) {
-    case PrepackMode::kOff: return "off";
-    case PrepackMode::kAuto: return "auto";
-    case PrepackMode::kAll: return "all";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"off", "auto", "all"};  // in PrepackMode's order
+  return kNames[static_cast<int>(mode)];
 }
 
 PrefetchMode parse_prefetch_mode(std::string_view name) {

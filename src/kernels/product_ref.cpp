@@ -323,32 +323,14 @@ void pack_k6_ref(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint
 GemmKernel ref_kernel(GgmlType w) {
   GemmKernel k;
   k.cls = gemm_class(w);
+  if (k.cls == GemmClass::kNone) return k;
+  k.block_elems = k.cls == GemmClass::kQ32 ? kQK : k.cls == GemmClass::kFloat ? 1 : kQKK;
+  k.panel_block_bytes = panel_block_bytes(k.cls);
   switch (k.cls) {
-    case GemmClass::kQ32:
-      k.block_elems = kQK;
-      k.panel_block_bytes = Q32Panel::kBytes;
-      k.pack = pack_q32_ref;
-      k.run = run_packed<run_q32_body>;
-      k.rows = rows_q32;
-      break;
-    case GemmClass::kK4:
-      k.block_elems = kQKK;
-      k.panel_block_bytes = K4Panel::kBytes;
-      k.pack = pack_k4_ref;
-      k.run = run_packed<run_k4_body>;
-      k.rows = rows_k4;
-      break;
-    case GemmClass::kK6:
-      k.block_elems = kQKK;
-      k.panel_block_bytes = K6Panel::kBytes;
-      k.pack = pack_k6_ref;
-      k.run = run_packed<run_k6_body>;
-      k.rows = rows_k6;
-      break;
-    case GemmClass::kFloat:
-      k.block_elems = 1;
-      k.rows = rows_float;
-      break;
+    case GemmClass::kQ32: k.pack = pack_q32_ref, k.run = run_packed<run_q32_body>, k.rows = rows_q32; break;
+    case GemmClass::kK4: k.pack = pack_k4_ref, k.run = run_packed<run_k4_body>, k.rows = rows_k4; break;
+    case GemmClass::kK6: k.pack = pack_k6_ref, k.run = run_packed<run_k6_body>, k.rows = rows_k6; break;
+    case GemmClass::kFloat: k.rows = rows_float; break;
     case GemmClass::kNone: break;
   }
   return k;

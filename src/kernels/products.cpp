@@ -110,12 +110,8 @@ LayoutChoice choose_layout(const WeightMatrix& W, KernelLevel level, PrepackMode
 }
 
 const char* weight_layout_name(WeightLayout layout) {
-  switch (layout) {
-    case WeightLayout::kFileRows: return "rows";
-    case WeightLayout::kPanels: return "panels";
-    case WeightLayout::kTiles: return "tiles";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"rows", "panels", "tiles"};  // in WeightLayout's order
+  return kNames[static_cast<int>(layout)];
 }
 
 std::string Product::name() const {

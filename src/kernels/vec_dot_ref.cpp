@@ -3,6 +3,7 @@
 // stored quants, scaled once by the float scales. SIMD kernels compute the same
 // integers, so they differ from these only in float summation order.
 #include <cstring>
+#include <type_traits>
 
 #include "core/quant_blocks.h"
 #include "core/quant.h"
@@ -11,60 +12,16 @@
 namespace tandem {
 namespace {
 
-float dot_f32(int64_t n, const void* w, const void* a) {
-  const float* x = static_cast<const float*>(w);
-  const float* y = static_cast<const float*>(a);
-  double sum = 0;  // ggml's scalar path also sums in double
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * y[i];
-  return static_cast<float>(sum);
-}
+float f32_value(float v) { return v; }
 
-float dot_f16(int64_t n, const void* w, const void* a) {
-  const uint16_t* x = static_cast<const uint16_t*>(w);
-  const uint16_t* y = static_cast<const uint16_t*>(a);
+// ggml's scalar path sums the float types in double.
+template <typename T, float (*kValue)(T)>
+float dot_float(int64_t n, const void* w, const void* a) {
+  const T* x = static_cast<const T*>(w);
+  const T* y = static_cast<const T*>(a);
   double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(f16_to_f32(x[i])) * f16_to_f32(y[i]);
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(kValue(x[i])) * kValue(y[i]);
   return static_cast<float>(sum);
-}
-
-float dot_bf16(int64_t n, const void* w, const void* a) {
-  const uint16_t* x = static_cast<const uint16_t*>(w);
-  const uint16_t* y = static_cast<const uint16_t*>(a);
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(bf16_to_f32(x[i])) * bf16_to_f32(y[i]);
-  return static_cast<float>(sum);
-}
-
-float dot_q4_0(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const BlockQ4_0*>(w);
-  const auto* y = static_cast<const BlockQ8_0*>(a);
-  float sum = 0;
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    int32_t isum = 0;
-    for (int j = 0; j < kQK / 2; ++j) {
-      isum += ((x[b].qs[j] & 0xF) - 8) * y[b].qs[j];
-      isum += ((x[b].qs[j] >> 4) - 8) * y[b].qs[j + kQK / 2];
-    }
-    sum += f16_to_f32(x[b].d) * f16_to_f32(y[b].d) * static_cast<float>(isum);
-  }
-  return sum;
-}
-
-float dot_q4_1(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const BlockQ4_1*>(w);
-  const auto* y = static_cast<const BlockQ8_1*>(a);
-  float sum = 0;
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    int32_t isum = 0;
-    for (int j = 0; j < kQK / 2; ++j) {
-      isum += (x[b].qs[j] & 0xF) * y[b].qs[j];
-      isum += (x[b].qs[j] >> 4) * y[b].qs[j + kQK / 2];
-    }
-    // The min m multiplies the sum of the activations, which q8_1 stores as s.
-    sum += f16_to_f32(x[b].d) * f16_to_f32(y[b].d) * static_cast<float>(isum) +
-           f16_to_f32(x[b].m) * f16_to_f32(y[b].s);
-  }
-  return sum;
 }
 
 uint32_t load_qh(const uint8_t* qh) {
@@ -73,49 +30,48 @@ uint32_t load_qh(const uint8_t* qh) {
   return v;
 }
 
-float dot_q5_0(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const BlockQ5_0*>(w);
-  const auto* y = static_cast<const BlockQ8_0*>(a);
-  float sum = 0;
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    const uint32_t qh = load_qh(x[b].qh);
-    int32_t isum = 0;
-    for (int j = 0; j < kQK / 2; ++j) {
-      const int lo = static_cast<int>((x[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16;
-      const int hi = static_cast<int>((x[b].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
-      isum += lo * y[b].qs[j] + hi * y[b].qs[j + kQK / 2];
-    }
-    sum += f16_to_f32(x[b].d) * f16_to_f32(y[b].d) * static_cast<float>(isum);
+// The 32 quants of a 32-element block in element order, as stored (the
+// offset of the formats without a min taken out): low nibbles, then high
+// ones, with the fifth bit from qh for q5_0 / q5_1.
+void block_quants(const BlockQ4_0& x, int q[kQK]) {
+  for (int j = 0; j < kQK / 2; ++j) q[j] = (x.qs[j] & 0xF) - 8, q[j + kQK / 2] = (x.qs[j] >> 4) - 8;
+}
+void block_quants(const BlockQ4_1& x, int q[kQK]) {
+  for (int j = 0; j < kQK / 2; ++j) q[j] = x.qs[j] & 0xF, q[j + kQK / 2] = x.qs[j] >> 4;
+}
+void block_quants(const BlockQ5_0& x, int q[kQK]) {
+  const uint32_t qh = load_qh(x.qh);
+  for (int j = 0; j < kQK / 2; ++j) {
+    q[j] = static_cast<int>((x.qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16;
+    q[j + kQK / 2] = static_cast<int>((x.qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
   }
-  return sum;
+}
+void block_quants(const BlockQ5_1& x, int q[kQK]) {
+  const uint32_t qh = load_qh(x.qh);
+  for (int j = 0; j < kQK / 2; ++j) {
+    q[j] = static_cast<int>((x.qs[j] & 0xF) | (((qh >> j) & 1) << 4));
+    q[j + kQK / 2] = static_cast<int>((x.qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+  }
+}
+void block_quants(const BlockQ8_0& x, int q[kQK]) {
+  for (int j = 0; j < kQK; ++j) q[j] = x.qs[j];
 }
 
-float dot_q5_1(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const BlockQ5_1*>(w);
-  const auto* y = static_cast<const BlockQ8_1*>(a);
+// Per block, an exact int32 sum of the quants' products scaled by both d;
+// the formats with a min (against q8_1) add m times q8_1's stored d * sum(q8).
+template <typename Block, typename ActBlock>
+float dot_q32(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const Block*>(w);
+  const auto* y = static_cast<const ActBlock*>(a);
   float sum = 0;
   for (int64_t b = 0; b < n / kQK; ++b) {
-    const uint32_t qh = load_qh(x[b].qh);
+    int q[kQK];
+    block_quants(x[b], q);
     int32_t isum = 0;
-    for (int j = 0; j < kQK / 2; ++j) {
-      const int lo = static_cast<int>((x[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4));
-      const int hi = static_cast<int>((x[b].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
-      isum += lo * y[b].qs[j] + hi * y[b].qs[j + kQK / 2];
-    }
-    sum += f16_to_f32(x[b].d) * f16_to_f32(y[b].d) * static_cast<float>(isum) +
-           f16_to_f32(x[b].m) * f16_to_f32(y[b].s);
-  }
-  return sum;
-}
-
-float dot_q8_0(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const BlockQ8_0*>(w);
-  const auto* y = static_cast<const BlockQ8_0*>(a);
-  float sum = 0;
-  for (int64_t b = 0; b < n / kQK; ++b) {
-    int32_t isum = 0;
-    for (int j = 0; j < kQK; ++j) isum += x[b].qs[j] * y[b].qs[j];
-    sum += f16_to_f32(x[b].d) * f16_to_f32(y[b].d) * static_cast<float>(isum);
+    for (int j = 0; j < kQK; ++j) isum += q[j] * y[b].qs[j];
+    const float s = f16_to_f32(x[b].d) * f16_to_f32(y[b].d) * static_cast<float>(isum);
+    if constexpr (std::is_same_v<ActBlock, BlockQ8_1>) sum += s + f16_to_f32(x[b].m) * f16_to_f32(y[b].s);
+    else sum += s;
   }
   return sum;
 }
@@ -171,32 +127,11 @@ float dot_q3_k(int64_t n, const void* w, const void* a) {
 }
 
 // q4_K and q5_K: 8 sub-blocks of 32; element e sits in byte (e/64)*32 + e%32,
-// low nibble for (e%64) < 32, high nibble otherwise.
-float dot_q4_k(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const BlockQ4K*>(w);
-  const auto* y = static_cast<const BlockQ8K*>(a);
-  float sum = 0;
-  for (int64_t b = 0; b < n / kQKK; ++b) {
-    int32_t isum = 0;
-    int32_t msum = 0;
-    for (int s = 0; s < 8; ++s) {
-      uint8_t sc, m;
-      k4_scale_min(s, x[b].scales, &sc, &m);
-      const uint8_t* q = x[b].qs + (s / 2) * 32;
-      const int shift = (s % 2) * 4;
-      int32_t sub = 0;
-      for (int l = 0; l < 32; ++l) sub += ((q[l] >> shift) & 0xF) * y[b].qs[s * 32 + l];
-      isum += sc * sub;
-      msum += m * (y[b].bsums[2 * s] + y[b].bsums[2 * s + 1]);
-    }
-    sum += y[b].d * (f16_to_f32(x[b].d) * static_cast<float>(isum) -
-                     f16_to_f32(x[b].dmin) * static_cast<float>(msum));
-  }
-  return sum;
-}
-
-float dot_q5_k(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const BlockQ5K*>(w);
+// low nibble for (e%64) < 32, high nibble otherwise; q5_K's fifth bit of
+// element 32s + l is bit s of qh[l].
+template <typename Block>
+float dot_q45_k(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const Block*>(w);
   const auto* y = static_cast<const BlockQ8K*>(a);
   float sum = 0;
   for (int64_t b = 0; b < n / kQKK; ++b) {
@@ -209,7 +144,8 @@ float dot_q5_k(int64_t n, const void* w, const void* a) {
       const int shift = (s % 2) * 4;
       int32_t sub = 0;
       for (int l = 0; l < 32; ++l) {
-        const int v = ((q[l] >> shift) & 0xF) | (((x[b].qh[l] >> s) & 1) << 4);
+        int v = (q[l] >> shift) & 0xF;
+        if constexpr (std::is_same_v<Block, BlockQ5K>) v |= ((x[b].qh[l] >> s) & 1) << 4;
         sub += v * y[b].qs[s * 32 + l];
       }
       isum += sc * sub;
@@ -256,18 +192,18 @@ namespace dot_detail {
 
 VecDotFn ref_fn(GgmlType w) {
   switch (w) {
-    case GgmlType::F32: return dot_f32;
-    case GgmlType::F16: return dot_f16;
-    case GgmlType::BF16: return dot_bf16;
-    case GgmlType::Q4_0: return dot_q4_0;
-    case GgmlType::Q4_1: return dot_q4_1;
-    case GgmlType::Q5_0: return dot_q5_0;
-    case GgmlType::Q5_1: return dot_q5_1;
-    case GgmlType::Q8_0: return dot_q8_0;
+    case GgmlType::F32: return dot_float<float, f32_value>;
+    case GgmlType::F16: return dot_float<uint16_t, f16_to_f32>;
+    case GgmlType::BF16: return dot_float<uint16_t, bf16_to_f32>;
+    case GgmlType::Q4_0: return dot_q32<BlockQ4_0, BlockQ8_0>;
+    case GgmlType::Q4_1: return dot_q32<BlockQ4_1, BlockQ8_1>;
+    case GgmlType::Q5_0: return dot_q32<BlockQ5_0, BlockQ8_0>;
+    case GgmlType::Q5_1: return dot_q32<BlockQ5_1, BlockQ8_1>;
+    case GgmlType::Q8_0: return dot_q32<BlockQ8_0, BlockQ8_0>;
     case GgmlType::Q2_K: return dot_q2_k;
     case GgmlType::Q3_K: return dot_q3_k;
-    case GgmlType::Q4_K: return dot_q4_k;
-    case GgmlType::Q5_K: return dot_q5_k;
+    case GgmlType::Q4_K: return dot_q45_k<BlockQ4K>;
+    case GgmlType::Q5_K: return dot_q45_k<BlockQ5K>;
     case GgmlType::Q6_K: return dot_q6_k;
     default: return nullptr;
   }
