@@ -6,17 +6,14 @@
 // activation row), stepping through K in chunks of 16 and reduced by
 // product_kernels.h's tree at the end: that order is what makes a row's result the
 // same in decode and prefill. With one activation row, one weight row's
-// chain advances once per FMA latency (4 cycles on Zen 4): 32 bytes of
-// f16 per 4 cycles is ~30 GB/s a core, the decode's whole speed, below the
-// memory's. Four rows side by side hide the latency but read four streams
-// 4 KB apart, which Zen 4's prefetcher follows worse than one. Here the
+// chain advances once per FMA latency, which holds a core's decode below
+// memory speed; four rows side by side hide the latency but read four
+// streams, which a hardware prefetcher follows worse than one. Here the
 // four rows' chunks alternate in memory: one stream, four chains, the same
-// arithmetic. A standalone test (2048-wide rows, 2 threads): 21-25 GB/s
-// one row at a time against 29-33 GB/s interleaved, when a plain read of
-// the same memory ran at 31-33.
+// arithmetic (docs/performance.md has the measurements).
 //
 // Whole 16-row tiles of a matrix whose width is a multiple of 16, from
-// W.tiles (rows past the last whole tile stay in the file): the group of
+// W.tiles() (rows past the last whole tile stay in the file): the group of
 // rows 4g .. 4g + 3 starts at g * 4 * row_bytes, and in it chunk c of row
 // 4g + i (elements 16c .. 16c + 15, the file's bytes) is at
 // (4c + i) * chunk_bytes. Exactly the file's size.

@@ -5,9 +5,8 @@
 // In the file each row is a string of 144-byte super-blocks, and a decode
 // kernel reading it one row at a time does most of its work outside the
 // dot products: each row's 16-lane sums must be reduced horizontally, its
-// 6-bit scales unpacked and spread, and its float chain runs in scalar FMAs
-// (q4_K decode was compute-bound on Zen 4 at ~14 GB/s a core, against ~25 of
-// read bandwidth). Here a tile block holds super-block b of 16 rows with
+// 6-bit scales unpacked and spread, and its float chain runs in scalar FMAs:
+// q4_K decode was compute-bound, below memory speed. Here a tile block holds super-block b of 16 rows with
 // lane n = row 16t + n throughout, so the products for 16 rows take the
 // same dpbusd count as for one row did, with no reductions, one 16-lane
 // multiply per sub-block for the scales and one 16-lane FMA chain per term.

@@ -53,7 +53,7 @@ TD_FN __m256i add_fifth_bit(__m256i v, __m256i qh, int j) {
 // already one lane per row, so packing copies the scales and splits the
 // nibbles (q5_0: adds the fifth bits). The tile is one stream, which the
 // hardware prefetchers do not run as far ahead as the file's 16 rows
-// (prefill at P = 64 lost ~12% that way), so each step fetches the one a
+// (prefill lost speed that way), so each step fetches the one a
 // chunk ahead into L2.
 TD_FN void pack_q32_tile(const uint8_t* tile, int64_t nb, bool q5, int64_t b0, int64_t b1, uint8_t* panel) {
   using namespace q32_tiles;

@@ -99,16 +99,10 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
     first_tile[i + 1] = first_tile[i] + (Ws[i]->rows + kGemmTile - 1) / kGemmTile;
   const int64_t n_tiles = first_tile.back();
 
-  // Tapering ranges for products of one or two row groups: a decode
-  // product is ~100 us a thread, and with equal ranges one thread often
-  // waited for the other's last one (the pool's waits were 9.5% of a 1.1B
-  // Q8_0 decode). The same holds for two groups: that model's whole
-  // sequence of products with 16 rows, tapered against equal ranges in
-  // alternating passes (medians of the paired ratios, 15 pairs each),
-  // 1.01-1.03x, with 12 rows 1.06x (in pairs, below: 1.02-1.03x, 1.09x).
-  // More row groups keep equal ranges: each range break costs the last
-  // group's L2 prefetch of the next chunk (below), and 64-row products
-  // measured 1-5% slower tapered (`tandem bench -p 64 --batch 32`).
+  // Tapering ranges for products of one or two row groups, so the threads
+  // finish a short product together; more groups keep equal ranges, since
+  // each range break costs the last group's L2 prefetch of the next chunk
+  // (below). docs/performance.md has the measurements.
   const bool guided = A.groups <= 2;
   if (!packed) {
     pool.parallel_chunks_guided(n_tiles, 1, [&](int, int64_t t0, int64_t t1) {
@@ -151,13 +145,11 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
   // in L1). With several row groups, the last one reads the chunk from L1
   // while the memory system is idle: it prefetches the bytes that follow
   // (the next chunk, or the next unit's first) into L2, and the first group
-  // of the next call, finding them there, prefetches nothing. Gemma 3's
-  // 262144 x 640 output matrix with 16 rows (kernels_bench, two threads):
-  // 11.4-12.7 -> 9.0-9.4 ms.
+  // of the next call, finding them there, prefetches nothing.
   const int64_t pbb = static_cast<int64_t>(kern.panel_block_bytes);
   // Outputs too large for any cache, on cache lines, go out with streaming
-  // stores (StreamTuning::stream_out_min_bytes): Gemma 3's 262144 x 640
-  // output matrix with 16 rows, kernels_bench: 12.4 -> 11.1 ms (median of 5).
+  // stores (StreamTuning::stream_out_min_bytes): no line is read before it
+  // is overwritten.
   std::vector<char>& stream_y = stream_y_;
   stream_y.assign(Ws.size(), 0);
   for (size_t i = 0; i < Ws.size(); ++i)

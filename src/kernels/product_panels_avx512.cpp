@@ -63,9 +63,8 @@ TD_FN void prefetch_block(const uint8_t* panel, const GemmAcc& acc) {
 // V panels (V x 16 weight rows) against R activation rows. With V = 2 each
 // activation broadcast feeds two dpbusd, and the float tail of each block (a
 // convert, a scale product and an FMA per 8 dpbusd) is nearly the only
-// other vector work: a 512-row GEMM on Zen 4 ran 10-20% faster than with one
-// panel, spills of the 32 accumulators included (kernels_bench BM_Gemm).
-// Every output keeps its own chain, so the results do not depend on V.
+// other vector work, which pays for the spills of the 32 accumulators. Every
+// output keeps its own chain, so the results do not depend on V.
 template <int R, int V>
 TD_FN void q32_rows(const uint8_t* const* panels, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0,
                     const GemmAcc* acc) {

@@ -188,8 +188,8 @@ TD_FN __m128 quad_chain(__m128 x, __m128 d, __m128 acc) {
 // Quad::run<NA>(w, A, r, b, X, D, pf) leaves each activation row's chain
 // terms of blocks b .. b + 3 in X and D. Each quad's chain runs after the
 // next quad's integer work is issued, so that the two overlap (run right
-// away, the chain's dependent FMAs showed in the time per quad: q4_K from
-// L2 24.4 -> 22.8 us). Returns the first block left for the caller.
+// away, the chain's dependent FMAs show in the time per quad). Returns the
+// first block left for the caller.
 template <typename Quad, int NA>
 TD_FN int64_t run_quads(const uint8_t* w, const GemmActs& A, int64_t r, int64_t pf, __m128 acc[NA]) {
   using V = typename Quad::V;

@@ -167,9 +167,8 @@ struct Q32Tile {
 // ---- q4_0, 16 weight rows side by side ----
 //
 // q4_0 packs a block in 18 bytes, so its decode has twice the blocks per
-// byte of q8_0, and the generic kernels above were compute-bound on it
-// (~20 GB/s on one Zen 5 core against ~39 of read bandwidth): per 2 blocks
-// they spent ~8 shuffles folding 8-lane dpbusd results into block sums and
+// byte of q8_0, and the generic kernels above were compute-bound on it,
+// below memory speed: per 2 blocks they spent ~8 shuffles folding 8-lane dpbusd results into block sums and
 // transposing them, and the 8-row gathers of the block scales cost more
 // still. Here:
 // - a register holds four blocks' 16-byte quant fields, one per 128-bit

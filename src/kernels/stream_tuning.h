@@ -55,9 +55,7 @@ StreamTuning stream_tuning(const RuntimeOptions& opts = {});
 // current group, already being read.
 constexpr int64_t kPrefetchBytes = 4096;
 // Kernels reading only 1 or 2 rows side by side (the K-quants) need more: 4 KB
-// ahead is about one memory latency of their single stream. 16 KB took q6_K
-// decode from ~36 to ~39 GB/s on one Zen 5 core (~58 -> ~63 on two), and
-// q4_K's stream from memory from below to above its compute speed.
+// ahead is about one memory latency of their single stream.
 constexpr int64_t kPrefetchBytesFewRows = 16384;
 
 // 0 (no prefetch) where the CPU streams better without (StreamTuning::

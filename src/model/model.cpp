@@ -59,11 +59,8 @@ std::unique_ptr<Model> Model::load(const std::string& path, const RuntimeOptions
   m->prepack_weights(opts);
   // Reading the norm vectors at bind, and the repacking, mapped pages of the
   // file around what they read (fault-around maps up to 64 KiB, a large
-  // folio all of it) that the model may never read again. Gemma 3 270M with
-  // --repack-cache, whose matrices are not read from the file at all: 14.5
-  // MiB of the file resident after the first tokens, 10.2 without the cache
-  // (the q6_K matrices decode reads from the file, 9.2 MiB, and their
-  // neighbours). What is read from the file from here on faults back in.
+  // folio all of it) that the model may never read again. What is read from
+  // the file from here on faults back in.
   m->file_->release_all_pages();
   return m;
 }
@@ -93,10 +90,8 @@ uint8_t* alloc_weights(size_t bytes, bool huge_pages) {
 }
 
 // Faults in [p, p + n) on the pool's threads before the repacking writes it
-// (MADV_POPULATE_WRITE, Linux 5.14+; elsewhere the writes fault as before).
-// On our VM faulting fresh memory is most of the load: 1.1 GB took 0.38-0.40
-// s to fault by writing it from two threads, 0.24-0.25 s to populate from
-// two; the 1.1B Q8_0 load went from 0.54-0.62 s to 0.49-0.59 s (8 rounds).
+// (MADV_POPULATE_WRITE, Linux 5.14+; elsewhere the writes fault as before):
+// faulting fresh memory is much of a load, and populating is the cheaper way.
 void populate(uint8_t* p, size_t n, ThreadPool& pool) {
 #ifdef MADV_POPULATE_WRITE
   constexpr uintptr_t kPage = 4096, kPiece = uintptr_t{2} << 20;
@@ -272,8 +267,8 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
       if (w_.tok_embd.layout != WeightLayout::kFileRows) {
         dequantize_weight_row(w_.tok_embd, batch[r].token, xr);
       } else {
-        // Read, not faulted in (GgufFile::copy_out): a 512-token prompt's
-        // faults kept 34 of the 1.1B Q4_K_M embedding's 35 MiB resident.
+        // Read, not faulted in (GgufFile::copy_out): faults would keep most
+        // of the embedding resident for a prompt's scattered rows.
         thread_local std::vector<uint8_t> row;
         row.resize(w_.tok_embd.row_stride);
         file_->copy_out(w_.tok_embd.row(batch[r].token), w_.tok_embd.row_stride, row.data());

@@ -23,8 +23,8 @@ struct RooflineSizes {
 
   static RooflineSizes full() { return {}; }
   // A rough measurement for a bench run that has no cached one. Five short
-  // compute trials, the best kept: with two, a core taken by something else
-  // for ~30 ms halved the int8 peak in 2 of 5 rounds of one compare run.
+  // compute trials, the best kept: with two, a core busy elsewhere for a
+  // moment could halve a peak.
   static RooflineSizes quick() { return {size_t{256} << 20, 3, 5'000'000, 5}; }
 };
 
