@@ -64,6 +64,17 @@ TEST(Cli, KernelLevelFlagAndEnvironment) {
   EXPECT_NE(r.err.find("warning: kernel level bogus is not one of scalar, avx2, avx512"), std::string::npos) << r.err;
 }
 
+// inspect --plan prints every weight matrix's layout and products, at the
+// level --kernels names.
+TEST(Cli, InspectPlan) {
+  Result r = run_cli("inspect " + quote(kStories) + " --plan --kernels scalar --prepack off");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("kernels scalar, prepack off"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("blk.4.ffn_down.weight"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rows scalar"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("read per decoded token"), std::string::npos) << r.out;
+}
+
 TEST(Cli, SeededSamplingIsReproducible) {
   const std::string args = "run -m " + quote(kStories) + " -p 'Once upon a time' -n 30 --temp 1.0 --seed 42";
   Result a = run_cli(args), b = run_cli(args);

@@ -27,16 +27,16 @@ struct TypeRow {
 };
 
 constexpr TypeRow kTable[] = {
-    // type           class              rows    tile rows  auto panels
-    {GgmlType::Q4_0, GemmClass::kQ32, 2, 16, false},
-    {GgmlType::Q5_0, GemmClass::kQ32, 2, 8, false},
-    {GgmlType::Q8_0, GemmClass::kQ32, 2, 0, true},
-    {GgmlType::Q4_K, GemmClass::kK4, 5, 64, false},
-    {GgmlType::Q5_K, GemmClass::kK4, 5, 0, false},
-    {GgmlType::Q6_K, GemmClass::kK6, 5, 0, false},
-    {GgmlType::F32, GemmClass::kFloat, kAnyRows, 0, false},
-    {GgmlType::F16, GemmClass::kFloat, kAnyRows, kAnyRows, false},
-    {GgmlType::BF16, GemmClass::kFloat, kAnyRows, kAnyRows, false},
+    // type          class               rows      tile rows  panels in auto
+    {GgmlType::Q4_0, GemmClass::kQ32,    2,        16,        false},
+    {GgmlType::Q5_0, GemmClass::kQ32,    2,        8,         false},
+    {GgmlType::Q8_0, GemmClass::kQ32,    2,        0,         true},
+    {GgmlType::Q4_K, GemmClass::kK4,     5,        64,        false},
+    {GgmlType::Q5_K, GemmClass::kK4,     5,        0,         false},
+    {GgmlType::Q6_K, GemmClass::kK6,     5,        0,         false},
+    {GgmlType::F32,  GemmClass::kFloat,  kAnyRows, 0,         false},
+    {GgmlType::F16,  GemmClass::kFloat,  kAnyRows, kAnyRows,  false},
+    {GgmlType::BF16, GemmClass::kFloat,  kAnyRows, kAnyRows,  false},
 };
 
 // The tiles' kernels are AVX-512 VNNI ones.
@@ -66,8 +66,8 @@ GemmKernel gemm_kernel(GgmlType w, KernelLevel level) {
   GemmKernel k;
   if (level >= KernelLevel::kAvx512Vnni) k = gemm_detail::avx512_kernel(w);
   if (!k && level >= KernelLevel::kAvx2)
-    k = gemm_detail::avx2_kernel(w, level == KernelLevel::kAvx2Vnni || (level == KernelLevel::kAvx512Vnni &&
-                                                                          cpu_supports_level(KernelLevel::kAvx2Vnni)));
+    k = gemm_detail::avx2_kernel(w, cpu_supports_level(KernelLevel::kAvx2Vnni) && level != KernelLevel::kAvx2 &&
+                                        level != KernelLevel::kAvx512);
   if (!k) k = gemm_detail::ref_kernel(w);
   k.reads_tiles = has_tiles(row, level);
   return k;
