@@ -3,6 +3,7 @@
 // with std::fma, so every SIMD level must match them bit for bit.
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/quant_blocks.h"
 #include "core/quant.h"
@@ -77,55 +78,36 @@ void run_q32_body(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t
   }
 }
 
-void run_k4_body(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0, float* acc) {
+// q4_K / q5_K (kK6 false: 8 sub-blocks of 32, the quants as stored, and the
+// mins term) and q6_K (16 groups of 16, the quants stored + 32).
+template <bool kK6>
+void run_kq_body(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0, float* acc) {
+  using P = std::conditional_t<kK6, K6Panel, K4Panel>;
+  constexpr int kSub = kK6 ? 16 : 8, kLen = kQKK / kSub, kOffset = kK6 ? 32 : 0;
   const int64_t S = A.slots;
-  for (int64_t i = 0; i < nblk; ++i, panel += K4Panel::kBytes) {
+  for (int64_t i = 0; i < nblk; ++i, panel += P::kBytes) {
     const int64_t b = b0 + i;
-    const float* d = at<float>(panel, K4Panel::kD);
-    const float* dmin = at<float>(panel, K4Panel::kDmin);
-    const int32_t* sc = at<int32_t>(panel, K4Panel::kSc);
-    const int16_t* mins = at<int16_t>(panel, K4Panel::kMins);
-    const uint8_t* q = panel + K4Panel::kQ;
+    const float* d = at<float>(panel, P::kD);
+    const int32_t* sc = at<int32_t>(panel, P::kSc);
+    const uint8_t* q = panel + P::kQ;
     const int8_t* a = A.qgroup(G) + b * kQKK * S;
     for (int s = 0; s < R; ++s) {
       const float da = A.sgroup(G)[b * S + s];
-      int16_t bp[8];  // sums of the activation's 8 sub-blocks
-      for (int e = 0; e < 4; ++e) std::memcpy(bp + 2 * e, &A.egroup(G)[(b * 4 + e) * S + s], 4);
+      int16_t bp[8] = {};  // q4_K / q5_K: sums of the activation's 8 sub-blocks
+      if constexpr (!kK6)
+        for (int e = 0; e < 4; ++e) std::memcpy(bp + 2 * e, &A.egroup(G)[(b * 4 + e) * S + s], 4);
       for (int n = 0; n < kGemmTile; ++n) {
         int32_t isum = 0, msum = 0;
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < kSub; ++j) {
           int32_t sum = 0;
-          for (int k = 32 * j; k < 32 * j + 32; ++k) sum += q[qpos(k, n)] * act_q(a, S, k, s);
+          for (int k = kLen * j; k < kLen * j + kLen; ++k) sum += (q[qpos(k, n)] - kOffset) * act_q(a, S, k, s);
           isum += sc[j * kGemmTile + n] * sum;
-          msum += mins[((j / 2) * kGemmTile + n) * 2 + j % 2] * bp[j];
+          if constexpr (!kK6)
+            msum += at<int16_t>(panel, K4Panel::kMins)[((j / 2) * kGemmTile + n) * 2 + j % 2] * bp[j];
         }
         float& y = acc[s * kGemmTile + n];
         y = std::fma(static_cast<float>(isum), d[n] * da, y);
-        y = std::fma(-static_cast<float>(msum), dmin[n] * da, y);
-      }
-    }
-  }
-}
-
-void run_k6_body(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int R, int64_t b0, float* acc) {
-  const int64_t S = A.slots;
-  for (int64_t i = 0; i < nblk; ++i, panel += K6Panel::kBytes) {
-    const int64_t b = b0 + i;
-    const float* d = at<float>(panel, K6Panel::kD);
-    const int32_t* sc = at<int32_t>(panel, K6Panel::kSc);
-    const uint8_t* q = panel + K6Panel::kQ;
-    const int8_t* a = A.qgroup(G) + b * kQKK * S;
-    for (int s = 0; s < R; ++s) {
-      const float da = A.sgroup(G)[b * S + s];
-      for (int n = 0; n < kGemmTile; ++n) {
-        int32_t isum = 0;
-        for (int j = 0; j < 16; ++j) {
-          int32_t sum = 0;
-          for (int k = 16 * j; k < 16 * j + 16; ++k) sum += (q[qpos(k, n)] - 32) * act_q(a, S, k, s);
-          isum += sc[j * kGemmTile + n] * sum;
-        }
-        float& y = acc[s * kGemmTile + n];
-        y = std::fma(static_cast<float>(isum), d[n] * da, y);
+        if constexpr (!kK6) y = std::fma(-static_cast<float>(msum), at<float>(panel, K4Panel::kDmin)[n] * da, y);
       }
     }
   }
@@ -328,8 +310,8 @@ GemmKernel ref_kernel(GgmlType w) {
   k.panel_block_bytes = panel_block_bytes(k.cls);
   switch (k.cls) {
     case GemmClass::kQ32: k.pack = pack_q32_ref, k.run = run_packed<run_q32_body>, k.rows = rows_q32; break;
-    case GemmClass::kK4: k.pack = pack_k4_ref, k.run = run_packed<run_k4_body>, k.rows = rows_k4; break;
-    case GemmClass::kK6: k.pack = pack_k6_ref, k.run = run_packed<run_k6_body>, k.rows = rows_k6; break;
+    case GemmClass::kK4: k.pack = pack_k4_ref, k.run = run_packed<run_kq_body<false>>, k.rows = rows_k4; break;
+    case GemmClass::kK6: k.pack = pack_k6_ref, k.run = run_packed<run_kq_body<true>>, k.rows = rows_k6; break;
     case GemmClass::kFloat: k.rows = rows_float; break;
     case GemmClass::kNone: break;
   }
