@@ -23,8 +23,7 @@
 #include <cstdint>
 
 #include "core/cpu_features.h"
-
-#include "kv/kv_cache.h"
+#include "kernels/attention_kv.h"
 
 namespace tandem {
 

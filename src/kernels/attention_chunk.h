@@ -13,7 +13,7 @@
 //
 // Why the results do not depend on the tiling: every score is one FMA chain
 // over head_dim in order, d = 0, 1, ..., with the keys in the lanes (the K
-// cache stores each block transposed, kv/kv_cache.h), so no reduction
+// cache stores each block transposed, attention_kv.h), so no reduction
 // follows it and every level computes the same chain; the softmax of a row
 // touches only its own scores, over vectors aligned to the chunk start; each
 // output element of the value sum is one chain over the keys in position
