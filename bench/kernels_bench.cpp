@@ -11,7 +11,7 @@
 // the baseline. Thread count is the last argument of each benchmark.
 #include <benchmark/benchmark.h>
 
-// GCC 12's AVX-512 headers trip -Wuninitialized when inlined (see dot_avx512.cpp).
+// GCC 12's AVX-512 headers trip -Wuninitialized when inlined (see vec_dot_avx512.cpp).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
@@ -31,11 +31,12 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
-#include "kernels/dot.h"
-#include "kernels/dot_impl.h"
-#include "kernels/gemm.h"
+#include "kernels/vec_dot.h"
+#include "kernels/vec_dot_impl.h"
+#include "kernels/product_kernels.h"
 #include "kernels/matmul.h"
-#include "kernels/prepack.h"
+#include "kernels/layouts.h"
+#include "kernels/products.h"
 #include "kv/kv_cache.h"
 
 namespace tandem {
@@ -61,13 +62,13 @@ struct Matrix {
     return {w0.type, data.data() + (i % copies) * bytes, cols, w0.rows, w0.row_stride};
   }
   WeightMatrix w0;
-  // The same copies repacked into panels (kernels/prepack.h), made on demand.
+  // The same copies repacked into panels (kernels/layouts.h), made on demand.
   std::unique_ptr<uint8_t, decltype(&std::free)> packed{nullptr, &std::free};
   size_t packed_bytes = 0;
-  bool tiles = false;  // packed holds tiles, not panels
+  WeightLayout layout = WeightLayout::kFileRows;  // of `packed`
   WeightMatrix P(int i) const {
     WeightMatrix w = W(i);
-    (tiles ? w.tiles : w.packed) = packed.get() + (i % copies) * packed_bytes;
+    w.set_layout(layout, packed.get() + (i % copies) * packed_bytes);
     return w;
   }
 };
@@ -77,16 +78,14 @@ struct Matrix {
 bool ensure_packed(Matrix& m, ThreadPool& pool) {
   if (m.packed) return true;
   const KernelLevel level = active_kernel_level();
-  const size_t pb = prepacked_bytes(m.w0, level), tb = pb ? 0 : tiles_bytes(m.w0, level);
-  if (pb == 0 && tb == 0) return false;
-  const size_t stride = (std::max(pb, tb) + 63) / 64 * 64;
+  const LayoutChoice c = choose_layout(m.w0, level, PrepackMode::kAuto);
+  if (c.layout == WeightLayout::kFileRows) return false;
+  const size_t stride = (c.bytes + 63) / 64 * 64;
   m.packed.reset(static_cast<uint8_t*>(std::aligned_alloc(64, stride * m.copies)));
   m.packed_bytes = stride;
-  m.tiles = tb != 0;
-  for (int c = 0; c < m.copies; ++c) {
-    if (m.tiles) write_tiles(m.W(c), m.packed.get() + c * stride, 0, m.w0.rows / 16, pool);
-    else prepack(m.W(c), level, m.packed.get() + c * stride, pool);
-  }
+  m.layout = c.layout;
+  for (int i = 0; i < m.copies; ++i)
+    write_layout(m.W(i), c.layout, level, m.packed.get() + i * stride, 0, layout_tile_count(m.w0, c.layout), pool);
   return true;
 }
 
@@ -327,7 +326,7 @@ BENCHMARK(BM_CeilingInt8Vnni)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
 
 // The int8 peak as the q8_0 format allows it: each 32-element block of each
 // output ends its 8 dpbusd with a float tail (convert, scale product, FMA;
-// gemm.h), as in the panel kernels, but with every operand in L1 and only
+// product_kernels.h), as in the panel kernels, but with every operand in L1 and only
 // 4 activation rows x 2 panels of accumulators, so nothing waits on memory. The
 // scale product and the FMA compete with dpbusd for the same two pipes on
 // Zen 4, so this is what a q8_0 product can reach, below the plain dpbusd peak.

@@ -65,6 +65,35 @@ TEST(Cli, UnknownCommandIsNamed) {
   for (const char* cmd : {"run", "serve", "bench", "perplexity"}) EXPECT_NE(r.err.find(cmd), std::string::npos) << cmd;
 }
 
+// --kernels names the level every kernel runs at (the report says which);
+// TANDEM_KERNELS, which it replaced, still sets it; an unknown level warns and
+// runs at the best one.
+TEST(Cli, KernelLevelFlagAndEnvironment) {
+  const std::string run = "run -m " + quote(kStories) + " -p 'Once upon a time' -n 4 --temp 0 --json";
+  Result r = run_cli(run + " --kernels scalar");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.err)["kernels"], "scalar");
+  ::setenv("TANDEM_KERNELS", "scalar", 1);  // the command line's mapping, inherited by the command run_cli starts
+  r = run_cli(run);
+  ::unsetenv("TANDEM_KERNELS");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.err)["kernels"], "scalar");
+  r = run_cli(run + " --kernels bogus");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: kernel level bogus is not one of scalar, avx2, avx512"), std::string::npos) << r.err;
+}
+
+// inspect --plan prints every weight matrix's layout and products, at the
+// level --kernels names.
+TEST(Cli, InspectPlan) {
+  Result r = run_cli("inspect " + quote(kStories) + " --plan --kernels scalar --prepack off");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("kernels scalar, prepack off"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("blk.4.ffn_down.weight"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rows scalar"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("read per decoded token"), std::string::npos) << r.out;
+}
+
 TEST(Cli, SeededSamplingIsReproducible) {
   const std::string args = "run -m " + quote(kStories) + " -p 'Once upon a time' -n 30 --temp 1.0 --seed 42";
   Result a = run_cli(args), b = run_cli(args);
@@ -139,9 +168,7 @@ TEST(Cli, TooLittleMemoryToRepackWarnsAndRunsFromTheFile) {
   ASSERT_EQ(packed.status, 0) << packed.err;
   EXPECT_EQ(packed.err.find("warning"), std::string::npos) << packed.err;
   // Room for the one context's KV pool (2 MiB), not for the 9 MiB of repacked weights.
-  ::setenv("TANDEM_MEMORY_AVAILABLE", "5000000", 1);  // inherited by the command run_cli starts
-  const Result in_file = run_cli(run);
-  ::unsetenv("TANDEM_MEMORY_AVAILABLE");
+  const Result in_file = run_cli(run + " --memory-available 5000000");
   EXPECT_EQ(in_file.status, 0) << in_file.err;
   EXPECT_NE(in_file.err.find("warning: repacking the weights takes"), std::string::npos) << in_file.err;
   EXPECT_EQ(in_file.out, packed.out);

@@ -20,7 +20,7 @@
 
 #include <gtest/gtest.h>
 
-#include "convert/synth.h"
+#include "gguf/synth.h"
 #include "core/error.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"

@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "convert/synth.h"
+#include "gguf/synth.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/llm_engine.h"

@@ -510,20 +510,17 @@ TEST_F(EngineTest, PoolOrSwapBeyondTheAvailableMemoryIsRefused) {
   // The default pool takes at most half of what is available, and says so when
   // that cannot hold one context.
   const size_t per_token = KvCache::bytes_per_token(model_->kv_shape(), KvType::kF16);
-  ::setenv("TANDEM_MEMORY_AVAILABLE", std::to_string(per_token * 1000).c_str(), 1);
   {
-    Engine e(*model_, EngineConfig{.threads = 1, .max_context = 64});
+    Engine e(*model_, EngineConfig{.threads = 1, .max_context = 64, .memory_available = per_token * 1000});
     EXPECT_EQ(e.metrics().kv_blocks_total, 500 / 16);
   }
-  ::setenv("TANDEM_MEMORY_AVAILABLE", std::to_string(per_token * 100).c_str(), 1);
   try {
-    Engine e(*model_, EngineConfig{.threads = 1, .max_context = 64});
+    Engine e(*model_, EngineConfig{.threads = 1, .max_context = 64, .memory_available = per_token * 100});
     ADD_FAILURE() << "expected the default pool to be refused";
   } catch (const Error& err) {
     EXPECT_EQ(err.kind(), ErrorKind::kResource);
     EXPECT_NE(std::string(err.what()).find("half the memory available"), std::string::npos) << err.what();
   }
-  ::unsetenv("TANDEM_MEMORY_AVAILABLE");
 }
 
 TEST_F(EngineTest, BoundedWaitQueueAndBadRequests) {

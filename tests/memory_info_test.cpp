@@ -21,6 +21,8 @@ TEST(MemoryInfo, ThisMachineHasSome) {
   const auto avail = available_memory_bytes();
   ASSERT_TRUE(avail.has_value());  // Linux with /proc: what CI and users run
   EXPECT_GT(*avail, uint64_t{16} << 20);
+  // RuntimeOptions::memory_available stands in for the machine's figure.
+  EXPECT_EQ(available_memory_bytes(uint64_t{12345}), uint64_t{12345});
 }
 
 }  // namespace

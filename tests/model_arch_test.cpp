@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "convert/synth.h"
+#include "gguf/synth.h"
 #include "core/thread_pool.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"

@@ -13,10 +13,10 @@
 
 #include <gtest/gtest.h>
 
-#include "convert/synth.h"
+#include "gguf/synth.h"
 #include "core/thread_pool.h"
-#include "kernels/dot_impl.h"
-#include "kernels/prepack.h"
+#include "kernels/vec_dot_impl.h"
+#include "kernels/layouts.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "test_support.h"
@@ -71,9 +71,12 @@ TEST(RepackCache, SecondLoadMapsTheSameWeights) {
     const fs::path gguf = temp(std::string(c.arch) + c.type + ".gguf"), dir = temp(std::string(c.arch) + c.type);
     fs::remove_all(dir);
     synth_model(s, gguf.string(), 1);
-    const Logits want = run(*Model::load(gguf.string(), PrepackMode::kOff));
+    const Logits want = run(*Model::load(gguf.string(), {.prepack = PrepackMode::kOff}));
+    auto load = [&](PrepackMode mode) {
+      return Model::load(gguf.string(), {.prepack = mode, .repack_cache = dir.string()});
+    };
 
-    auto first = Model::load(gguf.string(), PrepackMode::kAuto, dir.string());
+    auto first = load(PrepackMode::kAuto);
     if (first->packed_bytes() == 0) {  // nothing repacked at this kernel level: nothing to cache
       EXPECT_TRUE(cache_files(dir).empty());
       fs::remove(gguf);
@@ -85,7 +88,7 @@ TEST(RepackCache, SecondLoadMapsTheSameWeights) {
     ASSERT_EQ(cache_files(dir).size(), 1u);
     const fs::path file = cache_files(dir)[0];
 
-    auto second = Model::load(gguf.string(), PrepackMode::kAuto, dir.string());
+    auto second = load(PrepackMode::kAuto);
     EXPECT_TRUE(second->repack_cache_hit());
     EXPECT_EQ(second->packed_bytes(), first->packed_bytes());
     EXPECT_EQ(run(*second), want);
@@ -93,10 +96,10 @@ TEST(RepackCache, SecondLoadMapsTheSameWeights) {
 
     // Truncated: a miss, repacked and written again.
     fs::resize_file(file, fs::file_size(file) - 1);
-    auto third = Model::load(gguf.string(), PrepackMode::kAuto, dir.string());
+    auto third = load(PrepackMode::kAuto);
     EXPECT_FALSE(third->repack_cache_hit());
     EXPECT_EQ(run(*third), want);
-    EXPECT_TRUE(Model::load(gguf.string(), PrepackMode::kAuto, dir.string())->repack_cache_hit());
+    EXPECT_TRUE(load(PrepackMode::kAuto)->repack_cache_hit());
 
     // A header byte changed (the key): a miss.
     {
@@ -104,15 +107,15 @@ TEST(RepackCache, SecondLoadMapsTheSameWeights) {
       f.seekp(20);
       f.put('#');
     }
-    EXPECT_FALSE(Model::load(gguf.string(), PrepackMode::kAuto, dir.string())->repack_cache_hit());
+    EXPECT_FALSE(load(PrepackMode::kAuto)->repack_cache_hit());
 
     // Another prepack mode has a file of its own; the model file changing
     // (its modification time) makes both misses, rewritten in place.
-    EXPECT_FALSE(Model::load(gguf.string(), PrepackMode::kAll, dir.string())->repack_cache_hit());
+    EXPECT_FALSE(load(PrepackMode::kAll)->repack_cache_hit());
     EXPECT_EQ(cache_files(dir).size(), 2u);
     fs::last_write_time(gguf, fs::last_write_time(gguf) + std::chrono::seconds(5));
-    EXPECT_FALSE(Model::load(gguf.string(), PrepackMode::kAuto, dir.string())->repack_cache_hit());
-    EXPECT_TRUE(Model::load(gguf.string(), PrepackMode::kAuto, dir.string())->repack_cache_hit());
+    EXPECT_FALSE(load(PrepackMode::kAuto)->repack_cache_hit());
+    EXPECT_TRUE(load(PrepackMode::kAuto)->repack_cache_hit());
     EXPECT_EQ(cache_files(dir).size(), 2u);
 
     fs::remove_all(dir);
@@ -128,12 +131,13 @@ TEST(RepackCache, UnwritableDirectoryLeavesAWarning) {
   const fs::path gguf = temp("unwritable.gguf"), not_dir = temp("a_file");
   synth_model(s, gguf.string(), 1);
   std::ofstream(not_dir) << "not a directory";
-  auto m = Model::load(gguf.string(), PrepackMode::kAuto, (not_dir / "cache").string());
+  auto m = Model::load(gguf.string(),
+                       {.prepack = PrepackMode::kAuto, .repack_cache = (not_dir / "cache").string()});
   if (m->packed_bytes() > 0) {
     EXPECT_NE(m->load_warning().find("not cached"), std::string::npos) << m->load_warning();
     EXPECT_FALSE(m->repack_cache_hit());
   }
-  EXPECT_EQ(run(*m), run(*Model::load(gguf.string(), PrepackMode::kOff)));
+  EXPECT_EQ(run(*m), run(*Model::load(gguf.string(), {.prepack = PrepackMode::kOff})));
   fs::remove(not_dir);
   fs::remove(gguf);
 }

@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "kernels/dot.h"
+#include "kernels/vec_dot.h"
 #include "perf/roofline.h"
 #include "test_support.h"
 

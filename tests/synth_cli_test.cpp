@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "convert/synth.h"
+#include "gguf/synth.h"
 #include "synth_sha256.h"
 #include "test_support.h"
 

@@ -9,11 +9,11 @@
 
 #include <gtest/gtest.h>
 
-#include "convert/synth.h"
+#include "gguf/synth.h"
 #include "core/error.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"
-#include "kernels/dot_impl.h"
+#include "kernels/vec_dot_impl.h"
 #include "kv/kv_cache.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
@@ -195,7 +195,7 @@ TEST(SynthModel, EveryTypeLoadsBackWithItsTensorTypes) {
   }
 }
 
-// Weights rearranged at load (q8_0 panels, q4_0, q5_0 and q4_K tiles; kernels/prepack.h)
+// Weights rearranged at load (q8_0 panels, q4_0, q5_0 and q4_K tiles; kernels/layouts.h)
 // give the logits of the file's layout bit for bit, in prefill and decode,
 // with a separate output matrix (llama) and a tied one (qwen2: the embedding
 // lookup reads the new layout too).
@@ -212,7 +212,7 @@ TEST(SynthModel, RepackedWeightsGiveTheFileLayoutsLogits) {
       const fs::path p = tmp(std::string("repack_") + arch + type);
       synth_model(s, p.string(), 1);
       auto logits = [&](PrepackMode mode, size_t* packed) {
-        auto m = Model::load(p.string(), mode);
+        auto m = Model::load(p.string(), {.prepack = mode});
         *packed = m->packed_bytes();
         ThreadPool pool(2);
         const ModelConfig& c = m->config();
@@ -251,12 +251,6 @@ TEST(SynthModel, RepackedWeightsGiveTheFileLayoutsLogits) {
       ASSERT_EQ(a.size(), b.size());
       EXPECT_EQ(a, b);
       EXPECT_EQ(c, b);
-      // The environment switch still turns repacking off.
-      ::setenv("TANDEM_PREPACK", "0", 1);
-      size_t env_off = 1;
-      logits(PrepackMode::kAll, &env_off);
-      ::unsetenv("TANDEM_PREPACK");
-      EXPECT_EQ(env_off, 0u);
       fs::remove(p);
     }
 }

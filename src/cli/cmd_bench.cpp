@@ -36,8 +36,8 @@ void print_table(const BenchResult& r, const Roofline& roof) {
       "model    {} ({}, {}), {} | {} threads, {} kernels, prepack {}\n"
       "load     {:.3f} s   warm-up {:.3f} s   peak RSS {:.1f} MiB (file {:.1f} MiB, KV cache {:.1f} MiB)\n\n",
       r.opts.model_path, r.model_name.empty() ? "unnamed" : r.model_name, r.arch,
-      mc.file_type.empty() ? std::string(type_traits(mc.main_type).name) : mc.file_type,
-      r.threads, r.kernel_level, r.opts.prepack, r.load_s, r.warmup_s, mib(r.peak_rss_bytes), mib(r.file_bytes),
+      mc.file_type.empty() ? std::string(type_traits(mc.main_type).name) : mc.file_type, r.threads, r.kernel_level,
+      prepack_mode_name(r.opts.runtime.prepack), r.load_s, r.warmup_s, mib(r.peak_rss_bytes), mib(r.file_bytes),
       mib(r.kv_cache_bytes));
   if (r.opts.batch > 1)
     out += fmt::format("batch    {} requests on the engine: one step of {} prompts of {} tokens, then {} decode steps "
@@ -93,7 +93,7 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "Sequences decoding together: B prompts are prefilled, then every decode step runs B rows "
                   "(tok/s count all sequences)")
       ->capture_default_str();
-  add_prepack_option(cmd, o->bench.prepack, o->bench.repack_cache);
+  add_runtime_options(cmd, o->bench.runtime);
   add_spec_options(cmd, o->spec);
   add_device_option(cmd, o->bench.device);
   cmd->add_option("-f,--prompt-file", o->bench.prompt_file,

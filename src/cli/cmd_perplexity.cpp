@@ -15,8 +15,7 @@
 #include "core/thread_pool.h"
 #include "eval/perplexity.h"
 #include "gguf/gguf.h"
-#include "kernels/dot.h"
-#include "kernels/prepack.h"
+#include "core/cpu_features.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -29,14 +28,14 @@ struct PerplexityOpts {
   int32_t chunks = -1;
   int32_t threads = 0;
   std::string kv_type = "f16";
-  std::string prepack = "auto", repack_cache;
+  RuntimeOptions runtime;
   bool json = false;
 };
 
 int run(const PerplexityOpts& o) {
   const std::string text = read_text_file(o.file, "--file");
   const auto t0 = std::chrono::steady_clock::now();
-  auto model = Model::load(resolve_model_path(o.model), parse_prepack_mode(o.prepack), o.repack_cache);
+  auto model = Model::load(resolve_model_path(o.model), o.runtime);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // As llama-perplexity tokenizes: BOS first, no special-token parsing.
@@ -83,7 +82,7 @@ void add_perplexity_command(CLI::App& app, int& rc) {
   cmd->add_option("--kv-type", o->kv_type, "KV cache element type: f16 or f32")
       ->check(CLI::IsMember({"f16", "f32"}))
       ->capture_default_str();
-  add_prepack_option(cmd, o->prepack, o->repack_cache);
+  add_runtime_options(cmd, o->runtime);
   cmd->add_flag("--json", o->json, "Print one JSON object instead of llama.cpp's lines");
   cmd->callback([o, &rc] { rc = run(*o); });
 }

@@ -18,7 +18,7 @@
 #include "engine/llm_engine.h"
 #include "engine/speculation.h"
 #include "gguf/gguf.h"
-#include "kernels/dot.h"
+#include "core/cpu_features.h"
 #include "model/model.h"
 
 namespace tandem::cli {
@@ -32,7 +32,7 @@ struct RunOpts {
   int32_t ctx = 0;
   std::string kv_type = "f16";
   std::string json_schema, json_schema_file;
-  std::string prepack = "auto", repack_cache;
+  RuntimeOptions runtime;
   SpecFlags spec;
   std::string device = "cpu";
   bool json = false;
@@ -104,11 +104,11 @@ int run(RunOpts& o) {
   }
 
   const auto t0 = std::chrono::steady_clock::now();
-  auto model = Model::load(resolve_model_path(o.model), parse_prepack_mode(o.prepack), o.repack_cache);
+  auto model = Model::load(resolve_model_path(o.model), o.runtime);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   std::unique_ptr<Model> draft;
   if (!o.spec.draft_model.empty())
-    draft = Model::load(o.spec.draft_model, parse_prepack_mode(o.prepack), o.repack_cache);
+    draft = Model::load(o.spec.draft_model, o.runtime);
   // One request on the serving engine: a pool of exactly one context, and
   // the whole prompt in one step.
   const int32_t ctx = o.ctx > 0 ? o.ctx : std::min(model->config().n_ctx_train, 4096);
@@ -127,6 +127,7 @@ int run(RunOpts& o) {
   ec.spec.max_draft = o.spec.draft_max;
   ec.spec.adaptive = !o.spec.fixed;
   ec.device = o.device;
+  ec.memory_available = o.runtime.memory_available;
   Engine engine(*model, ec, draft.get());
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -190,7 +191,7 @@ void add_run_command(CLI::App& app, int& rc) {
   cmd->add_option("--kv-type", o->kv_type, "KV cache element type: f16 or f32")
       ->check(CLI::IsMember({"f16", "f32"}))
       ->capture_default_str();
-  add_prepack_option(cmd, o->prepack, o->repack_cache);
+  add_runtime_options(cmd, o->runtime);
   add_spec_options(cmd, o->spec);
   add_device_option(cmd, o->device);
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");

@@ -24,8 +24,8 @@ namespace tandem::cli {
 namespace {
 
 struct ServeOpts {
-  std::string model, host = "127.0.0.1", api_key, alias, kv_memory, swap_space, policy = "latency", prepack = "auto",
-              repack_cache, max_body = "64M";
+  std::string model, host = "127.0.0.1", api_key, alias, kv_memory, swap_space, policy = "latency", max_body = "64M";
+  RuntimeOptions runtime;
   SpecFlags spec;
   std::string device = "cpu";
   int32_t json_depth = 64;
@@ -38,28 +38,6 @@ struct ServeOpts {
   double step_factor = 1.5;
   bool no_prefix_cache = false;
 };
-
-// "2147483648", "512M", "2G", "1.5GiB": binary multiples; `flag` names the option in errors.
-int64_t parse_bytes(const std::string& s, const char* flag) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    fail(ErrorKind::kInvalidArgument, "{}: '{}' is not a size (e.g. 512M, 2G)", flag, s);
-  }
-  std::string unit = s.substr(used);
-  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
-  double mult = 1;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kb" || unit == "kib") mult = 1024.0;
-  else if (unit == "m" || unit == "mb" || unit == "mib") mult = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gb" || unit == "gib") mult = 1024.0 * 1024 * 1024;
-  else fail(ErrorKind::kInvalidArgument, "{}: unknown unit '{}' in '{}' (use K, M or G)", flag, unit, s);
-  const double bytes = v * mult;
-  if (!(bytes >= 1) || bytes > 1e15) fail(ErrorKind::kInvalidArgument, "{}: '{}' is out of range", flag, s);
-  return static_cast<int64_t>(bytes);
-}
 
 int serve(const ServeOpts& o) {
   if (o.port < 0 || o.port > 65535) fail(ErrorKind::kInvalidArgument, "--port {} is not a TCP port", o.port);
@@ -78,11 +56,11 @@ int serve(const ServeOpts& o) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  auto model = Model::load(resolve_model_path(o.model), parse_prepack_mode(o.prepack), o.repack_cache);
+  auto model = Model::load(resolve_model_path(o.model), o.runtime);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   std::unique_ptr<Model> draft;
   if (!o.spec.draft_model.empty())
-    draft = Model::load(o.spec.draft_model, parse_prepack_mode(o.prepack), o.repack_cache);
+    draft = Model::load(o.spec.draft_model, o.runtime);
   EngineConfig ec;
   ec.threads = o.threads;
   ec.max_context = o.ctx > 0 ? o.ctx : std::min(model->config().n_ctx_train, 4096);
@@ -99,6 +77,7 @@ int serve(const ServeOpts& o) {
   ec.spec.max_draft = o.spec.draft_max;
   ec.spec.adaptive = !o.spec.fixed;
   ec.device = o.device;
+  ec.memory_available = o.runtime.memory_available;
   Engine engine(*model, ec, draft.get());
 
   server::ServerConfig sc;
@@ -170,7 +149,7 @@ void add_serve_command(CLI::App& app, int& rc) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 100.0));
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not share KV blocks between requests");
-  add_prepack_option(cmd, o->prepack, o->repack_cache);
+  add_runtime_options(cmd, o->runtime);
   add_spec_options(cmd, o->spec);
   add_device_option(cmd, o->device);
   cmd->add_option("--http-threads", o->http_threads,

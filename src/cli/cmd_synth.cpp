@@ -1,5 +1,5 @@
 // tandem synth: a GGUF with random weights for a given shape and type (for
-// benchmarks and architecture tests); see convert/synth.h.
+// benchmarks and architecture tests); see gguf/synth.h.
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
-#include "convert/synth.h"
+#include "gguf/synth.h"
 #include "core/error.h"
 
 namespace tandem::cli {

@@ -1,10 +1,13 @@
 #include "cli/common.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 
 #include <CLI/CLI.hpp>
 
@@ -12,16 +15,95 @@
 
 namespace tandem::cli {
 
-void add_prepack_option(CLI::App* cmd, std::string& value, std::string& cache_dir) {
-  cmd->add_option("--prepack", value,
+namespace {
+
+// The flags' text, turned into RuntimeOptions once the command line is parsed.
+struct RuntimeFlags {
+  std::string kernels, prepack = "auto", prefetch = "auto", stream_out = "on", memory_available;
+  int64_t panel_pairs = -1;
+};
+
+}  // namespace
+
+void add_runtime_options(CLI::App* cmd, RuntimeOptions& opts) {
+  auto f = std::make_shared<RuntimeFlags>();
+  cmd->add_option("--kernels", f->kernels,
+                  "Instruction-set level of the kernels: scalar, avx2 or avx512 (default: the best this CPU runs)")
+      ->envname("TANDEM_KERNELS");
+  cmd->add_option("--prepack", f->prepack,
                   "Weights repacked at load: auto (q8_0 panels, q4_0 tiles: no extra memory), all (every "
                   "quantized type: faster batched decode on small models, more memory), off")
-      ->check(CLI::IsMember({"auto", "all", "off"}))
+      ->check(CLI::IsMember({"auto", "all", "off", "0"}))
+      ->envname("TANDEM_PREPACK")
       ->capture_default_str();
-  cmd->add_option("--repack-cache", cache_dir,
+  cmd->add_option("--repack-cache", opts.repack_cache,
                   "Directory for a file of the repacked weights, one per model file: the next load maps it "
                   "instead of repacking (as large as the repacked weights)")
       ->envname("TANDEM_REPACK_CACHE");
+  const char* advanced = "Advanced (docs/performance.md)";
+  cmd->add_option("--prefetch", f->prefetch,
+                  "Software prefetch in the streaming kernels: auto (what this CPU was measured to want), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off", "0", "1"}))
+      ->envname("TANDEM_PREFETCH")
+      ->group(advanced);
+  cmd->add_option("--panel-pairs", f->panel_pairs,
+                  "Products of at least N rows run two panels per kernel call (0: never; default 9)")
+      ->check(CLI::NonNegativeNumber)
+      ->envname("TANDEM_PANEL_PAIRS")
+      ->group(advanced);
+  cmd->add_option("--stream-out", f->stream_out,
+                  "Outputs larger than the caches written with streaming stores: on, off")
+      ->check(CLI::IsMember({"on", "off", "0", "1"}))
+      ->envname("TANDEM_STREAM_OUT")
+      ->group(advanced);
+  cmd->add_flag("--huge-pages", opts.huge_pages,
+                "Repacked weights on transparent huge pages (faster decode where TLB misses cost, slower load)")
+      ->envname("TANDEM_HUGEPAGES")
+      ->group(advanced);
+  cmd->add_option("--memory-available", f->memory_available,
+                  "Stands in for the memory available in every sizing check (suffixes K, M, G): to try them")
+      ->envname("TANDEM_MEMORY_AVAILABLE")
+      ->group(advanced);
+  cmd->parse_complete_callback([f, &opts] {
+    std::string warning;
+    const KernelLevel level = choose_kernel_level(f->kernels, best_kernel_level(), &warning);
+    if (!warning.empty()) std::fprintf(stderr, "tandem: warning: %s\n", warning.c_str());
+    set_active_kernel_level(level);
+    opts.kernels = level;
+    opts.prepack = parse_prepack_mode(f->prepack);
+    opts.prefetch = parse_prefetch_mode(f->prefetch);
+    if (f->panel_pairs >= 0) opts.panel_pair_min_rows = f->panel_pairs;
+    opts.stream_out = f->stream_out != "off" && f->stream_out != "0";
+    if (!f->memory_available.empty())
+      opts.memory_available = static_cast<uint64_t>(parse_bytes(f->memory_available, "--memory-available"));
+  });
+}
+
+std::string default_roofline_cache_path() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/tandem/roofline.json";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/tandem/roofline.json";
+  return "";
+}
+
+int64_t parse_bytes(const std::string& s, const char* flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    fail(ErrorKind::kInvalidArgument, "{}: '{}' is not a size (e.g. 512M, 2G)", flag, s);
+  }
+  std::string unit = s.substr(used);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
+  double mult = 1;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib") mult = 1024.0;
+  else if (unit == "m" || unit == "mb" || unit == "mib") mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb" || unit == "gib") mult = 1024.0 * 1024 * 1024;
+  else fail(ErrorKind::kInvalidArgument, "{}: unknown unit '{}' in '{}' (use K, M or G)", flag, unit, s);
+  const double bytes = v * mult;
+  if (!(bytes >= 1) || bytes > 1e15) fail(ErrorKind::kInvalidArgument, "{}: '{}' is out of range", flag, s);
+  return static_cast<int64_t>(bytes);
 }
 
 void add_spec_options(CLI::App* cmd, SpecFlags& f) {

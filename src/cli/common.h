@@ -4,15 +4,30 @@
 #include <cstdint>
 #include <string>
 
+#include "core/options.h"
+
 namespace CLI {
 class App;
 }
 
 namespace tandem::cli {
 
-// --prepack auto|all|off (kernels/prepack.h) and --repack-cache DIR
-// (model/repack_cache.h) on a subcommand that loads a model.
-void add_prepack_option(CLI::App* cmd, std::string& value, std::string& cache_dir);
+// The library's options (core/options.h) as flags of a subcommand that loads
+// a model: --kernels, --prepack, --repack-cache and the advanced ones
+// (--prefetch, --panel-pairs, --stream-out, --huge-pages, --memory-available).
+// Each flag also reads the environment variable it replaces (TANDEM_KERNELS,
+// TANDEM_PREPACK=0, TANDEM_REPACK_CACHE, TANDEM_PREFETCH, TANDEM_PANEL_PAIRS,
+// TANDEM_STREAM_OUT=0, TANDEM_HUGEPAGES=1, TANDEM_MEMORY_AVAILABLE). Once the
+// command line is parsed, `opts` holds them and the kernel level is the
+// process's (set_active_kernel_level).
+void add_runtime_options(CLI::App* cmd, RuntimeOptions& opts);
+
+// $XDG_CACHE_HOME/tandem/roofline.json, else $HOME/.cache/tandem/roofline.json
+// ("" when neither is set): where `tandem bench` keeps its measured ceilings.
+std::string default_roofline_cache_path();
+
+// "2147483648", "512M", "2G", "1.5GiB": binary multiples; `flag` names the option in errors.
+int64_t parse_bytes(const std::string& s, const char* flag);
 
 // --spec off|ngram|draft, --draft-model FILE, --draft-max K (engine/speculation.h).
 struct SpecFlags {

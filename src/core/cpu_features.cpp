@@ -4,8 +4,11 @@
 #include <cpuid.h>
 #endif
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+
+#include "core/error.h"
 
 namespace tandem {
 namespace {
@@ -80,5 +83,86 @@ const CpuFeatures& cpu_features() {
   static const CpuFeatures f = detect();
   return f;
 }
+
+const char* kernel_level_name(KernelLevel level) {
+  switch (level) {
+    case KernelLevel::kScalar: return "scalar";
+    case KernelLevel::kAvx2: return "avx2";
+    case KernelLevel::kAvx2Vnni: return "avx2-vnni";
+    case KernelLevel::kAvx512: return "avx512";
+    case KernelLevel::kAvx512Vnni: return "avx512-vnni";
+  }
+  return "?";
+}
+
+bool cpu_supports_level(KernelLevel level) {
+  const CpuFeatures& f = cpu_features();
+  const bool avx2 = f.avx2 && f.fma && f.f16c;
+  const bool avx512 = avx2 && f.avx512f && f.avx512bw && f.avx512vl;
+  switch (level) {
+    case KernelLevel::kScalar: return true;
+    case KernelLevel::kAvx2: return avx2;
+    case KernelLevel::kAvx2Vnni: return avx2 && f.avx_vnni;
+    case KernelLevel::kAvx512: return avx512;
+    case KernelLevel::kAvx512Vnni: return avx512 && f.avx512vnni;
+  }
+  return false;
+}
+
+KernelLevel best_kernel_level() {
+  static const KernelLevel best = [] {
+    KernelLevel b = KernelLevel::kScalar;
+    for (KernelLevel l : kAllKernelLevels)
+      if (cpu_supports_level(l)) b = l;
+    return b;
+  }();
+  return best;
+}
+
+KernelLevel choose_kernel_level(std::string_view r, KernelLevel best, std::string* warning) {
+  if (r.empty()) return best;
+  auto usable = [&](KernelLevel l) { return l <= best && cpu_supports_level(l); };
+  auto refuse = [&](const char* why) {
+    if (warning)
+      *warning = std::string("kernel level ") + std::string(r) + why + "; using " + kernel_level_name(best);
+    return best;
+  };
+  // A family name picks the best level of that family that is usable.
+  KernelLevel want = best;
+  if (r == "scalar") {
+    want = KernelLevel::kScalar;
+  } else if (r == "avx2") {
+    want = usable(KernelLevel::kAvx2Vnni) ? KernelLevel::kAvx2Vnni : KernelLevel::kAvx2;
+  } else if (r == "avx512") {
+    want = usable(KernelLevel::kAvx512Vnni) ? KernelLevel::kAvx512Vnni : KernelLevel::kAvx512;
+  } else {
+    bool found = false;
+    for (KernelLevel l : kAllKernelLevels)
+      if (r == kernel_level_name(l)) {
+        want = l;
+        found = true;
+      }
+    if (!found) return refuse(" is not one of scalar, avx2, avx512");
+  }
+  if (!usable(want)) return refuse(" is not supported by this CPU");
+  return want;
+}
+
+namespace {
+std::atomic<int> g_active_level{-1};  // -1: not set, best_kernel_level()
+}  // namespace
+
+KernelLevel active_kernel_level() {
+  const int l = g_active_level.load(std::memory_order_relaxed);
+  return l < 0 ? best_kernel_level() : static_cast<KernelLevel>(l);
+}
+
+void set_active_kernel_level(KernelLevel level) {
+  if (!cpu_supports_level(level))
+    fail(ErrorKind::kInvalidArgument, "kernel level {} is not supported by this CPU", kernel_level_name(level));
+  g_active_level.store(static_cast<int>(level), std::memory_order_relaxed);
+}
+
+const char* cpu_kernel_level() { return kernel_level_name(active_kernel_level()); }
 
 }  // namespace tandem

@@ -40,12 +40,8 @@ std::optional<uint64_t> parse_mem_available(const std::string& meminfo) {
   return std::nullopt;
 }
 
-std::optional<uint64_t> available_memory_bytes() {
-  if (const char* env = std::getenv("TANDEM_MEMORY_AVAILABLE"); env && *env) {
-    char* end = nullptr;
-    const unsigned long long v = std::strtoull(env, &end, 10);
-    if (end && *end == '\0') return static_cast<uint64_t>(v);
-  }
+std::optional<uint64_t> available_memory_bytes(std::optional<uint64_t> stand_in) {
+  if (stand_in) return stand_in;
   std::optional<uint64_t> avail;
   if (const auto meminfo = read_text("/proc/meminfo")) avail = parse_mem_available(*meminfo);
   const auto limit = read_cgroup_value("/sys/fs/cgroup/memory.max");

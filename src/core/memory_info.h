@@ -12,9 +12,9 @@ namespace tandem {
 
 // The smaller of /proc/meminfo's MemAvailable and, inside a cgroup v2 with a
 // memory limit, that limit less the group's current use. nullopt when neither
-// can be read (not Linux, /proc not mounted). TANDEM_MEMORY_AVAILABLE=BYTES in
-// the environment stands in for all of it (to try the checks on small sizes).
-std::optional<uint64_t> available_memory_bytes();
+// can be read (not Linux, /proc not mounted). A `stand_in` (RuntimeOptions::
+// memory_available: to try the checks on small sizes) is returned as it is.
+std::optional<uint64_t> available_memory_bytes(std::optional<uint64_t> stand_in = std::nullopt);
 
 // Parses MemAvailable (kB) out of /proc/meminfo's text; nullopt when absent.
 std::optional<uint64_t> parse_mem_available(const std::string& meminfo);

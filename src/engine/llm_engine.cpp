@@ -169,7 +169,7 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   // accepts sizes beyond the machine's memory and the OOM killer settles it
   // later: a size asked for must fit what is available now, and the default
   // takes at most half of it.
-  const std::optional<uint64_t> avail = available_memory_bytes();
+  const std::optional<uint64_t> avail = available_memory_bytes(c.memory_available);
   int64_t tokens = c.kv_tokens;
   if (tokens <= 0 && c.kv_bytes > 0) tokens = c.kv_bytes / per_token;
   const bool sized_by_default = tokens <= 0;

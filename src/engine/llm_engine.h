@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -72,6 +73,8 @@ struct EngineConfig {
   double session_ttl_s = 600;
   // Where the forward passes run: "cpu", or "cuda" (model/executor.h).
   std::string device = "cpu";
+  // Stands in for the memory available (RuntimeOptions::memory_available).
+  std::optional<uint64_t> memory_available = std::nullopt;
 };
 
 class Engine {

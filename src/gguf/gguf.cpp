@@ -219,11 +219,8 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
   // download) sits in the page cache in large folios, up to 2 MiB, and a
   // fault on one 2 MiB folio maps all of it: reading a norm vector of a few
   // KB, or a 1 MB q6_K matrix decode reads from the file, then keeps up to
-  // 4 MiB of its neighbours resident. Gemma 3 270M, `tandem bench -p 512`
-  // after `cat` of the file: peak RSS 295 MiB, 275 MiB with this (as when
-  // the page cache was filled by faults). Most weights are repacked at load
-  // and not read from here; decode from the file layout measured the same
-  // (1.1B q8_0, TANDEM_PREPACK=0: 9.3-10.8 vs 9.5-9.7 tok/s). Advice only.
+  // 4 MiB of its neighbours resident. Decode from the file's layout reads
+  // as fast either way. Advice only.
   ::madvise(m, static_cast<size_t>(st.st_size), MADV_NOHUGEPAGE);
 
   std::unique_ptr<GgufFile> f(new GgufFile());

@@ -27,9 +27,9 @@ std::string_view gguf_type_name(GgufType t);
 struct GgufValue;
 
 // A flat array (numbers, bools or strings) as read from a file: its n
-// elements exactly as serialized there, already validated. One GgufValue per
-// element took 38 MB for a 262k-token vocabulary's three arrays; a copy of
-// the bytes, 6; this view of the file's own bytes, none (they are read from
+// elements exactly as serialized there, already validated: a view of the
+// file's own bytes costs no memory, where a GgufValue per element of a large
+// vocabulary's arrays took tens of MB (they are read from
 // the mapping, which GgufFile::release_metadata_pages gives back once the
 // tokenizer is built). `bytes` points into the file (valid while the
 // GgufFile lives) or into `owned`: GgufWriter::add copies a view it is

@@ -22,7 +22,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kv/kv_cache.h"
+#include "core/cpu_features.h"
+#include "kernels/attention_kv.h"
 
 namespace tandem {
 
@@ -48,5 +49,13 @@ void attention_prefill(const AttnShape& s, const KvLayerView& kv, const float* q
 // chunk partials of each head are folded in order.
 void attention_decode(const AttnShape& s, const KvLayerView* views, const int32_t* positions, int32_t n_seqs,
                       const float* q, int64_t q_stride, float* out, int64_t out_stride, ThreadPool& pool);
+
+// The same at a given level (which the CPU must support; throws
+// kInvalidArgument otherwise). The functions above use active_kernel_level().
+void attention_prefill_at(KernelLevel level, const AttnShape& s, const KvLayerView& kv, const float* q,
+                          int64_t q_stride, int32_t pos0, int32_t n, float* out, int64_t out_stride, ThreadPool& pool);
+void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerView* views, const int32_t* positions,
+                         int32_t n_seqs, const float* q, int64_t q_stride, float* out, int64_t out_stride,
+                         ThreadPool& pool);
 
 }  // namespace tandem

@@ -1,5 +1,5 @@
 // AVX2 + FMA + F16C attention kernel: attention_chunk.h over 8-lane vectors.
-// Every function carries its target attribute, as in dot_avx2.cpp; the
+// Every function carries its target attribute, as in vec_dot_avx2.cpp; the
 // dispatcher calls this only after CPUID allows it.
 #include <cstddef>
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/attention_impl.h"
-#include "kernels/exp_simd.h"
+#include "kernels/simd_exp.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -51,7 +51,7 @@ struct Ops {
     const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_max_ss(q, _mm_movehdup_ps(q)));
   }
-  TD_FN static V exp(V x) { return simd::exp_ps(x); }  // kernels/exp_simd.h
+  TD_FN static V exp(V x) { return simd::exp_ps(x); }  // kernels/simd_exp.h
 };
 
 #include "kernels/attention_chunk.h"

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "kernels/attention_impl.h"
-#include "kernels/exp_simd.h"
+#include "kernels/simd_exp.h"
 
 #if defined(__x86_64__)
 
@@ -44,7 +44,7 @@ struct Ops {
   // maxps returns its second operand unless the first is greater (NaN: never).
   TD_FN static V max(V x, V m) { return _mm512_max_ps(x, m); }
   TD_FN static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
-  TD_FN static V exp(V x) { return simd::exp_ps(x); }  // kernels/exp_simd.h
+  TD_FN static V exp(V x) { return simd::exp_ps(x); }  // kernels/simd_exp.h
 };
 
 #include "kernels/attention_chunk.h"

@@ -1,7 +1,7 @@
 // The chunk kernel of attention_impl.h, written once over a vector "Ops"
 // type and included by each instruction-set file inside its own namespace
 // (after defining Ops and TD_FN, the function attributes of that level), the
-// way dot_avx512_q32.h is. No includes here: the includer provides them.
+// way vec_dot_avx512_q32.h is. No includes here: the includer provides them.
 //
 // Ops provides: V (vector of W floats), W, zero(), bcast(f), load(const
 // float*), load(const uint16_t*) (f16 -> f32), load_part(p, n) for both
@@ -13,7 +13,7 @@
 //
 // Why the results do not depend on the tiling: every score is one FMA chain
 // over head_dim in order, d = 0, 1, ..., with the keys in the lanes (the K
-// cache stores each block transposed, kv/kv_cache.h), so no reduction
+// cache stores each block transposed, attention_kv.h), so no reduction
 // follows it and every level computes the same chain; the softmax of a row
 // touches only its own scores, over vectors aligned to the chunk start; each
 // output element of the value sum is one chain over the keys in position

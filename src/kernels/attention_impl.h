@@ -1,22 +1,13 @@
-// Internals of the attention kernels, exposed for tests that run a specific
-// instruction-set level rather than the active one.
+// Internals of the attention kernels, shared by the levels' files and exposed
+// for tests.
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/attention.h"
-#include "kernels/dot_impl.h"
+#include "kernels/vec_dot_impl.h"
 
 namespace tandem {
-
-// As attention_prefill / attention_decode, at a given level (which the CPU
-// must support; throws kInvalidArgument otherwise). The public functions use
-// active_kernel_level().
-void attention_prefill_at(KernelLevel level, const AttnShape& s, const KvLayerView& kv, const float* q,
-                          int64_t q_stride, int32_t pos0, int32_t n, float* out, int64_t out_stride, ThreadPool& pool);
-void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerView* views, const int32_t* positions,
-                         int32_t n_seqs, const float* q, int64_t q_stride, float* out, int64_t out_stride,
-                         ThreadPool& pool);
 
 namespace attn_detail {
 

@@ -9,7 +9,8 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "kernels/dot.h"
+#include "kernels/products.h"
+#include "kernels/vec_dot.h"
 #include "kernels/stream_tuning.h"
 
 namespace tandem {
@@ -19,30 +20,12 @@ namespace {
 // past it, so the packed weights are read from L1 by every row tile.
 constexpr size_t kPanelBytes = 32 * 1024;
 
-// Up to this many activation rows take the row-wise (streaming) path; the
-// K-quants' row kernels stay ahead of packing panels (twice the file's bytes
-// for q4_K) up to 5 rows. kernels_bench, 5632 x 2048 on two Zen 4 cores, row
-// path / packed: q4_K 3 rows 456 / 840 us, 4: 549 / 739, 6: 906 / 922, 8:
-// 1219 / 846; q6_K 4: 604 / 1189, 6: 1215 / 1281. q4_0 and q5_0 already tie at 3.
-constexpr int64_t kRowwiseMaxRows = 2;
-constexpr int64_t kRowwiseMaxRowsKQuant = 5;
-// Weights in their tiles (q4_0, q5_0, q4_K: kernels/q32_tiles.h, k4_tiles.h):
-// the tile kernels do 16 rows' work per dot product and stay ahead of
-// packing panels from the tiles up to about these many rows (5632 x 2048,
-// two Zen 4 cores, tile kernel / panels: q4_K 16 rows 727-782 / 969-1062 us,
-// 64: 2520 / 3234, 128: 5478 / 5827; q4_0 8 rows 495-540 / 663-678, 16:
-// 813-939 / 897-919, 32: 1443-1559 / 1382-1417; q5_0 4 rows 571-615 /
-// 638-691, 8: 772-774 / 763-817, 16: 1135-1225 / 1031-1081). A 512-row q4_K
-// prefill measured 2-5% faster through the panels.
-int64_t tiles_rowwise_max(GgmlType t) { return t == GgmlType::Q4_K ? 64 : t == GgmlType::Q4_0 ? 16 : 8; }
-
 // Weight rows per range in the fallback path.
 constexpr int64_t kFallbackRows = 16;
 
 }  // namespace
 
-Matmul::Matmul() : level_(active_kernel_level()) {}
-Matmul::Matmul(KernelLevel level) : level_(level) {}
+Matmul::Matmul(KernelLevel level, const StreamTuning& tuning) : level_(level), tuning_(tuning) {}
 
 void Matmul::run(const WeightMatrix& W, const float* x, int64_t ldx, int64_t n_rows, float* y, int64_t ldy,
                  ThreadPool& pool) {
@@ -86,29 +69,27 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
     return;
   }
 
-  const GemmKernel kern = gemm_kernel(W0.type, level_);
+  // One layout for the call: the one its matrices share (a mix plans as the
+  // file's rows; each matrix is still read from where it is).
+  WeightLayout layout = W0.layout;
   for (const WeightMatrix* W : Ws)
-    if (W->tiles && !kern.reads_tiles)
+    if (W->layout != layout) layout = WeightLayout::kFileRows;
+  const Product product = select_product(W0.type, layout, n_rows, level_, tuning_);
+  for (const WeightMatrix* W : Ws)
+    if (W->tiles() && !product.kernel.reads_tiles)
       fail(ErrorKind::kInvalidArgument, "matmul: {} weights in the tiles layout need the AVX-512 kernels, not {}",
            type_traits(W0.type).name, kernel_level_name(level_));
-  if (!kern) {
-    for (size_t i = 0; i < Ws.size(); ++i) run_fallback(*Ws[i], x, ldx, n_rows, ys[i], ldys[i], pool);
+  if (product.route == ProductRoute::kVecDot) {
+    for (size_t i = 0; i < Ws.size(); ++i) run_fallback(*Ws[i], x, ldx, n_rows, ys[i], ldys[i], product.dot, pool);
     return;
   }
-
-  // Few rows: stream the weights row by row. Many: pack tiles and reuse
-  // each across all rows. Float weights always go row-wise (register tiles).
-  bool prepacked = kern.run != nullptr;
-  for (const WeightMatrix* W : Ws) prepacked &= W->packed != nullptr;
-  const GemmClass cls = gemm_class(W0.type);
-  bool tiles = true;
-  for (const WeightMatrix* W : Ws) tiles &= W->tiles != nullptr;
-  const int64_t rowwise_max = tiles ? tiles_rowwise_max(W0.type)
-                              : cls == GemmClass::kK4 || cls == GemmClass::kK6 ? kRowwiseMaxRowsKQuant
-                                                                               : kRowwiseMaxRows;
-  const bool packed = prepacked || (kern.run != nullptr && n_rows > rowwise_max);
+  const GemmKernel& kern = product.kernel;
+  const bool prepacked = product.prepacked();
+  const bool packed = product.route == ProductRoute::kPanels;
   GemmActs& A = acts_;
   gemm_acts_shape(W0.type, n_rows, W0.cols, packed ? kGemmMaxRows : 1, A);
+  A.prefetch = tuning_.software_prefetch;
+  A.float_single_row = tuning_.float_single_row;
   pool.parallel_for(A.groups, 1, [&](int64_t g0, int64_t g1) { gemm_prepare_acts(x, ldx, g0, g1, A, level_); });
 
   // Tiles of all matrices in one list, so the threads share one region.
@@ -118,16 +99,10 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
     first_tile[i + 1] = first_tile[i] + (Ws[i]->rows + kGemmTile - 1) / kGemmTile;
   const int64_t n_tiles = first_tile.back();
 
-  // Tapering ranges for products of one or two row groups: a decode
-  // product is ~100 us a thread, and with equal ranges one thread often
-  // waited for the other's last one (the pool's waits were 9.5% of a 1.1B
-  // Q8_0 decode). The same holds for two groups: that model's whole
-  // sequence of products with 16 rows, tapered against equal ranges in
-  // alternating passes (medians of the paired ratios, 15 pairs each),
-  // 1.01-1.03x, with 12 rows 1.06x (in pairs, below: 1.02-1.03x, 1.09x).
-  // More row groups keep equal ranges: each range break costs the last
-  // group's L2 prefetch of the next chunk (below), and 64-row products
-  // measured 1-5% slower tapered (`tandem bench -p 64 --batch 32`).
+  // Tapering ranges for products of one or two row groups, so the threads
+  // finish a short product together; more groups keep equal ranges, since
+  // each range break costs the last group's L2 prefetch of the next chunk
+  // (below). docs/performance.md has the measurements.
   const bool guided = A.groups <= 2;
   if (!packed) {
     pool.parallel_chunks_guided(n_tiles, 1, [&](int, int64_t t0, int64_t t1) {
@@ -154,10 +129,10 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
   const int64_t n_chunks = prepacked && A.groups == 1 ? 1 : (nb + max_chunk - 1) / max_chunk;
   const int64_t chunk = (nb + n_chunks - 1) / n_chunks;
   const int64_t panel_lines = (chunk * static_cast<int64_t>(kern.panel_block_bytes) + 63) / 64;
-  const StreamTuning& tuning = stream_tuning();
+  const StreamTuning& tuning = tuning_;
   // Two tiles per kernel call (32 weight rows) where the kernel can: each
   // activation broadcast then feeds two dot products.
-  const bool pairs = kern.run2 != nullptr && tuning.panel_pair_min_rows > 0 && n_rows >= tuning.panel_pair_min_rows;
+  const bool pairs = product.pairs;
   const int span_max = pairs ? 2 : 1;
   if (scratch_.size() < static_cast<size_t>(pool.size())) scratch_.resize(pool.size());
   const size_t acc_floats = static_cast<size_t>(A.groups * A.slots * kGemmTile);
@@ -170,13 +145,11 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
   // in L1). With several row groups, the last one reads the chunk from L1
   // while the memory system is idle: it prefetches the bytes that follow
   // (the next chunk, or the next unit's first) into L2, and the first group
-  // of the next call, finding them there, prefetches nothing. Gemma 3's
-  // 262144 x 640 output matrix with 16 rows (kernels_bench, two threads):
-  // 11.4-12.7 -> 9.0-9.4 ms.
+  // of the next call, finding them there, prefetches nothing.
   const int64_t pbb = static_cast<int64_t>(kern.panel_block_bytes);
   // Outputs too large for any cache, on cache lines, go out with streaming
-  // stores (StreamTuning::stream_out_min_bytes): Gemma 3's 262144 x 640
-  // output matrix with 16 rows, kernels_bench: 12.4 -> 11.1 ms (median of 5).
+  // stores (StreamTuning::stream_out_min_bytes): no line is read before it
+  // is overwritten.
   std::vector<char>& stream_y = stream_y_;
   stream_y.assign(Ws.size(), 0);
   for (size_t i = 0; i < Ws.size(); ++i)
@@ -202,15 +175,15 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
         const int64_t chunk_bytes = (c1 - c0) * pbb;
         const uint8_t* p[2];
         for (int i = 0; i < span; ++i) {
-          if (W.packed) {
-            p[i] = W.packed + ((tile + i - first_tile[m]) * nb + c0) * pbb;
+          if (W.panels()) {
+            p[i] = W.panels() + ((tile + i - first_tile[m]) * nb + c0) * pbb;
           } else {
             uint8_t* dst = s.panel.data()->bytes + i * panel_lines * 64;
             kern.pack(W, o0 + i * kGemmTile, c0, c1, dst);
             p[i] = dst;
           }
         }
-        const bool in_l2 = W.packed && p[0] == prefetched;
+        const bool in_l2 = W.panels() && p[0] == prefetched;
         prefetched = nullptr;
         // The last group's prefetch: each panel's next chunk, or after the
         // last chunk the next unit's first, span tiles on (for one tile the
@@ -225,9 +198,9 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
           for (int i = 0; i < span; ++i) {
             float* scratch_rows = s.acc.data() + i * acc_floats + g * A.slots * kGemmTile;
             io[i].in = first ? nullptr : scratch_rows;
-            if (W.packed && g == 0 && !in_l2 && R >= tuning.panel_prefetch_min_rows)
+            if (W.panels() && g == 0 && !in_l2 && R >= tuning.panel_prefetch_min_rows)
               io[i].prefetch_bytes = tuning.panel_prefetch_bytes;
-            if (W.packed && g > 0 && g == A.groups - 1 && tuning.panel_prefetch_next) {
+            if (W.panels() && g > 0 && g == A.groups - 1 && tuning.panel_prefetch_next) {
               io[i].prefetch_bytes = static_cast<int32_t>(next_bytes);
               io[i].prefetch_to_l2 = true;
               prefetched = p[0] + next_bytes;
@@ -268,7 +241,7 @@ void Matmul::run_many(std::span<const WeightMatrix* const> Ws, const float* x, i
 }
 
 void Matmul::run_fallback(const WeightMatrix& W, const float* x, int64_t ldx, int64_t n_rows, float* y, int64_t ldy,
-                          ThreadPool& pool) {
+                          VecDotFn dot, ThreadPool& pool) {
   const GgmlType at = vec_dot_type(W.type);
   const size_t act_stride = row_bytes(at, W.cols);
   if (act_.size() < act_stride * n_rows) act_.resize(act_stride * n_rows);
@@ -276,7 +249,6 @@ void Matmul::run_fallback(const WeightMatrix& W, const float* x, int64_t ldx, in
   pool.parallel_for(n_rows, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) quantize_activations(at, x + r * ldx, act + r * act_stride, W.cols);
   });
-  const VecDotFn dot = vec_dot_fn_for_level(W.type, level_);
   const int64_t n = W.cols;
   // A range of weight rows meets every activation row while it is in cache.
   pool.parallel_for(W.rows, kFallbackRows, [&](int64_t o0, int64_t o1) {

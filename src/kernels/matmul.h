@@ -1,12 +1,12 @@
 // Linear layers: Y = X W^T for a batch of activation rows.
 //
 // The weight types with tiled kernels (q4_0, q5_0, q8_0, q4_K, q5_K, q6_K,
-// f32, f16, bf16; see gemm.h) go through one code path for any number of
+// f32, f16, bf16; see product_kernels.h) go through one code path for any number of
 // rows: tiles of 16 weight rows are packed into panels (one lane per weight
 // row) and multiplied by up to kGemmMaxRows activation rows at a time. With
 // one row (decode) that streams every weight byte once at memory speed; with
 // many (prefill) each packed panel is reused across all rows while it is in
-// cache. Matrices repacked at load (WeightMatrix::packed, kernels/prepack.h)
+// cache. Matrices repacked at load (WeightMatrix::packed, kernels/layouts.h)
 // take the packed path for any number of rows and skip the packing. Each output is one fixed chain of float operations over its row, so
 // a row's result never depends on how many rows came with it, where it sat in
 // the batch, or the thread count: prefill and decode agree bit for bit.
@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "kernels/gemm.h"
+#include "core/cpu_features.h"
+#include "kernels/product_kernels.h"
+#include "kernels/stream_tuning.h"
 
 namespace tandem {
 
@@ -26,10 +28,12 @@ class ThreadPool;
 
 class Matmul {
  public:
-  Matmul();
-  // Pins the instruction-set level (tests); the default is the active one.
-  explicit Matmul(KernelLevel level);
+  // Products at `level` (which the CPU must run), streaming memory as `tuning` says.
+  explicit Matmul(KernelLevel level = active_kernel_level(), const StreamTuning& tuning = stream_tuning());
   KernelLevel level() const { return level_; }
+  const StreamTuning& tuning() const { return tuning_; }
+  // Every tuning gives the same bits; change it only while no product runs.
+  void set_tuning(const StreamTuning& tuning) { tuning_ = tuning; }
 
   // y[r * ldy + o] = sum_i W[o][i] * x[r * ldx + i], r < n_rows, o < W.rows.
   void run(const WeightMatrix& W, const float* x, int64_t ldx, int64_t n_rows, float* y, int64_t ldy,
@@ -51,9 +55,10 @@ class Matmul {
     std::vector<float> acc;
   };
   void run_fallback(const WeightMatrix& W, const float* x, int64_t ldx, int64_t n_rows, float* y, int64_t ldy,
-                    ThreadPool& pool);
+                    VecDotFn dot, ThreadPool& pool);
 
   KernelLevel level_;
+  StreamTuning tuning_;
   GemmActs acts_;
   std::vector<ThreadScratch> scratch_;
   std::vector<int64_t> first_tile_;  // per matrix of run_many: its first tile in the shared list

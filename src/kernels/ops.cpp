@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "core/quant.h"
-#include "kernels/exp_simd.h"
+#include "kernels/simd_exp.h"
 
 #if defined(__x86_64__)
-// See dot_avx512.cpp: GCC 12's AVX-512 headers trip -Wmaybe-uninitialized when inlined.
+// See vec_dot_avx512.cpp: GCC 12's AVX-512 headers trip -Wmaybe-uninitialized when inlined.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -142,8 +142,7 @@ float log_sum_exp_at(KernelLevel level, const float* x, int64_t n) {
 }
 
 float log_sum_exp(const float* x, int64_t n) {
-  static const KernelLevel level = active_kernel_level();
-  return log_sum_exp_at(level, x, n);
+  return log_sum_exp_at(active_kernel_level(), x, n);
 }
 
 void rms_norm_at(KernelLevel level, const float* x, const float* w, int64_t n, float eps, float* out) {
@@ -158,8 +157,7 @@ void rms_norm_at(KernelLevel level, const float* x, const float* w, int64_t n, f
 }
 
 void rms_norm(const float* x, const float* w, int64_t n, float eps, float* out) {
-  static const KernelLevel level = active_kernel_level();
-  rms_norm_at(level, x, w, n, eps, out);
+  rms_norm_at(active_kernel_level(), x, w, n, eps, out);
 }
 
 void rope_angles(const RopeParams& p, int32_t pos, float* cos_out, float* sin_out) {
@@ -262,7 +260,7 @@ __attribute__((target("avx2,f16c,fma"))) void gelu_gated_avx2(float* gate, const
   gelu_gated_scalar(gate + i, up + i, n - i);
 }
 
-// SiLU with the softmax's e^x (kernels/exp_simd.h): a few ulp from libm's.
+// SiLU with the softmax's e^x (kernels/simd_exp.h): a few ulp from libm's.
 __attribute__((target("avx512f"))) void silu_gated_avx512(float* gate, const float* up, int64_t n) {
   const __m512 one = _mm512_set1_ps(1.0f);
   int64_t i = 0;
@@ -312,8 +310,7 @@ void gated_activation_at(KernelLevel level, Activation act, float* gate, const f
 }
 
 void gated_activation(Activation act, float* gate, const float* up, int64_t n) {
-  static const KernelLevel level = active_kernel_level();
-  gated_activation_at(level, act, gate, up, n);
+  gated_activation_at(active_kernel_level(), act, gate, up, n);
 }
 
 }  // namespace tandem

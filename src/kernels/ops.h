@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "kernels/dot_impl.h"
+#include "core/cpu_features.h"
 
 namespace tandem {
 

@@ -1,16 +1,17 @@
-// How the decode kernels stream weights from memory, chosen per
-// microarchitecture at start-up. Decode reads every weight once per token, and
-// what keeps the memory system busy differs between CPUs of the same ISA: on
-// AMD Zen 5, where the kernels were tuned, software prefetch ahead of the loads
-// about doubled the repacked panels' streaming rate; on Zen 4 the same
-// prefetches cost 12-20% of decode (its hardware prefetcher already follows
-// one sequential stream per core, and the extra requests only compete with
-// it). Other CPUs (Intel: not measured) keep the Zen 5 tuning.
-// Measurements: docs/benchmarks.md.
+// How the products stream weights from memory, chosen per microarchitecture
+// and held by each Matmul. Decode reads every weight once per token, and what
+// keeps the memory system busy differs between CPUs of the same ISA: software
+// prefetch ahead of the loads helps on AMD Zen 5 (where the kernels were
+// tuned) and hurts on Zen 4, whose hardware prefetcher already follows one
+// stream per core. Other CPUs keep the Zen 5 tuning. Every tuning gives the
+// same bits: it changes the order of memory reads, never of arithmetic.
+// Measurements: docs/performance.md.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+
+#include "core/options.h"
 
 namespace tandem {
 
@@ -40,11 +41,11 @@ struct StreamTuning {
   int64_t stream_out_min_bytes = int64_t{4} << 20;
 };
 
-// Detected once from CPUID; TANDEM_PREFETCH=0 turns every software prefetch
-// off, 1 turns them on (the panels' at this CPU's distance, for any rows);
-// TANDEM_PANEL_PAIRS=N sets panel_pair_min_rows (0: one panel per call);
-// TANDEM_STREAM_OUT=0 turns the outputs' streaming stores off.
-const StreamTuning& stream_tuning();
+// This CPU's tuning (from CPUID), with the options' overrides: --prefetch off
+// turns every software prefetch off, on turns them all on (the panels' at
+// this CPU's distance, for any rows); --panel-pairs N sets
+// panel_pair_min_rows; --stream-out off turns the outputs' streaming stores off.
+StreamTuning stream_tuning(const RuntimeOptions& opts = {});
 
 // The row-wise (decode) kernels prefetch at least this far ahead: the
 // hardware prefetcher alone leaves them well short of bandwidth. A kernel
@@ -54,30 +55,16 @@ const StreamTuning& stream_tuning();
 // current group, already being read.
 constexpr int64_t kPrefetchBytes = 4096;
 // Kernels reading only 1 or 2 rows side by side (the K-quants) need more: 4 KB
-// ahead is about one memory latency of their single stream. 16 KB took q6_K
-// decode from ~36 to ~39 GB/s on one Zen 5 core (~58 -> ~63 on two), and
-// q4_K's stream from memory from below to above its compute speed.
+// ahead is about one memory latency of their single stream.
 constexpr int64_t kPrefetchBytesFewRows = 16384;
 
-// 0 (no prefetch) where the CPU streams better without (StreamTuning).
-inline int64_t prefetch_distance(size_t row_stride, int rows_side_by_side, int64_t at_least = kPrefetchBytes) {
-  if (!stream_tuning().software_prefetch) return 0;
+// 0 (no prefetch) where the CPU streams better without (StreamTuning::
+// software_prefetch, which the products pass in `prefetch`).
+inline int64_t prefetch_distance(bool prefetch, size_t row_stride, int rows_side_by_side,
+                                 int64_t at_least = kPrefetchBytes) {
+  if (!prefetch) return 0;
   const int64_t group = static_cast<int64_t>(row_stride) * rows_side_by_side;
   return (at_least + group - 1) / group * group;
 }
-
-// Tests: runs the kernels under another tuning while in scope. Every tuning
-// gives the same bits (they change the order of memory reads, never of
-// arithmetic); set it only while no kernel runs.
-class ScopedStreamTuning {
- public:
-  explicit ScopedStreamTuning(const StreamTuning& t);
-  ~ScopedStreamTuning();
-  ScopedStreamTuning(const ScopedStreamTuning&) = delete;
-  ScopedStreamTuning& operator=(const ScopedStreamTuning&) = delete;
-
- private:
-  StreamTuning saved_;
-};
 
 }  // namespace tandem

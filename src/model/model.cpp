@@ -14,24 +14,16 @@
 #include "core/thread_pool.h"
 #include "gguf/gguf.h"
 #include "kernels/attention.h"
-#include "kernels/gemm.h"
+#include "kernels/product_kernels.h"
+#include "kernels/products.h"
 #include "kernels/ops.h"
-#include "kernels/prepack.h"
+#include "kernels/layouts.h"
 #include "kv/kv_cache.h"
 #include "model/repack_cache.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tandem {
 
-// Rows per chunk of a layer's feed-forward and attention blocks (see
-// Model::layer): the widest buffers of a long prompt shrink while the
-// products still run at their many-row speed. Feed-forward at 128: its gate
-// and up rows for a 512-token prompt, Gemma 3 270M: 8 -> 2 MiB; 1.1B: 23 ->
-// 5.6 MiB. Attention (q and its output) at 256: Gemma 4 -> 2 MiB, 1.1B 8 ->
-// 4 MiB; at 128, re-reading the q/k/v/o weights once per chunk cost the 1.1B
-// Q8_0 prefill ~2%.
-constexpr int64_t kFfnChunkRows = 128;
-constexpr int64_t kAttnChunkRows = 256;
 
 // Activations of the rows in flight, one row per batch row (q, k, v, rope
 // angles, attention output, feed-forward gate and up: one chunk's rows).
@@ -45,12 +37,16 @@ struct Model::Scratch {
   std::vector<float> attn_kept;  // the last layer's attention rows that go on
   std::vector<int64_t> want;     // rows that asked for logits
   Matmul mm;
+  Scratch(KernelLevel level, const StreamTuning& tuning) : mm(level, tuning) {}
 };
 
 Model::~Model() = default;
 
-std::unique_ptr<Model> Model::load(const std::string& path, PrepackMode prepack, const std::string& repack_cache) {
+std::unique_ptr<Model> Model::load(const std::string& path, const RuntimeOptions& opts) {
   std::unique_ptr<Model> m(new Model());
+  m->level_ = opts.kernels.value_or(active_kernel_level());
+  if (!cpu_supports_level(m->level_))
+    fail(ErrorKind::kInvalidArgument, "kernel level {} is not supported by this CPU", kernel_level_name(m->level_));
   m->file_ = GgufFile::open(path);
   m->cfg_ = ModelConfig::from_gguf(*m->file_);
   m->w_ = ModelWeights::bind(*m->file_, m->cfg_);
@@ -59,15 +55,12 @@ std::unique_ptr<Model> Model::load(const std::string& path, PrepackMode prepack,
   if (m->tok_->n_vocab() != m->cfg_.n_vocab)
     fail(ErrorKind::kInvalidFile, "{}: the vocabulary has {} tokens but token_embd.weight has {} rows", path,
          m->tok_->n_vocab(), m->cfg_.n_vocab);
-  m->s_ = std::make_unique<Scratch>();
-  m->prepack_weights(prepack, repack_cache);
+  m->s_ = std::make_unique<Scratch>(m->level_, stream_tuning(opts));
+  m->prepack_weights(opts);
   // Reading the norm vectors at bind, and the repacking, mapped pages of the
   // file around what they read (fault-around maps up to 64 KiB, a large
-  // folio all of it) that the model may never read again. Gemma 3 270M with
-  // --repack-cache, whose matrices are not read from the file at all: 14.5
-  // MiB of the file resident after the first tokens, 10.2 without the cache
-  // (the q6_K matrices decode reads from the file, 9.2 MiB, and their
-  // neighbours). What is read from the file from here on faults back in.
+  // folio all of it) that the model may never read again. What is read from
+  // the file from here on faults back in.
   m->file_->release_all_pages();
   return m;
 }
@@ -80,16 +73,14 @@ KvShape Model::kv_shape() const {
 
 namespace {
 
-// Memory for repacked weights. With TANDEM_HUGEPAGES=1, buffers of 2 MiB or
-// more are 2 MiB aligned and asked for transparent huge pages: decode streams
-// them once per token, and in a VM every 4 KiB page's TLB miss is a two-level
-// walk (1.1B Q8_0 decode +10% on our VM). Not the default: faulting in fresh
-// huge pages there made the same model's load 3x slower (0.42-0.72 s ->
-// 1.32-1.76 s, almost all of it the kernel zeroing pages).
-uint8_t* alloc_weights(size_t bytes) {
+// Memory for repacked weights. With huge_pages, buffers of 2 MiB or more are
+// 2 MiB aligned and asked for transparent huge pages: decode streams them once
+// per token, and in a VM every 4 KiB page's TLB miss is a two-level walk. Not
+// the default: fresh huge pages can make a load several times slower (the
+// kernel zeroing them). docs/performance.md has the numbers.
+uint8_t* alloc_weights(size_t bytes, bool huge_pages) {
   constexpr size_t kHuge = size_t{2} << 20;
-  const char* env = std::getenv("TANDEM_HUGEPAGES");
-  const bool huge = bytes >= kHuge && env && std::strcmp(env, "1") == 0;
+  const bool huge = bytes >= kHuge && huge_pages;
   const size_t align = huge ? kHuge : 64;
   const size_t size = (bytes + align - 1) / align * align;
   auto* buf = static_cast<uint8_t*>(std::aligned_alloc(align, size));
@@ -99,10 +90,8 @@ uint8_t* alloc_weights(size_t bytes) {
 }
 
 // Faults in [p, p + n) on the pool's threads before the repacking writes it
-// (MADV_POPULATE_WRITE, Linux 5.14+; elsewhere the writes fault as before).
-// On our VM faulting fresh memory is most of the load: 1.1 GB took 0.38-0.40
-// s to fault by writing it from two threads, 0.24-0.25 s to populate from
-// two; the 1.1B Q8_0 load went from 0.54-0.62 s to 0.49-0.59 s (8 rounds).
+// (MADV_POPULATE_WRITE, Linux 5.14+; elsewhere the writes fault as before):
+// faulting fresh memory is much of a load, and populating is the cheaper way.
 void populate(uint8_t* p, size_t n, ThreadPool& pool) {
 #ifdef MADV_POPULATE_WRITE
   constexpr uintptr_t kPage = 4096, kPiece = uintptr_t{2} << 20;
@@ -123,42 +112,34 @@ void populate(uint8_t* p, size_t n, ThreadPool& pool) {
 
 }  // namespace
 
-// Repacks the matrices `mode` names (kernels/prepack.h): with kAuto those
-// whose panels are no larger than the file's bytes, and q4_0 / q5_0 / q4_K /
-// f16 / bf16 ones into tiles where the kernels read them. Drops the file's
-// pages of what was copied.
-// TANDEM_PREPACK=0 keeps every weight in the file (for comparisons).
-void Model::prepack_weights(PrepackMode mode, const std::string& cache_dir) {
-  const char* env = std::getenv("TANDEM_PREPACK");
-  if ((env && std::strcmp(env, "0") == 0) || mode == PrepackMode::kOff) return;
-  const KernelLevel level = s_->mm.level();
+// Gives every linear layer the layout choose_layout picks for opts.prepack
+// (kernels/products.h): panels or tiles, copied from the file's rows (or
+// mapped from the repack cache), and drops the file's pages of what was copied.
+void Model::prepack_weights(const RuntimeOptions& opts) {
+  const PrepackMode mode = opts.prepack;
+  const std::string& cache_dir = opts.repack_cache;
+  if (mode == PrepackMode::kOff) return;
+  const KernelLevel level = level_;
   std::vector<WeightMatrix*> all;
-  std::vector<size_t> sizes;  // of each matrix in `all`'s new layout
+  std::vector<LayoutChoice> layouts;  // of each matrix in `all`
+  std::vector<size_t> sizes;
   {
     std::vector<WeightMatrix*> every = {&w_.output};
     for (LayerWeights& L : w_.layers)
       for (WeightMatrix* W : L.matrices()) every.push_back(W);
-    // Panels for every row (q8_0; any type under kAll), else q4_0 / q5_0 /
-    // q4_K / f16 / bf16 tiles for the whole 16-row tiles.
-    for (WeightMatrix* W : every) {
-      const size_t panels = prepacked_bytes(*W, level, mode);
-      const size_t bytes = panels ? panels : tiles_bytes(*W, level);
-      if (bytes) all.push_back(W), sizes.push_back(bytes);
-    }
+    for (WeightMatrix* W : every)
+      if (const LayoutChoice c = choose_layout(*W, level, mode); c.layout != WeightLayout::kFileRows)
+        all.push_back(W), layouts.push_back(c), sizes.push_back(c.bytes);
   }
   if (all.empty()) return;
-  // Embedding lookups read q32 panels and tiles (dequantize_prepacked_row); a
+  // Embedding lookups read q32 panels and tiles (dequantize_weight_row); a
   // tied embedding in K-quant panels keeps its file rows for them.
-  const auto panels = [&](const WeightMatrix& W) { return prepacked_bytes(W, level, mode) != 0; };
-  const auto lookups_in_new_layout = [&](const WeightMatrix& W) {
-    return !panels(W) || gemm_class(W.type) == GemmClass::kQ32;
+  const auto lookups_in_new_layout = [&](const WeightMatrix& W, WeightLayout layout) {
+    return layout != WeightLayout::kPanels || gemm_class(W.type) == GemmClass::kQ32;
   };
-  const auto bind = [&](WeightMatrix* W, const uint8_t* buf) {
-    (panels(*W) ? W->packed : W->tiles) = buf;
-    if (w_.tok_embd.data == W->data && lookups_in_new_layout(*W)) {
-      w_.tok_embd.packed = W->packed;
-      w_.tok_embd.tiles = W->tiles;
-    }
+  const auto bind = [&](WeightMatrix* W, WeightLayout layout, const uint8_t* buf) {
+    W->set_layout(layout, buf);
+    if (w_.tok_embd.data == W->data && lookups_in_new_layout(*W, layout)) w_.tok_embd.set_layout(layout, buf);
   };
 
   if (!cache_dir.empty()) {
@@ -167,7 +148,7 @@ void Model::prepack_weights(PrepackMode mode, const std::string& cache_dir) {
     if (const std::vector<const uint8_t*> bufs = repack_cache_->open(sizes); !bufs.empty()) {
       for (size_t i = 0; i < all.size(); ++i) {
         packed_.push_back({nullptr, bufs[i], sizes[i]});
-        bind(all[i], bufs[i]);  // the file's rows were never touched: nothing to release
+        bind(all[i], layouts[i].layout, bufs[i]);  // the file's rows were never touched: nothing to release
       }
       repack_cache_hit_ = true;
       return;
@@ -179,7 +160,7 @@ void Model::prepack_weights(PrepackMode mode, const std::string& cache_dir) {
   // are, slower to decode but loaded, where the OOM killer would end the load.
   size_t total = 0;
   for (size_t b : sizes) total += b;
-  if (const auto avail = available_memory_bytes(); avail && total > *avail) {
+  if (const auto avail = available_memory_bytes(opts.memory_available); avail && total > *avail) {
     load_warning_ = fmt::format(
         "repacking the weights takes {} MiB and {} MiB of memory are available: they stay in the file's layout "
         "(decode is slower; --prepack off chooses that without this warning)",
@@ -190,26 +171,25 @@ void Model::prepack_weights(PrepackMode mode, const std::string& cache_dir) {
   for (size_t i = 0; i < all.size(); ++i) {
     WeightMatrix* W = all[i];
     const size_t bytes = sizes[i];
-    const bool in_panels = panels(*W);
-    const bool keep_file_rows = w_.tok_embd.data == W->data && !lookups_in_new_layout(*W);
-    uint8_t* buf = alloc_weights(bytes);
+    const WeightLayout layout = layouts[i].layout;
+    const bool keep_file_rows = w_.tok_embd.data == W->data && !lookups_in_new_layout(*W, layout);
+    uint8_t* buf = alloc_weights(bytes, opts.huge_pages);
     packed_.push_back({std::unique_ptr<uint8_t, FreeDeleter>(buf), buf, bytes});
     // In slices, releasing each slice's file pages once written, so that a
     // large matrix (Gemma's 178 MB embedding) is not held twice at the peak.
-    const int64_t tiles = in_panels ? (W->rows + kGemmTile - 1) / kGemmTile : W->rows / kGemmTile;
+    const int64_t tiles = layout_tile_count(*W, layout);
     constexpr int64_t kSliceTiles = 256;
     for (int64_t t0 = 0; t0 < tiles; t0 += kSliceTiles) {
       const int64_t t1 = std::min(tiles, t0 + kSliceTiles);
       // Tiles take equal bytes; the slice's only, so the peak stays one slice.
       const size_t b0 = bytes * static_cast<size_t>(t0) / static_cast<size_t>(tiles);
       populate(buf + b0, bytes * static_cast<size_t>(t1) / static_cast<size_t>(tiles) - b0, pool);
-      if (in_panels) prepack_tiles(*W, level, buf, t0, t1, pool);
-      else write_tiles(*W, buf, t0, t1, pool);
+      write_layout(*W, layout, level, buf, t0, t1, pool);
       const int64_t r0 = t0 * kGemmTile, r1 = std::min(W->rows, t1 * kGemmTile);
       if (!keep_file_rows)
         file_->release_pages(W->row(r0), static_cast<size_t>(r1 - r0) * W->row_stride);
     }
-    bind(W, buf);
+    bind(W, layout, buf);
   }
   if (repack_cache_) {
     std::vector<std::span<const uint8_t>> bufs;
@@ -233,11 +213,11 @@ std::vector<std::span<const uint8_t>> Model::decode_weight_regions() const {
   };
   std::vector<std::span<const uint8_t>> out;
   auto add = [&](const WeightMatrix& W) {
-    if (W.packed) return out.emplace_back(W.packed, size_of(W.packed)), void();
+    if (W.panels()) return out.emplace_back(W.panels(), size_of(W.panels())), void();
     if (!W) return;
     int64_t r0 = 0;
-    if (W.tiles) {
-      out.emplace_back(W.tiles, size_of(W.tiles));
+    if (W.tiles()) {
+      out.emplace_back(W.tiles(), size_of(W.tiles()));
       r0 = W.rows / kGemmTile * kGemmTile;
     }
     if (r0 < W.rows) out.emplace_back(W.row(r0), static_cast<size_t>(W.rows - r0) * W.row_stride);
@@ -284,11 +264,11 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
   pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* xr = s.x.data() + r * E;
-      if (w_.tok_embd.packed || w_.tok_embd.tiles) {
-        dequantize_prepacked_row(w_.tok_embd, s.mm.level(), batch[r].token, xr);
+      if (w_.tok_embd.layout != WeightLayout::kFileRows) {
+        dequantize_weight_row(w_.tok_embd, batch[r].token, xr);
       } else {
-        // Read, not faulted in (GgufFile::copy_out): a 512-token prompt's
-        // faults kept 34 of the 1.1B Q4_K_M embedding's 35 MiB resident.
+        // Read, not faulted in (GgufFile::copy_out): faults would keep most
+        // of the embedding resident for a prompt's scattered rows.
         thread_local std::vector<uint8_t> row;
         row.resize(w_.tok_embd.row_stride);
         file_->copy_out(w_.tok_embd.row(batch[r].token), w_.tok_embd.row_stride, row.data());
@@ -312,8 +292,8 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
   for (int32_t il = 0; il < c.n_layer; ++il)
     layer(il, batch, seqs, kv, pool, il + 1 == c.n_layer && compacted ? &want : nullptr);
   for (size_t i = 0; i < want.size(); ++i)
-    rms_norm(s.x.data() + (compacted ? static_cast<int64_t>(i) : want[i]) * E, w_.output_norm.data(), E, c.rms_eps,
-             s.xn.data() + i * E);
+    rms_norm_at(level_, s.x.data() + (compacted ? static_cast<int64_t>(i) : want[i]) * E, w_.output_norm.data(), E,
+                c.rms_eps, s.xn.data() + i * E);
   s.mm.run(w_.output, s.xn.data(), E, static_cast<int64_t>(want.size()), out.data(), c.n_vocab, pool);
 
   for (int64_t r = 0; r < R; ++r) {
@@ -370,9 +350,9 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
       }
       if (c.qk_norm) {
         for (int32_t h = 0; h < c.n_head; ++h)
-          rms_norm(q + h * c.head_dim, L.q_norm.data(), c.head_dim, c.rms_eps, q + h * c.head_dim);
+          rms_norm_at(level_, q + h * c.head_dim, L.q_norm.data(), c.head_dim, c.rms_eps, q + h * c.head_dim);
         for (int32_t h = 0; h < c.n_head_kv; ++h)
-          rms_norm(k + h * c.head_dim, L.k_norm.data(), c.head_dim, c.rms_eps, k + h * c.head_dim);
+          rms_norm_at(level_, k + h * c.head_dim, L.k_norm.data(), c.head_dim, c.rms_eps, k + h * c.head_dim);
       }
       float* cs = s.rope_cos.data() + r * half;
       float* sn = s.rope_sin.data() + r * half;
@@ -398,7 +378,7 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
     while (r1 < n && batch[c0 + r1].seq == batch[c0 + r0].seq) ++r1;
     const SeqKv& sk = *seqs[batch[c0 + r0].seq];
     if (r1 - r0 > 1) {
-      attention_prefill(shape, view_of(sk), s.q.data() + r0 * QW, QW, batch[c0 + r0].pos,
+      attention_prefill_at(level_, shape, view_of(sk), s.q.data() + r0 * QW, QW, batch[c0 + r0].pos,
                         static_cast<int32_t>(r1 - r0), s.attn.data() + r0 * OW, OW, pool);
     } else {
       s.views.push_back(view_of(sk));
@@ -415,8 +395,8 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
     s.out_decode.resize(B * OW);
     for (int64_t b = 0; b < B; ++b)
       std::copy_n(s.q.data() + s.decode_rows[b] * QW, QW, s.q_decode.data() + b * QW);
-    attention_decode(shape, s.views.data(), s.positions.data(), static_cast<int32_t>(B), s.q_decode.data(), QW,
-                     s.out_decode.data(), OW, pool);
+    attention_decode_at(level_, shape, s.views.data(), s.positions.data(), static_cast<int32_t>(B), s.q_decode.data(),
+                        QW, s.out_decode.data(), OW, pool);
     for (int64_t b = 0; b < B; ++b)
       std::copy_n(s.out_decode.data() + b * OW, OW, s.attn.data() + s.decode_rows[b] * OW);
   }
@@ -434,7 +414,7 @@ void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, 
   // --- attention block ---
   pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
-      rms_norm(s.x.data() + r * E, L.attn_norm.data(), E, c.rms_eps, s.xn.data() + r * E);
+      rms_norm_at(level_, s.x.data() + r * E, L.attn_norm.data(), E, c.rms_eps, s.xn.data() + r * E);
   });
   s.o.resize(R * E);
   // In chunks of rows, like the feed-forward block below: q and the attention
@@ -467,9 +447,9 @@ void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, 
     for (int64_t r = r0; r < r1; ++r) {
       float* o = s.o.data() + r * E;
       float* x = s.x.data() + r * E;
-      if (c.sandwich_norm) rms_norm(o, L.post_attn_norm.data(), E, c.rms_eps, o);
+      if (c.sandwich_norm) rms_norm_at(level_, o, L.post_attn_norm.data(), E, c.rms_eps, o);
       for (int64_t i = 0; i < E; ++i) x[i] += o[i];
-      rms_norm(x, L.ffn_norm.data(), E, c.rms_eps, s.xn.data() + r * E);
+      rms_norm_at(level_, x, L.ffn_norm.data(), E, c.rms_eps, s.xn.data() + r * E);
     }
   });
 
@@ -488,7 +468,8 @@ void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, 
     const int64_t gate_up_ld[] = {F, F};
     s.mm.run_many(gate_up, s.xn.data() + c0 * E, E, n, gate_up_out, gate_up_ld, pool);
     pool.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) gated_activation(c.act, s.gate.data() + r * F, s.up.data() + r * F, F);
+      for (int64_t r = r0; r < r1; ++r)
+        gated_activation_at(level_, c.act, s.gate.data() + r * F, s.up.data() + r * F, F);
     });
     s.mm.run(L.w_down, s.gate.data(), F, n, s.o.data() + c0 * E, E, pool);
   }
@@ -496,7 +477,7 @@ void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, 
     for (int64_t r = r0; r < r1; ++r) {
       float* o = s.o.data() + r * E;
       float* x = s.x.data() + r * E;
-      if (c.sandwich_norm) rms_norm(o, L.post_ffn_norm.data(), E, c.rms_eps, o);
+      if (c.sandwich_norm) rms_norm_at(level_, o, L.post_ffn_norm.data(), E, c.rms_eps, o);
       for (int64_t i = 0; i < E; ++i) x[i] += o[i];
     }
   });

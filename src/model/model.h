@@ -15,7 +15,7 @@
 
 #include "core/aligned_vector.h"
 #include "kernels/matmul.h"
-#include "kernels/prepack.h"
+#include "core/options.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -49,21 +49,29 @@ inline size_t rows_with_logits(const Batch& b) {
   return n;
 }
 
+// Rows per chunk of a layer's attention and feed-forward blocks in a long
+// prompt (Model::layer): the widest buffers shrink while the products still
+// run at their many-row speed; more rows per attention chunk, since each
+// chunk reads the q/k/v/o weights again. docs/performance.md has the numbers.
+inline constexpr int64_t kAttnChunkRows = 256;
+inline constexpr int64_t kFfnChunkRows = 128;
+
 class Model {
  public:
-  // Maps the file, binds everything and repacks weights per `prepack`
-  // (kernels/prepack.h; TANDEM_PREPACK=0 in the environment turns it off).
-  // With a `repack_cache` directory, the repacked weights are mapped from a
-  // file there when one matches, and written there when none does
-  // (model/repack_cache.h). Throws tandem::Error.
-  static std::unique_ptr<Model> load(const std::string& path, PrepackMode prepack = PrepackMode::kAuto,
-                                     const std::string& repack_cache = "");
+  // Maps the file, binds everything and repacks weights per opts.prepack
+  // (kernels/products.h). With opts.repack_cache, the repacked weights are
+  // mapped from a file there when one matches, and written there when none
+  // does (model/repack_cache.h). The kernels run at opts.kernels (or the
+  // process's level) with the stream tuning the options give. Throws tandem::Error.
+  static std::unique_ptr<Model> load(const std::string& path, const RuntimeOptions& opts = {});
   ~Model();
 
   const GgufFile& file() const { return *file_; }
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
   const Tokenizer& tokenizer() const { return *tok_; }
+  // The level every kernel of this model runs at.
+  KernelLevel kernel_level() const { return level_; }
   // The KV cache this model's layers write: n_layer layers of n_head_kv heads.
   KvShape kv_shape() const;
 
@@ -103,10 +111,11 @@ class Model {
   ModelWeights w_;
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<Scratch> s_;
+  KernelLevel level_ = KernelLevel::kScalar;
   struct FreeDeleter {
     void operator()(uint8_t* p) const;
   };
-  struct Repacked {  // see kernels/prepack.h
+  struct Repacked {  // see kernels/layouts.h
     std::unique_ptr<uint8_t, FreeDeleter> owned;  // null when mapped from the cache file
     const uint8_t* buf;
     size_t bytes;
@@ -114,7 +123,7 @@ class Model {
   std::vector<Repacked> packed_;
   std::unique_ptr<RepackCache> repack_cache_;
 
-  void prepack_weights(PrepackMode mode, const std::string& cache_dir);
+  void prepack_weights(const RuntimeOptions& opts);
   std::string load_warning_;
   bool repack_cache_hit_ = false;
 

@@ -1,11 +1,10 @@
-// A file of weights already repacked (kernels/prepack.h), mapped at the next
+// A file of weights already repacked (kernels/layouts.h), mapped at the next
 // load instead of repacking again.
 //
 // Repacking writes the weights into fresh memory. On a VM that hands freed
 // memory back to the host (virtio-balloon free page reporting, as on ours),
-// every load after a pause faults all of it in again from the host: the 1.1B
-// Q8_0's 1.1 GB took 0.8-2.6 s to load where the same load back to back took
-// 0.3-0.4 s. A cache file stays in the page cache like the model file, so a
+// every load after a pause faults all of it in again from the host, several
+// times as slow as a load back to back. A cache file stays in the page cache like the model file, so a
 // load maps it as llama.cpp maps a GGUF.
 //
 // The file is named by a hash of what decides its bytes (the model file's

@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "core/quant.h"
 #include "gguf/gguf.h"
-#include "kernels/dot.h"
+#include "kernels/vec_dot.h"
 
 namespace tandem {
 namespace {

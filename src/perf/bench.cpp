@@ -15,8 +15,8 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "gguf/gguf.h"
-#include "kernels/dot.h"
-#include "kernels/dot_impl.h"
+#include "kernels/vec_dot.h"
+#include "kernels/vec_dot_impl.h"
 #include "engine/llm_engine.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
@@ -156,7 +156,7 @@ BenchResult run_bench(const BenchOptions& opts) {
   const int32_t P = opts.n_prompt, N = opts.n_gen, B = opts.batch;
 
   const auto t0 = Clock::now();
-  std::unique_ptr<Model> model = Model::load(opts.model_path, parse_prepack_mode(opts.prepack), opts.repack_cache);
+  std::unique_ptr<Model> model = Model::load(opts.model_path, opts.runtime);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   const ModelConfig& c = model->config();
   if (static_cast<int64_t>(P) + N >= c.n_ctx_train)
@@ -176,9 +176,10 @@ BenchResult run_bench(const BenchOptions& opts) {
   ec.prefix_caching = false;
   ec.spec = opts.spec;
   ec.device = opts.device;
+  ec.memory_available = opts.runtime.memory_available;
   std::unique_ptr<Model> draft;
   if (!opts.draft_model.empty())
-    draft = Model::load(opts.draft_model, parse_prepack_mode(opts.prepack), opts.repack_cache);
+    draft = Model::load(opts.draft_model, opts.runtime);
   Engine engine(*model, ec, draft.get());
   r.load_s = since(t0);
   r.repack_cache_hit = model->repack_cache_hit();
@@ -270,7 +271,7 @@ nlohmann::json bench_to_json(const BenchResult& r, const Roofline& roof) {
       {"n_prompt", P},
       {"n_gen", N},
       {"batch", r.opts.batch},
-      {"prepack", r.opts.prepack},
+      {"prepack", prepack_mode_name(r.opts.runtime.prepack)},
       {"reps", r.opts.reps},
       {"warmup", r.opts.warmup},
       {"load_s", r.load_s},

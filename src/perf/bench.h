@@ -16,6 +16,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/options.h"
 #include "engine/speculation.h"
 #include "perf/model_cost.h"
 #include "perf/roofline.h"
@@ -32,8 +33,7 @@ struct BenchOptions {
   int32_t reps = 5;
   int32_t warmup = 1;   // untimed repetitions first (page-in, caches, thread spin-up)
   int32_t batch = 1;    // sequences decoding together (rows per decode step)
-  std::string prepack = "auto";  // kernels/prepack.h
-  std::string repack_cache;      // model/repack_cache.h; "" for none
+  RuntimeOptions runtime;  // what Model::load gets (prepack, repack cache, kernels, ...)
   // A text whose tokens are the prompt (cycled to P tokens) instead of ids
   // drawn from the vocabulary: what speculation needs to find anything.
   std::string prompt_file;

@@ -12,7 +12,7 @@
 #include <span>
 #include <string>
 
-#include "kernels/dot_impl.h"
+#include "kernels/vec_dot_impl.h"
 
 namespace tandem {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "gguf/gguf.h"
-#include "kernels/prepack.h"
+#include "kernels/layouts.h"
 #include "model/model.h"
 
 namespace tandem {
@@ -12,7 +12,7 @@ namespace {
 // What a decode step reads: the repacked panels where the model holds them.
 uint64_t matrix_bytes(const WeightMatrix& w) {
   if (!w) return 0;
-  if (w.packed) return prepacked_bytes(w, active_kernel_level(), PrepackMode::kAll);  // whatever packed it
+  if (w.panels()) return layout_bytes(w, WeightLayout::kPanels);
   return static_cast<uint64_t>(w.rows) * w.row_stride;
 }
 uint64_t matrix_macs(const WeightMatrix& w) { return w ? static_cast<uint64_t>(w.rows) * w.cols : 0; }

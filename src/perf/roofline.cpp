@@ -114,12 +114,6 @@ std::string cpu_model_name() {
   return "unknown";
 }
 
-std::string default_roofline_cache_path() {
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/tandem/roofline.json";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/tandem/roofline.json";
-  return "";
-}
-
 std::optional<Roofline> load_cached_roofline(const std::string& path, const std::string& cpu, int threads,
                                              const std::string& kernel_level) {
   if (path.empty()) return std::nullopt;

@@ -23,8 +23,8 @@ struct RooflineSizes {
 
   static RooflineSizes full() { return {}; }
   // A rough measurement for a bench run that has no cached one. Five short
-  // compute trials, the best kept: with two, a core taken by something else
-  // for ~30 ms halved the int8 peak in 2 of 5 rounds of one compare run.
+  // compute trials, the best kept: with two, a core busy elsewhere for a
+  // moment could halve a peak.
   static RooflineSizes quick() { return {size_t{256} << 20, 3, 5'000'000, 5}; }
 };
 
@@ -49,8 +49,6 @@ nlohmann::json roofline_to_json(const Roofline& r);
 Roofline roofline_from_json(const nlohmann::json& j);
 
 std::string cpu_model_name();
-// $XDG_CACHE_HOME/tandem/roofline.json, else $HOME/.cache/tandem/roofline.json.
-std::string default_roofline_cache_path();
 // The cached entry for this CPU, thread count and level (source = "cached");
 // nullopt when the file is absent, unreadable or has none.
 std::optional<Roofline> load_cached_roofline(const std::string& path, const std::string& cpu, int threads,
