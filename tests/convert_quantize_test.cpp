@@ -27,7 +27,7 @@
 #include "eval/perplexity.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
-#include "synth_sha256.h"
+#include "sha256_file.h"
 #include "test_support.h"
 #include "tokenizer/tokenizer.h"
 

@@ -427,14 +427,17 @@ struct EventReplay {
   std::map<uint64_t, Entry> held;
   int stored = 0, removed = 0, cleared = 0;
 
-  void apply(const std::vector<KvCacheEvent>& events, int32_t block_size) {
+  void apply(const std::vector<KvCacheEvent>& events, const BlockManager& bm) {
+    const int32_t block_size = bm.block_size();
     for (const KvCacheEvent& e : events) {
       switch (e.kind) {
         case KvCacheEvent::Kind::kStored:
           ASSERT_FALSE(held.contains(e.hash)) << "stored twice: " << e.hash;
           ASSERT_EQ(e.tokens.size(), size_t(block_size));
-          ASSERT_EQ(BlockManager::content_hash(e.has_parent, e.parent, e.tokens), e.hash);
-          if (e.has_parent) ASSERT_TRUE(held.contains(e.parent)) << "stored before its parent";
+          ASSERT_EQ(bm.content_hash(e.has_parent, e.parent, e.tokens), e.hash);
+          if (e.has_parent) {
+            ASSERT_TRUE(held.contains(e.parent)) << "stored before its parent";
+          }
           held[e.hash] = {e.has_parent, e.parent};
           ++stored;
           break;
@@ -551,7 +554,7 @@ void stress(const StressConfig& cfg) {
     }
     check_all();
     if (cfg.events_from >= 0 && op >= cfg.events_from) {
-      router.apply(h.bm.take_events(), cfg.block_size);
+      router.apply(h.bm.take_events(), h.bm);
       ASSERT_EQ(router.hashes(), h.bm.content_hashes()) << "after operation " << op;
     }
     if (::testing::Test::HasFailure()) return;
@@ -576,7 +579,7 @@ void stress(const StressConfig& cfg) {
     EXPECT_GT(router.stored, 20);
     EXPECT_GT(router.removed, 10);
     h.bm.clear_prefix_cache();  // every block is free now: one AllBlocksCleared
-    router.apply(h.bm.take_events(), cfg.block_size);
+    router.apply(h.bm.take_events(), h.bm);
     EXPECT_EQ(router.cleared, 1);
     EXPECT_TRUE(router.held.empty());
     EXPECT_TRUE(h.bm.content_hashes().empty());
@@ -618,7 +621,7 @@ TEST(KvBlockManager, EventsNameContentAlikeOnEveryReplica) {
   EXPECT_TRUE(ea[1].has_parent);
   EXPECT_EQ(ea[1].parent, ea[0].hash);
   // The same tokens after another prefix are other content.
-  EXPECT_NE(BlockManager::content_hash(false, 0, range_tokens(5, 4)), ea[1].hash);
+  EXPECT_NE(a.bm.content_hash(false, 0, range_tokens(5, 4)), ea[1].hash);
 }
 
 TEST(KvBlockManager, EventsForEvictionAndClearing) {

@@ -16,7 +16,7 @@
 #include "core/thread_pool.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
-#include "synth_sha256.h"
+#include "sha256_file.h"
 #include "test_support.h"
 
 namespace tandem {

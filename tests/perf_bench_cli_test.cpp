@@ -23,7 +23,7 @@ using test::CliResult;
 
 CliResult run_bench_cli(const std::string& args) { return test::run_cli("bench " + args); }
 
-const std::string kStories = "'" + test::shared_path("models/gguf/stories260K.gguf") + "'";
+const std::string kStories = std::string("'").append(test::shared_path("models/gguf/stories260K.gguf")).append("'");
 
 std::string temp_cache(const std::string& tag) {
   return (std::filesystem::temp_directory_path() / ("tandem_bench_roof_" + tag + std::to_string(::getpid()) + ".json"))

@@ -123,7 +123,9 @@ std::string decode(const std::string& wire, size_t step, Parse& status, ParseErr
     status = d.feed(piece, used, out, err);
     EXPECT_LE(used, piece.size());
     off += used;
-    if (status == Parse::kIncomplete) EXPECT_EQ(used, piece.size());
+    if (status == Parse::kIncomplete) {
+      EXPECT_EQ(used, piece.size());
+    }
   }
   rest = wire.size() - off;
   return out;

@@ -29,7 +29,7 @@ Parsed parse(const std::string& text) {
   std::string line;
   const std::regex type_re(R"re(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram))re");
   const std::regex help_re(R"re(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+)re");
-  const std::regex sample_re(R"re(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(le|phase)="([^"]+)"\})? (\S+))re");
+  const std::regex sample_re(R"re(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{((?:[a-zA-Z_]+="(?:[^"\\]|\\.)*",?)+)\})? (\S+))re");
   std::string family;
   while (std::getline(in, line)) {
     std::smatch m;
@@ -42,13 +42,13 @@ Parsed parse(const std::string& text) {
     } else if (std::regex_match(line, m, sample_re)) {
       const std::string name = m[1];
       EXPECT_EQ(name.rfind(family, 0), 0u) << "sample outside its family: " << line;
-      const std::string v = m[5];
+      const std::string v = m[4];
       char* end = nullptr;
       const double d = v == "+Inf" ? INFINITY : std::strtod(v.c_str(), &end);
       if (v != "+Inf") {
         EXPECT_EQ(*end, '\0') << "bad value: " << line;
       }
-      const std::string key = name + (m[2].matched ? "{" + m[3].str() + "=\"" + m[4].str() + "\"}" : "");
+      const std::string key = name + (m[2].matched ? m[2].str() : "");
       p.samples[key] = d;
       p.order.push_back(key);
     } else {
@@ -57,6 +57,8 @@ Parsed parse(const std::string& text) {
   }
   return p;
 }
+
+const ServingInfo kInfo{"gemma-3-270m", 16};
 
 MetricsSnapshot sample_metrics() {
   MetricsSnapshot m;
@@ -84,7 +86,7 @@ MetricsSnapshot sample_metrics() {
 }
 
 TEST(ServerPrometheus, EveryMetricWithItsType) {
-  const Parsed p = parse(render_prometheus(sample_metrics()));
+  const Parsed p = parse(render_prometheus(sample_metrics(), kInfo));
   const std::map<std::string, std::string> want = {
       {"tandem_time_to_first_token_seconds", "histogram"},
       {"tandem_inter_token_latency_seconds", "histogram"},
@@ -127,7 +129,7 @@ TEST(ServerPrometheus, EveryMetricWithItsType) {
 }
 
 TEST(ServerPrometheus, HistogramBucketsAreCumulative) {
-  const Parsed p = parse(render_prometheus(sample_metrics()));
+  const Parsed p = parse(render_prometheus(sample_metrics(), kInfo));
   const std::string h = "tandem_time_to_first_token_seconds";
   // Observed 0.005, 0.02, 0.02, 0.7, 100 against bounds 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 5 10 30.
   EXPECT_EQ(p.samples.at(h + "_bucket{le=\"0.01\"}"), 1);
@@ -159,10 +161,32 @@ TEST(ServerPrometheus, HistogramBucketsAreCumulative) {
 }
 
 TEST(ServerPrometheus, EmptyMetricsRender) {
-  const Parsed p = parse(render_prometheus(MetricsSnapshot{}));
+  const Parsed p = parse(render_prometheus(MetricsSnapshot{}, kInfo));
   EXPECT_EQ(p.samples.at("tandem_prefix_cache_hit_ratio"), 0);
   EXPECT_EQ(p.samples.at("tandem_e2e_request_latency_seconds_bucket{le=\"+Inf\"}"), 0);
   EXPECT_EQ(p.samples.at("tandem_e2e_request_latency_seconds_count"), 0);
+}
+
+// The families the Gateway API Inference Extension's endpoint picker and
+// vLLM dashboards read, with vLLM's names, labels and meaning.
+TEST(ServerPrometheus, VllmFamilies) {
+  MetricsSnapshot m = sample_metrics();
+  const Parsed p = parse(render_prometheus(m, kInfo));
+  const std::string model = "{model_name=\"gemma-3-270m\"}";
+  EXPECT_EQ(p.types.at("vllm:num_requests_running"), "gauge");
+  EXPECT_EQ(p.samples.at("vllm:num_requests_running" + model), 3);
+  EXPECT_EQ(p.samples.at("vllm:num_requests_waiting" + model), 3);  // waiting 2 + swapped 1
+  EXPECT_DOUBLE_EQ(p.samples.at("vllm:kv_cache_usage_perc" + model), 40.0 / 128);
+  EXPECT_DOUBLE_EQ(p.samples.at("vllm:gpu_cache_usage_perc" + model), 40.0 / 128);
+  EXPECT_EQ(p.samples.at("vllm:cache_config_info{block_size=\"16\",enable_prefix_caching=\"True\",num_gpu_blocks=\"128\"}"),
+            1);
+  EXPECT_EQ(p.types.at("vllm:prefix_cache_hits_total"), "counter");
+  EXPECT_EQ(p.samples.at("vllm:prefix_cache_queries_total" + model), 1000);
+  EXPECT_EQ(p.samples.at("vllm:prefix_cache_hits_total" + model), 250);
+  EXPECT_EQ(p.samples.at("vllm:num_preemptions_total" + model), 4);
+  // A label value is escaped, whatever the model is called.
+  const Parsed q = parse(render_prometheus(m, ServingInfo{"a\"b\\c\nd", 32}));
+  EXPECT_EQ(q.samples.at("vllm:num_requests_running{model_name=\"a\\\"b\\\\c\\nd\"}"), 3);
 }
 
 }  // namespace

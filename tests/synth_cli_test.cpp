@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "gguf/synth.h"
-#include "synth_sha256.h"
+#include "sha256_file.h"
 #include "test_support.h"
 
 namespace tandem {

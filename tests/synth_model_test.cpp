@@ -17,7 +17,7 @@
 #include "kv/kv_cache.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
-#include "synth_sha256.h"
+#include "sha256_file.h"
 #include "test_support.h"
 
 namespace tandem {
@@ -59,19 +59,6 @@ void expect_error(const SynthSpec& s, const std::string& what) {
     EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
   }
   EXPECT_FALSE(fs::exists(tmp("bad")));
-}
-
-TEST(SynthSha256, KnownVectors) {
-  test::Sha256 empty;
-  EXPECT_EQ(empty.hex(), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  test::Sha256 abc;
-  abc.update(reinterpret_cast<const uint8_t*>("abc"), 3);
-  EXPECT_EQ(abc.hex(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  // Two blocks of padding (56..63 bytes of input).
-  const std::string s = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
-  test::Sha256 two;
-  two.update(reinterpret_cast<const uint8_t*>(s.data()), s.size());
-  EXPECT_EQ(two.hex(), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
 }
 
 TEST(SynthModel, SameSpecSameBytesAnyThreadCount) {

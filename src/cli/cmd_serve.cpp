@@ -29,6 +29,7 @@ struct ServeOpts {
   SpecFlags spec;
   std::string device = "cpu";
   int32_t json_depth = 64;
+  std::string kv_events, kv_events_replay, kv_events_topic, kv_events_format = "array-map", kv_events_seed;
   int port = 8080;
   int32_t threads = 0, ctx = 0, max_batch_tokens = 0, max_seqs = 32, max_waiting = 256, http_threads = 2;
   int32_t max_conns_per_ip = 128;
@@ -94,6 +95,18 @@ int serve(const ServeOpts& o) {
   sc.http.max_connections_per_ip = o.max_conns_per_ip;
   sc.http.max_body_bytes = static_cast<size_t>(parse_bytes(o.max_body, "--max-body"));
   sc.json.max_depth = o.json_depth;
+  sc.kv_events.endpoint = o.kv_events;
+  sc.kv_events.replay_endpoint = o.kv_events_replay;
+  sc.kv_events.topic = o.kv_events_topic;
+  using Layout = server::KvEventsConfig::Layout;
+  sc.kv_events.layout = o.kv_events_format == "array" ? Layout::kArray
+                        : o.kv_events_format == "map" ? Layout::kMap
+                                                      : Layout::kArrayMap;
+  sc.kv_events.hash_seed = o.kv_events_seed;
+  if (o.kv_events.empty() && (!o.kv_events_replay.empty() || !o.kv_events_topic.empty()))
+    fail(ErrorKind::kInvalidArgument, "--kv-events-replay and --kv-events-topic need --kv-events");
+  if (o.kv_events.empty() && !o.kv_events_seed.empty())
+    fail(ErrorKind::kInvalidArgument, "--kv-events-hash-seed needs --kv-events");
   server::Server srv(engine, sc);
   srv.bind();
   engine.start();
@@ -109,6 +122,10 @@ int serve(const ServeOpts& o) {
   std::fprintf(stderr, "tandem serve: %s on http://%s:%d (context %d, max %d sequences%s)\n",
                srv.model_id().c_str(), o.host.c_str(), srv.port(), ec.max_context, ec.max_seqs,
                o.api_key.empty() ? "" : ", API key required");
+  if (!srv.kv_events_endpoint().empty())
+    std::fprintf(stderr, "tandem serve: KV events on %s%s%s\n", srv.kv_events_endpoint().c_str(),
+                 srv.kv_events_replay_endpoint().empty() ? "" : ", replay on ",
+                 srv.kv_events_replay_endpoint().c_str());
   std::fflush(stderr);
   srv.run();
   // run() also returns on a listener failure: wake the waiter so it can end.
@@ -175,6 +192,20 @@ void add_serve_command(CLI::App& app, int& rc) {
   cmd->add_option("--json-depth", o->json_depth, "Deepest nesting a request's JSON may have")
       ->capture_default_str()
       ->check(CLI::Range(2, 1000));
+  cmd->add_option("--kv-events", o->kv_events,
+                  "Publish the prefix cache's changes over ZeroMQ in vLLM's format, for prefix-aware routers "
+                  "(tcp://*:5557 binds, tcp://HOST:PORT connects)");
+  cmd->add_option("--kv-events-replay", o->kv_events_replay,
+                  "ZeroMQ address where subscribers ask for missed KV event batches (ROUTER; e.g. tcp://*:5558)");
+  cmd->add_option("--kv-events-topic", o->kv_events_topic, "Topic (first frame) of every KV event message");
+  cmd->add_option("--kv-events-format", o->kv_events_format,
+                  "MessagePack layout of the KV events, as one vLLM version or another sent them: array "
+                  "(llm-d's indexer), array-map (vllm-router) or map (docs/scale-out.md)")
+      ->check(CLI::IsMember({"array", "array-map", "map"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-events-hash-seed", o->kv_events_seed,
+                  "Seed of the KV events' block hashes: vLLM's PYTHONHASHSEED, llm-d's hashSeed (default: empty, "
+                  "llm-d's default)");
   cmd->callback([o, &rc] { rc = serve(*o); });
 }
 

@@ -71,7 +71,10 @@ struct Engine::Impl {
   // Runs between steps on the engine's thread: a requested cache reset, then
   // the step's KV events to their sink.
   void after_step() {
-    if (reset_cache.exchange(false)) blocks->clear_prefix_cache();
+    if (reset_cache.exchange(false)) {
+      blocks->clear_prefix_cache();
+      update_gauges();
+    }
     if (!kv_event_sink) return;
     std::vector<KvCacheEvent> ev = blocks->take_events();
     if (!ev.empty()) kv_event_sink(std::move(ev));
@@ -223,6 +226,7 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
     pacer = std::make_unique<PrefillPacer>(pc);
   }
   metrics.kv_blocks_total = n_blocks;
+  metrics.prefix_caching = c.prefix_caching;
 
   if (c.spec.max_draft < 1 || c.spec.ngram_min < 1 || c.spec.ngram_max < c.spec.ngram_min)
     fail(ErrorKind::kInvalidArgument, "speculation: --draft-max must be >= 1 and the n-gram sizes 1 <= min <= max");
@@ -785,6 +789,7 @@ void Engine::Impl::update_gauges() {
   metrics.kv_blocks_used = bs.used;
   metrics.kv_blocks_free = bs.free;
   metrics.kv_blocks_cached = bs.cached_free;
+  metrics.kv_blocks_published = bs.published;
   metrics.prefix_cache_queried_tokens = bs.queried_tokens;
   metrics.prefix_cache_hit_tokens = bs.hit_tokens;
   metrics.preemptions = sched->preemptions();
@@ -819,7 +824,10 @@ void Engine::start() {
       if (!busy) {
         std::unique_lock<std::mutex> lock(I.inbox_mu);
         I.inbox_cv.wait_for(lock, std::chrono::milliseconds(50),
-                            [&] { return I.stopping.load() || !I.inbox.empty() || !I.cancels.empty() || I.reset_cache.load(); });
+                            [&] {
+                              return I.stopping.load() || !I.inbox.empty() || !I.cancels.empty() ||
+                                     I.reset_cache.load();
+                            });
       }
     }
   });
@@ -943,9 +951,9 @@ const Intake& Engine::intake() const { return *impl_->intake; }
 
 void Engine::set_step_observer(std::function<void(const StepReport&)> fn) { impl_->observer = std::move(fn); }
 
-void Engine::set_kv_event_sink(std::function<void(std::vector<KvCacheEvent>)> fn) {
+void Engine::set_kv_event_sink(std::function<void(std::vector<KvCacheEvent>)> fn, std::string_view hash_seed) {
   impl_->kv_event_sink = std::move(fn);
-  if (impl_->kv_event_sink) impl_->blocks->record_events();
+  if (impl_->kv_event_sink) impl_->blocks->record_events(hash_seed);
 }
 
 void Engine::reset_prefix_cache() {

@@ -66,7 +66,7 @@ struct EngineConfig {
   // recomputed instead (see engine/scheduler.h).
   int64_t swap_bytes = 0;
   // Speculative decoding (engine/speculation.h); kDraft needs a draft model.
-  SpecConfig spec;
+  SpecConfig spec{};
   // Progressive prefill sessions (RequestParams::session): at most this many,
   // each forgotten after this long unused.
   int32_t max_sessions = 64;
@@ -117,8 +117,9 @@ class Engine {
   void set_step_observer(std::function<void(const StepReport&)> fn);
   // Called on the engine's thread after each step that changed what the
   // prefix cache holds, with the changes in order (KV events, published by
-  // server/kv_events.h). Set before start().
-  void set_kv_event_sink(std::function<void(std::vector<KvCacheEvent>)> fn);
+  // server/kv_events.h); hash_seed names the root of every prefix
+  // (kv/block_hash.h). Set before start().
+  void set_kv_event_sink(std::function<void(std::vector<KvCacheEvent>)> fn, std::string_view hash_seed = "");
   // Thread-safe: at the next step, the prefix cache forgets every block no
   // sequence holds (a cold start; AllBlocksCleared when that is all of them).
   void reset_prefix_cache();

@@ -32,6 +32,8 @@ struct MetricsSnapshot {
   int64_t running = 0, waiting = 0, swapped = 0;
   int64_t sessions = 0;  // progressive prefill sessions kept
   int64_t kv_blocks_used = 0, kv_blocks_free = 0, kv_blocks_cached = 0, kv_blocks_total = 0;
+  int64_t kv_blocks_published = 0;  // in the prefix cache's index, used or free
+  bool prefix_caching = true;
   // counters
   uint64_t requests_finished = 0, requests_cancelled = 0, requests_rejected = 0;
   uint64_t prompt_tokens = 0, generation_tokens = 0;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "kv/block_hash.h"
 
 namespace tandem {
 namespace {
@@ -254,9 +255,10 @@ int32_t BlockManager::clear_prefix_cache() {
   return n;
 }
 
-void BlockManager::record_events() {
+void BlockManager::record_events(std::string_view hash_seed) {
   if (recording_) return;
   recording_ = true;
+  root_hash_ = root_block_hash(hash_seed);
   // Blocks published before now are announced as if just stored, parents first.
   std::vector<int32_t> order;
   for (int32_t b = 0; b < n_blocks(); ++b)
@@ -292,11 +294,8 @@ std::vector<uint64_t> BlockManager::content_hashes() const {
   return out;
 }
 
-uint64_t BlockManager::content_hash(bool has_parent, uint64_t parent, std::span<const int32_t> tokens) {
-  // Fixed seed: every replica names the same content alike.
-  uint64_t h = fmix64(has_parent ? parent ^ 0x6a09e667f3bcc909ULL : 0xbb67ae8584caa73bULL);
-  for (int32_t t : tokens) h = fmix64(h ^ (uint64_t(uint32_t(t)) + 0x9e3779b97f4a7c15ULL));
-  return fmix64(h ^ tokens.size());
+uint64_t BlockManager::content_hash(bool has_parent, uint64_t parent, std::span<const int32_t> tokens) const {
+  return chained_block_hash(has_parent ? parent : root_hash_, tokens);
 }
 
 BlockStats BlockManager::stats() const {

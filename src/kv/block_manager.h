@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -82,9 +83,10 @@ struct BlockStats {
 
 // A change in what the prefix cache holds, for routers that send a request to
 // the replica caching its prefix (KV events; server/kv_events.h publishes them).
-// A block is named by a content hash, the same on every replica: of its
-// parent's hash and its tokens. Each hash is stored once however many blocks
-// hold that content, and removed when the last one goes.
+// A block is named by a content hash, the same on every replica and the one
+// llm-d and vLLM compute: of its parent's hash and its tokens (kv/block_hash.h).
+// Each hash is stored once however many blocks hold that content, and removed
+// when the last one goes.
 struct KvCacheEvent {
   enum class Kind : uint8_t { kStored, kRemoved, kCleared };
   Kind kind = Kind::kStored;
@@ -157,12 +159,13 @@ class BlockManager {
   int32_t clear_prefix_cache();
 
   // Starts recording KvCacheEvents (off by default: nothing is kept); the
-  // caller takes them after each change, e.g. once per engine step.
-  void record_events();
+  // caller takes them after each change, e.g. once per engine step. The seed
+  // names the root of every prefix (kv/block_hash.h).
+  void record_events(std::string_view hash_seed = "");
   std::vector<KvCacheEvent> take_events() { return std::exchange(events_, {}); }
   // The content hash a block of `tokens` after a block of hash `parent` gets
   // (has_parent = false: the first block of a prompt).
-  static uint64_t content_hash(bool has_parent, uint64_t parent, std::span<const int32_t> tokens);
+  uint64_t content_hash(bool has_parent, uint64_t parent, std::span<const int32_t> tokens) const;
   // The content hashes held now, ascending: what the events so far describe.
   std::vector<uint64_t> content_hashes() const;
 
@@ -243,6 +246,7 @@ class BlockManager {
   std::unordered_map<uint64_t, int32_t> index_;  // key hash -> published block
   uint64_t queried_tokens_ = 0, hit_tokens_ = 0;
   bool recording_ = false;
+  uint64_t root_hash_ = 0;
   std::vector<KvCacheEvent> events_;
   std::unordered_map<uint64_t, int32_t> content_refs_;  // content hash -> published blocks holding it
 };

@@ -27,7 +27,8 @@ using nlohmann::json;
 namespace {
 
 enum class Route {
-  kPage, kHealth, kModels, kModel, kMetrics, kTimeline, kCompletions, kChat, kPrefill, kTokenize, kDetokenize
+  kPage, kHealth, kModels, kModel, kMetrics, kTimeline, kCompletions, kChat, kPrefill, kTokenize, kDetokenize,
+  kRenderCompletions, kRenderChat, kResetPrefixCache
 };
 
 struct RouteInfo {
@@ -47,6 +48,9 @@ std::optional<RouteInfo> find_route(const std::string& path) {
   if (path == "/v1/chat/completions") return RouteInfo{Route::kChat, true};
   if (path == "/tokenize") return RouteInfo{Route::kTokenize, true};
   if (path == "/detokenize") return RouteInfo{Route::kDetokenize, true};
+  if (path == "/v1/completions/render") return RouteInfo{Route::kRenderCompletions, true};
+  if (path == "/v1/chat/completions/render") return RouteInfo{Route::kRenderChat, true};
+  if (path == "/reset_prefix_cache") return RouteInfo{Route::kResetPrefixCache, true};
   return std::nullopt;
 }
 
@@ -151,6 +155,8 @@ struct Server::Impl final : HttpHandler {
   int32_t max_context = 0;
   int64_t created = 0;
   std::atomic<bool> stopping{false};
+  // Shared with the engine's sink, which may outlive the server.
+  std::shared_ptr<KvEventPublisher> kv_events;
   std::mutex id_mu;
   std::mt19937_64 id_rng{std::random_device{}()};
 
@@ -312,7 +318,7 @@ struct Server::Impl final : HttpHandler {
           return ok(h, dump_json(model_json()));
         case Route::kMetrics: {
           HttpResponse r;
-          r.body = render_prometheus(engine.metrics());
+          r.body = render_prometheus(engine.metrics(), ServingInfo{cfg.model_id, engine.config().block_size});
           r.content_type = "text/plain; version=0.0.4; charset=utf-8";
           return Reply{with_cors(h, std::move(r)), nullptr};
         }
@@ -321,6 +327,13 @@ struct Server::Impl final : HttpHandler {
         case Route::kCompletions:
         case Route::kChat: return generate(route.route == Route::kChat ? Endpoint::kChat : Endpoint::kCompletions,
                                            req, wake);
+        case Route::kRenderCompletions:
+        case Route::kRenderChat:
+          return ok(h, dump_json(render(route.route == Route::kRenderChat ? Endpoint::kChat : Endpoint::kCompletions,
+                                        req)));
+        case Route::kResetPrefixCache:
+          engine.reset_prefix_cache();
+          return ok(h, R"({"status":"ok"})");
       }
       throw ApiError(404, "unknown route", "invalid_request_error");
     } catch (const ApiError& e) {
@@ -428,6 +441,43 @@ struct Server::Impl final : HttpHandler {
                                                                     r.stream, cfg.heartbeat_s, cors_headers(req.head))};
   }
 
+  // /v1/completions/render and /v1/chat/completions/render, as vLLM answers
+  // them: what the request would run, as token ids (routers that place a
+  // request by its prefix's blocks ask for them). Completions: a list, one
+  // entry per prompt; chat: the one entry.
+  json render(Endpoint ep, HttpRequest& req) {
+    ParseLimits lim;
+    lim.json = cfg.json;
+    ApiRequest r = parse_request(ep, std::move(req.body), lim);
+    check_model(r.model);
+    const std::vector<std::vector<int32_t>> prompts = prompt_tokens(r);
+    const SamplingParams& sp = r.params.sampling;
+    const RequestParams& p = r.params;
+    json sampling = {{"n", p.n},
+                     {"temperature", sp.temperature},
+                     {"top_p", sp.top_p},
+                     {"top_k", sp.top_k > 0 ? sp.top_k : 0},
+                     {"min_p", sp.min_p > 0 ? sp.min_p : 0.0f},
+                     {"presence_penalty", sp.presence_penalty},
+                     {"frequency_penalty", sp.frequency_penalty},
+                     {"repetition_penalty", sp.repeat_penalty},
+                     {"max_tokens", p.max_tokens >= 0 ? json(p.max_tokens) : json(nullptr)},
+                     {"stop", p.stop},
+                     {"logprobs", p.logprobs >= 0 ? json(p.logprobs) : json(nullptr)}};
+    if (sp.seed != 0xFFFFFFFF) sampling["seed"] = sp.seed;
+    json out = json::array();
+    for (const std::vector<int32_t>& ids : prompts)
+      out.push_back({{"request_id", new_id(ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-")},
+                     {"token_ids", ids},
+                     {"sampling_params", sampling},
+                     {"model", cfg.model_id},
+                     {"stream", r.stream},
+                     {"stream_options", r.stream ? json{{"include_usage", r.include_usage}} : json(nullptr)},
+                     {"priority", p.priority},
+                     {"token_offsets", nullptr}});
+    return ep == Endpoint::kChat ? out[0] : out;
+  }
+
   // POST /v1/prefill: computes a prompt's (or a conversation's) K/V ahead of
   // the request that will use it, as a background request below every
   // decode, kept under a session for that request (progressive prefill).
@@ -490,6 +540,14 @@ Server::Server(Engine& engine, ServerConfig cfg) : impl_(std::make_unique<Impl>(
   if (file_name.size() > 5 && file_name.ends_with(".gguf")) s.model_names.push_back(file_name.substr(0, file_name.size() - 5));
   s.max_context = s.cfg.max_context > 0 ? s.cfg.max_context : s.intake.max_context();
   engine.set_step_observer([&s](const StepReport& r) { s.timeline.publish(r); });
+  if (!s.cfg.kv_events.endpoint.empty()) {
+    s.cfg.kv_events.block_size = engine.config().block_size;
+    // vLLM names its main pool's medium "GPU"; a pool in host memory is "CPU".
+    s.cfg.kv_events.medium = engine.device().rfind("cuda", 0) == 0 ? "GPU" : "CPU";
+    s.kv_events = std::make_shared<KvEventPublisher>(s.cfg.kv_events);
+    engine.set_kv_event_sink(
+        [pub = s.kv_events](std::vector<KvCacheEvent> events) { pub->publish(events); }, s.cfg.kv_events.hash_seed);
+  }
   s.created = static_cast<int64_t>(std::time(nullptr));
 }
 
@@ -500,6 +558,12 @@ void Server::bind() { impl_->http.bind(impl_->cfg.host, impl_->cfg.port); }
 int Server::port() const { return impl_->http.port(); }
 
 const std::string& Server::model_id() const { return impl_->cfg.model_id; }
+
+std::string Server::kv_events_endpoint() const { return impl_->kv_events ? impl_->kv_events->endpoint() : ""; }
+
+std::string Server::kv_events_replay_endpoint() const {
+  return impl_->kv_events ? impl_->kv_events->replay_endpoint() : "";
+}
 
 void Server::run() { impl_->http.run(); }
 

@@ -1,5 +1,9 @@
 // `tandem serve`'s routes over the engine: the OpenAI API (completions, chat,
-// models), /tokenize and /detokenize, /health and /metrics.
+// models), /tokenize and /detokenize, /health and /metrics; what routers in
+// front of several replicas use (/v1/completions/render and
+// /v1/chat/completions/render: a request's token ids; KV events over ZeroMQ;
+// /reset_prefix_cache); progressive prefill (/v1/prefill), the live timeline
+// (/v1/timeline) and the web page at /.
 //
 // The server is safe to run on localhost, where any web page the user visits
 // can send it requests: a Host header that names something other than
@@ -17,6 +21,7 @@
 
 #include "core/json_parse.h"
 #include "server/http_server.h"
+#include "server/kv_events.h"
 
 namespace tandem {
 class Engine;
@@ -38,11 +43,16 @@ struct ServerConfig {
   std::vector<std::string> cors_origins;
   HttpLimits http;
   JsonLimits json;
+  // KV events for prefix-aware routers (server/kv_events.h); endpoint "": none.
+  // block_size and medium are filled from the engine.
+  KvEventsConfig kv_events;
 };
 
 class Server {
  public:
-  // The engine must outlive the server and be started by the caller.
+  // The engine must outlive the server and be started by the caller, after
+  // this constructor (which subscribes to its steps). Throws tandem::Error(kIo)
+  // when the KV events endpoint cannot be opened.
   Server(Engine& engine, ServerConfig cfg);
   ~Server();
   Server(const Server&) = delete;
@@ -52,6 +62,9 @@ class Server {
   void bind();
   int port() const;                     // the bound port
   const std::string& model_id() const;  // as /v1/models lists it
+  // Where the KV events go ("" when off), and their replay socket.
+  std::string kv_events_endpoint() const;
+  std::string kv_events_replay_endpoint() const;
   // Serves until stop(). bind() first.
   void run();
   // Thread-safe, callable from a signal-waiting thread: stops accepting,

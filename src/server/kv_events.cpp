@@ -55,57 +55,74 @@ void send_frame(void* sock, const std::string& s, bool more) {
 
 std::string encode_kv_event_batch(const std::vector<KvCacheEvent>& events, double ts, const KvEventsConfig& cfg) {
   MsgpackWriter w;
-  w.map(3);
-  w.str("ts");
+  using Layout = KvEventsConfig::Layout;
+  bool named = cfg.layout == Layout::kMap;  // the batch's fields by name
+  // A struct of n fields: a map of them, or an array of them (plus the tag).
+  const auto open = [&](uint32_t n_fields, const char* type) {
+    if (named) {
+      w.map(n_fields + (type ? 1 : 0));
+      if (type) {
+        w.str("type");
+        w.str(type);
+      }
+    } else {
+      w.array(n_fields + (type ? 1 : 0));
+      if (type) w.str(type);
+    }
+  };
+  const auto field = [&](const char* name) {
+    if (named) w.str(name);
+  };
+  open(3, nullptr);
+  field("ts");
   w.float64(ts);
-  w.str("events");
+  field("events");
   const std::vector<Run> rs = runs(events);
   w.array(uint32_t(rs.size()));
+  const bool batch_named = named;
+  named = cfg.layout != Layout::kArray;  // each event's fields by name
   for (const Run& r : rs) {
     const KvCacheEvent& first = events[r.first];
     switch (r.kind) {
       case KvCacheEvent::Kind::kStored: {
-        w.map(8);
-        w.str("type");
-        w.str("BlockStored");
-        w.str("block_hashes");
+        open(named ? 7 : 6, "BlockStored");
+        field("block_hashes");
         w.array(uint32_t(r.n));
         for (size_t i = 0; i < r.n; ++i) w.uint(events[r.first + i].hash);
-        w.str("parent_block_hash");
+        field("parent_block_hash");
         if (first.has_parent) w.uint(first.parent);
         else w.nil();
-        w.str("token_ids");
+        field("token_ids");
         w.array(uint32_t(r.n * size_t(cfg.block_size)));
         for (size_t i = 0; i < r.n; ++i)
           for (int32_t t : events[r.first + i].tokens) w.integer(t);
-        w.str("block_size");
+        field("block_size");
         w.integer(cfg.block_size);
-        w.str("lora_id");
+        field("lora_id");
         w.nil();
-        w.str("medium");
+        field("medium");
         w.str(cfg.medium);
-        w.str("lora_name");
-        w.nil();
+        if (named) {
+          field("lora_name");
+          w.nil();
+        }
         break;
       }
       case KvCacheEvent::Kind::kRemoved:
-        w.map(3);
-        w.str("type");
-        w.str("BlockRemoved");
-        w.str("block_hashes");
+        open(2, "BlockRemoved");
+        field("block_hashes");
         w.array(uint32_t(r.n));
         for (size_t i = 0; i < r.n; ++i) w.uint(events[r.first + i].hash);
-        w.str("medium");
+        field("medium");
         w.str(cfg.medium);
         break;
       case KvCacheEvent::Kind::kCleared:
-        w.map(1);
-        w.str("type");
-        w.str("AllBlocksCleared");
+        open(0, "AllBlocksCleared");
         break;
     }
   }
-  w.str("data_parallel_rank");
+  named = batch_named;
+  field("data_parallel_rank");
   w.integer(0);
   return w.take();
 }
@@ -113,7 +130,7 @@ std::string encode_kv_event_batch(const std::vector<KvCacheEvent>& events, doubl
 KvEventPublisher::KvEventPublisher(KvEventsConfig cfg) : cfg_(std::move(cfg)) {
   ctx_ = zmq_ctx_new();
   if (!ctx_) fail(ErrorKind::kIo, "KV events: cannot create a ZeroMQ context: {}", zmq_strerror(zmq_errno()));
-  const auto open = [this](int type, const std::string& endpoint, const char* flag) {
+  const auto open = [this](int type, const std::string& endpoint, const char* flag, std::string& actual) {
     void* s = zmq_socket(ctx_, type);
     const int linger_ms = 1000, hwm = 100000;
     zmq_setsockopt(s, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
@@ -127,10 +144,14 @@ KvEventPublisher::KvEventPublisher(KvEventsConfig cfg) : cfg_(std::move(cfg)) {
       zmq_ctx_term(ctx_);
       fail(ErrorKind::kIo, "{} {}: {}", flag, endpoint, why);
     }
+    char buf[256] = {};
+    size_t len = sizeof buf;
+    actual = zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, buf, &len) == 0 && buf[0] ? buf : endpoint;
     return s;
   };
-  pub_ = open(ZMQ_PUB, cfg_.endpoint, "--kv-events");
-  if (!cfg_.replay_endpoint.empty()) replay_ = open(ZMQ_ROUTER, cfg_.replay_endpoint, "--kv-events-replay");
+  pub_ = open(ZMQ_PUB, cfg_.endpoint, "--kv-events", endpoint_);
+  if (!cfg_.replay_endpoint.empty())
+    replay_ = open(ZMQ_ROUTER, cfg_.replay_endpoint, "--kv-events-replay", replay_endpoint_);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -207,17 +228,18 @@ void KvEventPublisher::serve_replay() {
     if (frames.size() != 3 || frames[2].size() != 8) continue;  // not a replay request
     uint64_t start = 0;
     for (unsigned char c : frames[2]) start = start << 8 | c;
-    for (const auto& [seq, payload] : sent_) {
-      if (seq < start) continue;
+    // Each reply [identity, "", topic, seq, payload] reaches the asking DEALER
+    // as [.., seq, payload]: readers take the last two frames.
+    const auto reply = [&](uint64_t seq, const std::string& payload) {
       send_frame(replay_, frames[0], true);
       send_frame(replay_, std::string(), true);
+      send_frame(replay_, cfg_.topic, true);
       send_frame(replay_, be64(seq), true);
       send_frame(replay_, payload, false);
-    }
-    send_frame(replay_, frames[0], true);
-    send_frame(replay_, std::string(), true);
-    send_frame(replay_, be64(~uint64_t(0)), true);  // -1: the end
-    send_frame(replay_, std::string(), false);
+    };
+    for (const auto& [seq, payload] : sent_)
+      if (seq >= start) reply(seq, payload);
+    reply(~uint64_t(0), std::string());  // sequence -1: the end
   }
 }
 

@@ -4,13 +4,18 @@
 //
 // Wire format (vLLM's ZmqEventPublisher): each engine step that changed the
 // prefix cache is one multipart message [topic, sequence number as 8 bytes
-// big-endian, payload] on a PUB socket; the payload is a MessagePack map
-// {ts, events, data_parallel_rank}, each event a map tagged by "type":
-// BlockStored {block_hashes, parent_block_hash, token_ids, block_size,
-// lora_id, medium, lora_name}, BlockRemoved {block_hashes, medium} or
-// AllBlocksCleared. With a replay endpoint, a ROUTER socket answers
-// [identity, "", start sequence] with every buffered batch from there on and
-// then [.., -1, ""].
+// big-endian, payload] on a PUB socket. The payload is MessagePack, laid out
+// as one of vLLM's versions did (consumers read one of them):
+//   array: the batch [ts, events, data_parallel_rank], each event an array
+//     led by its type: ["BlockStored", block_hashes, parent_block_hash,
+//     token_ids, block_size, lora_id, medium], ["BlockRemoved", block_hashes,
+//     medium], ["AllBlocksCleared"] (llm-d's KV-cache indexer reads this);
+//   array-map: the batch an array, each event a map of those fields by name
+//     with its type under "type", BlockStored with lora_name too (vllm-router);
+//   map: the batch a map too, {ts, events, data_parallel_rank} (vLLM's latest).
+// With a replay endpoint, a ROUTER socket answers [identity, "", start
+// sequence] with every buffered batch from there on as [identity, "", topic,
+// sequence, payload], then one with sequence -1 and no payload.
 #pragma once
 
 #include <condition_variable>
@@ -31,7 +36,10 @@ struct KvEventsConfig {
   std::string endpoint;
   std::string replay_endpoint;  // "": no replay socket
   std::string topic;            // first frame of every message
+  std::string hash_seed;        // names the root of every prefix (kv/block_hash.h)
   std::string medium = "GPU";   // where the blocks live, as vLLM names its main KV pool
+  enum class Layout { kArray, kArrayMap, kMap };
+  Layout layout = Layout::kArrayMap;
   int32_t block_size = 16;
   int32_t buffer_batches = 10000;  // kept for replay
 };
@@ -51,12 +59,16 @@ class KvEventPublisher {
   // Engine thread: encodes the batch and queues it for the sending thread.
   void publish(const std::vector<KvCacheEvent>& events);
   uint64_t published() const;  // batches queued so far (the next sequence number)
+  // The addresses as bound or connected ("tcp://127.0.0.1:*" becomes the port chosen).
+  const std::string& endpoint() const { return endpoint_; }
+  const std::string& replay_endpoint() const { return replay_endpoint_; }
 
  private:
   void run();
   void serve_replay();
 
   KvEventsConfig cfg_;
+  std::string endpoint_, replay_endpoint_;
   void* ctx_ = nullptr;
   void* pub_ = nullptr;
   void* replay_ = nullptr;

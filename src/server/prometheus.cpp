@@ -47,9 +47,53 @@ void per_phase(std::string& out, const char* name, const char* help, const Metri
     out += fmt::format("{}{{phase=\"{}\"}} {}\n", name, phase_name(p), get(m.phases[static_cast<size_t>(p)]));
 }
 
+// A label value with \\, \" and newlines escaped, as the text format asks.
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+// The families vLLM exposes that schedulers read, under vLLM's names.
+void vllm_families(std::string& out, const MetricsSnapshot& m, const ServingInfo& info) {
+  const std::string model = fmt::format("model_name=\"{}\"", label_value(info.model_name));
+  const auto gauge = [&](const char* name, const char* help, auto value) {
+    header(out, name, "gauge", help);
+    out += fmt::format("{}{{{}}} {}\n", name, model, number(double(value)));
+  };
+  const auto counter = [&](const char* name, const char* help, uint64_t value) {
+    header(out, name, "counter", help);
+    out += fmt::format("{}{{{}}} {}\n", name, model, value);
+  };
+  gauge("vllm:num_requests_running", "Number of requests in model execution batches.", m.running);
+  // Swapped-out sequences wait to run again, as vLLM's preempted requests do.
+  gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", m.waiting + m.swapped);
+  const double usage = m.kv_blocks_total ? double(m.kv_blocks_used) / double(m.kv_blocks_total) : 0.0;
+  gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage);
+  gauge("vllm:gpu_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage (the name before vLLM 0.10).",
+        usage);
+  header(out, "vllm:cache_config_info", "gauge", "Information of the KV cache configuration.");
+  out += fmt::format("vllm:cache_config_info{{block_size=\"{}\",enable_prefix_caching=\"{}\",num_gpu_blocks=\"{}\"}} 1\n",
+                     info.block_size, m.prefix_caching ? "True" : "False", m.kv_blocks_total);
+  counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
+          m.prefix_cache_queried_tokens);
+  counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
+          m.prefix_cache_hit_tokens);
+  counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", m.prompt_tokens);
+  counter("vllm:generation_tokens_total", "Number of generation tokens processed.", m.generation_tokens);
+  counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", m.preemptions);
+}
+
 }  // namespace
 
-std::string render_prometheus(const MetricsSnapshot& m) {
+std::string render_prometheus(const MetricsSnapshot& m, const ServingInfo& info) {
   std::string out;
   histogram(out, "tandem_time_to_first_token_seconds", "Time from request arrival to its first generated token.",
             m.ttft);
@@ -98,11 +142,14 @@ std::string render_prometheus(const MetricsSnapshot& m) {
   single(out, "tandem_kv_blocks_cached", "gauge",
          "Free KV blocks still holding a reusable prefix (part of the free count).", m.kv_blocks_cached);
   single(out, "tandem_kv_blocks_total", "gauge", "KV blocks in the pool.", m.kv_blocks_total);
+  single(out, "tandem_kv_blocks_published", "gauge",
+         "KV blocks in the prefix cache (held or free): what the KV events announce.", m.kv_blocks_published);
   const double ratio = m.prefix_cache_queried_tokens
                            ? static_cast<double>(m.prefix_cache_hit_tokens) / m.prefix_cache_queried_tokens
                            : 0.0;
   single(out, "tandem_prefix_cache_hit_ratio", "gauge", "Prefix-cache hit tokens over queried tokens (0 when none).",
          ratio);
+  vllm_families(out, m, info);
   return out;
 }
 

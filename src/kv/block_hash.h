@@ -1,0 +1,20 @@
+// The names KV events give blocks: vLLM's sha256_cbor_64bit hashes, as
+// llm-d's KV-cache indexer computes them from a prompt's tokens, so that a
+// router can match a request's blocks to the ones a replica announced.
+//
+// A block's hash is the low 64 bits (big-endian) of SHA-256 over the
+// canonical CBOR of [parent hash, [token ids], null]; the first block's parent
+// is the same over the CBOR of a seed string (vLLM's NONE_HASH from
+// PYTHONHASHSEED, llm-d's HashSeed).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace tandem {
+
+uint64_t root_block_hash(std::string_view seed);
+uint64_t chained_block_hash(uint64_t parent, std::span<const int32_t> tokens);
+
+}  // namespace tandem
