@@ -34,12 +34,12 @@ def gemma_path():
 class Server:
     """One `tandem serve` process on a free loopback port."""
 
-    def __init__(self, model, *args, threads=1):
+    def __init__(self, model, *args, threads=1, port=0):
         if not Path(CLI).exists():
             pytest.fail(f"tandem CLI not found at {CLI} (build it or set TANDEM_CLI)")
         self.log = tempfile.NamedTemporaryFile(prefix="tandem-serve-", suffix=".log", delete=False)
         self._final_log = None
-        cmd = [CLI, "serve", "-m", model, "--host", "127.0.0.1", "--port", "0", "-t", str(threads), *args]
+        cmd = [CLI, "serve", "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, stdin=subprocess.DEVNULL)
         self.port = self._wait_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -124,6 +124,13 @@ class Server:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self._release_log()
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def start_server(model, *args, threads=1):
