@@ -701,3 +701,34 @@ def test_gemma_json_object(gemma):
     with pytest.raises(openai.BadRequestError, match="pattern"):
         c.chat.completions.create(model="gemma-test", messages=msgs, max_tokens=4, response_format={
             "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a"}}})
+
+
+def test_render_gives_the_token_ids_a_request_runs(stories, gemma):
+    """/v1/completions/render and /v1/chat/completions/render, as vLLM answers
+    them: the ids are those the request itself would run."""
+    status, _, body = stories.request("POST", "/v1/completions/render",
+                                      {"prompt": ["Once upon a time", "The end"], "max_tokens": 7,
+                                       "temperature": 0.5, "stream": True})
+    assert status == 200, body
+    out = json.loads(body)
+    assert isinstance(out, list) and len(out) == 2
+    status, _, tok = stories.request("POST", "/tokenize", {"prompt": "Once upon a time"})
+    assert out[0]["token_ids"] == json.loads(tok)["tokens"]
+    status, _, body = stories.request("POST", "/v1/completions/render", {"prompt": [1, 2, 3]})
+    assert json.loads(body)[0]["token_ids"] == [1, 2, 3]
+    assert out[0]["request_id"].startswith("cmpl-") and out[0]["request_id"] != out[1]["request_id"]
+    assert out[0]["sampling_params"]["max_tokens"] == 7 and out[0]["sampling_params"]["temperature"] == 0.5
+    assert out[0]["stream"] is True and out[0]["model"]
+    # Errors are the request's own: a wrong model, a prompt out of the vocabulary.
+    status, _, body = stories.request("POST", "/v1/completions/render", {"model": "nope", "prompt": "x"})
+    assert status == 404 and json.loads(body)["error"]["code"] == "model_not_found"
+    status, _, body = stories.request("POST", "/v1/completions/render", {"prompt": [[10 ** 6]]})
+    assert status == 400
+    # Chat: one entry, the conversation as the chat template renders it.
+    messages = [{"role": "user", "content": "Hello!"}]
+    status, _, body = gemma.request("POST", "/v1/chat/completions/render", {"messages": messages})
+    assert status == 200, body
+    chat = json.loads(body)
+    assert isinstance(chat, dict) and chat["request_id"].startswith("chatcmpl-")
+    r = gemma.client().chat.completions.create(model="gemma-test", messages=messages, max_tokens=1)
+    assert len(chat["token_ids"]) == r.usage.prompt_tokens
