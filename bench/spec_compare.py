@@ -3,8 +3,9 @@
 answer is grounded in the input (editing given code, quoting or extracting from a
 given passage, JSON extraction) and on open-ended prose, greedy.
 
-Every configuration is a server started for it on loopback (the same model file,
-threads and context on both sides), sent the prompts one at a time through the
+Every configuration is a server on loopback (the same model file, threads and
+context on both sides), all started at once; each prompt goes to every
+configuration in turn (the order rotating), one request at a time, through the
 official `openai` client, streamed; a prompt's decode rate is its tokens after the
 first over the time from the first streamed token to the last. A set's rate is its
 total decode tokens over its total decode time. Configurations:
@@ -317,18 +318,29 @@ def main() -> int:
     report = {"model": str(args.model), "draft_model": str(args.draft_model) if args.draft_model else None,
               "threads": args.threads, "max_tokens": args.max_tokens, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "results": {}}
-    for name, side, spec in configs:
-        port = free_port()
-        cmd = tandem_cmd(args, port, spec) if side == "tandem" else llama_cmd(args, port, spec)
-        log(f"{name}: {' '.join(cmd)}")
-        srv = ServerProc(cmd, port, name)
-        try:
-            base = f"http://127.0.0.1:{port}/v1"
-            asyncio.run(sequential(base, sets["grounded"][:2], 16))  # warm-up
-            res = {k: asyncio.run(sequential(base, ps, args.max_tokens)) for k, ps in sets.items()}
-            report["results"][name] = {k: {"tok_s": rate(v), "per_prompt": v} for k, v in res.items()}
-            log(f"{name}: " + ", ".join(f"{k} {rate(v):.1f} tok/s" for k, v in res.items()))
-        finally:
+    # Every server up at once (an idle one takes no CPU), then each prompt goes to
+    # every configuration in turn, the order rotating from prompt to prompt: on a
+    # shared machine, what the others do then weighs on every configuration alike.
+    servers = {}
+    try:
+        for name, side, spec in configs:
+            port = free_port()
+            cmd = tandem_cmd(args, port, spec) if side == "tandem" else llama_cmd(args, port, spec)
+            log(f"{name}: {' '.join(cmd)}")
+            servers[name] = (ServerProc(cmd, port, name), f"http://127.0.0.1:{port}/v1")
+            asyncio.run(sequential(servers[name][1], sets["grounded"][:2], 16))  # warm-up
+        res = {name: {k: [] for k in sets} for name in servers}
+        names = list(servers)
+        for k, ps in sets.items():
+            for i, prompt in enumerate(ps):
+                for j in range(len(names)):
+                    name = names[(i + j) % len(names)]
+                    res[name][k] += asyncio.run(sequential(servers[name][1], [prompt], args.max_tokens))
+        for name in names:
+            report["results"][name] = {k: {"tok_s": rate(v), "per_prompt": v} for k, v in res[name].items()}
+            log(f"{name}: " + ", ".join(f"{k} {rate(v):.1f} tok/s" for k, v in res[name].items()))
+    finally:
+        for srv, _ in servers.values():
             srv.stop()
 
     # Tandem's speculation must not change a byte.
@@ -342,19 +354,30 @@ def main() -> int:
         log("tandem: every output with speculation equals plain decoding's")
 
     if args.serving and "tandem" in sides:
+        # Both servers up; two rounds each, alternating, so the machine's moods fall on both.
         serving = {}
-        for name, spec in (("tandem", []), ("tandem ngram", ["--spec", "ngram"])):
-            port = free_port()
-            margs = argparse.Namespace(**{**vars(args), "max_seqs": 16})
-            srv = ServerProc(tandem_cmd(margs, port, spec), port, name + " serving")
-            try:
-                base = f"http://127.0.0.1:{port}/v1"
-                single = asyncio.run(sequential(base, sets["grounded"][:6], args.max_tokens))
-                many = asyncio.run(concurrent(base, sets["grounded"], args.max_tokens, 16, 48))
-                itl = statistics.median(r["decode_s"] / max(r["tokens"] - 1, 1) for r in single)
-                serving[name] = {"tok_s_16": many["tok_s"], "single_itl_ms": 1000 * itl}
-                log(f"{name} serving: 16 clients {many['tok_s']:.1f} tok/s, single stream ITL {1000 * itl:.2f} ms")
-            finally:
+        procs = {}
+        try:
+            for name, spec in (("tandem", []), ("tandem ngram", ["--spec", "ngram"])):
+                port = free_port()
+                margs = argparse.Namespace(**{**vars(args), "max_seqs": 16})
+                procs[name] = (ServerProc(tandem_cmd(margs, port, spec), port, name + " serving"),
+                               f"http://127.0.0.1:{port}/v1")
+            rounds = {name: [] for name in procs}
+            for r in range(2):
+                for name in (list(procs) if r % 2 == 0 else list(procs)[::-1]):
+                    base = procs[name][1]
+                    single = asyncio.run(sequential(base, sets["grounded"][:6], args.max_tokens))
+                    many = asyncio.run(concurrent(base, sets["grounded"], args.max_tokens, 16, 48))
+                    itl = statistics.median(x["decode_s"] / max(x["tokens"] - 1, 1) for x in single)
+                    rounds[name].append((many["tok_s"], 1000 * itl))
+                    log(f"{name} serving round {r + 1}: 16 clients {many['tok_s']:.1f} tok/s, "
+                        f"single stream ITL {1000 * itl:.2f} ms")
+            for name, rs in rounds.items():
+                serving[name] = {"tok_s_16": statistics.mean(x[0] for x in rs),
+                                 "single_itl_ms": statistics.mean(x[1] for x in rs), "rounds": rs}
+        finally:
+            for srv, _ in procs.values():
                 srv.stop()
         report["serving"] = serving
 
