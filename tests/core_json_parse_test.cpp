@@ -5,6 +5,7 @@
 
 #include <random>
 #include <string>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/json_parse.h"
@@ -84,9 +85,11 @@ TEST(JsonParse, AgreesWithNlohmannOnMutatedInputs) {
     const int edits = static_cast<int>(rng() % 3);
     for (int e = 0; e < edits && !s.empty(); ++e) {
       const size_t at = rng() % s.size();
+      static constexpr std::string_view kReplace = "{}[]\",:0123456789.eE+-\\u tfn\x80\xff\x01";
+      static constexpr std::string_view kInsert = "{}[]\",:-.eE\\ ";
       switch (rng() % 4) {
-        case 0: s[at] = "{}[]\",:0123456789.eE+-\\u tfn\x80\xff\x01"[rng() % 33]; break;
-        case 1: s.insert(at, 1, "{}[]\",:-.eE\\ "[rng() % 13]); break;
+        case 0: s[at] = kReplace[rng() % kReplace.size()]; break;
+        case 1: s.insert(at, 1, kInsert[rng() % kInsert.size()]); break;
         case 2: s.erase(at, 1 + rng() % 3); break;
         case 3: s.resize(at); break;
       }
