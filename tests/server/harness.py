@@ -50,6 +50,15 @@ class Server:
             return self._final_log
         return Path(self.log.name).read_text(errors="replace")
 
+    def failure_log(self, size=8000):
+        """The part of the log that explains a failure: a sanitizer's report, else the end."""
+        t = self.log_text()
+        for marker in ("WARNING: ThreadSanitizer", "ERROR: AddressSanitizer", "runtime error:"):
+            i = t.find(marker)
+            if i >= 0:
+                return t[i:i + size]
+        return t[-size:]
+
     def _release_log(self):
         """Once the process is gone, keep its log in memory and delete the file."""
         if self._final_log is None:

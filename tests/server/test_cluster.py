@@ -152,7 +152,7 @@ def test_cluster_matches_one_server_and_keeps_its_cache():
         want = run_workload(direct_complete(single))
         single_ratio = hit_ratio([single])
     finally:
-        assert single.stop() == 0
+        assert single.stop() == 0, single.failure_log()
     report = {"single_server": single_ratio}
     for policy in ["cache_aware", "kv_aware", "round_robin"]:
         kv = ["--kv-events", "tcp://127.0.0.1:*"] if policy == "kv_aware" else []
@@ -173,7 +173,7 @@ def test_cluster_matches_one_server_and_keeps_its_cache():
         finally:
             router.stop()
             for r in reps:
-                assert r.stop() == 0
+                assert r.stop() == 0, r.failure_log()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "cluster_hit_ratio.json").write_text(json.dumps(report, indent=2))
     print("prefix-cache hit ratio:", report)
