@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Fills .gpu_data/ (ignored by git) with what scripts/gpu_check.sh needs on a
+# GPU machine that can download nothing. Run it here, in the repository root,
+# before carrying .gpu_data to that machine:
+#   - stories260K.gguf, from ../shared/models;
+#   - the build's library packages as .deb files (fmt, nlohmann-json, CLI11,
+#     GoogleTest, PCRE2, pkgconf), which gpu_check.sh unpacks under /tmp when
+#     that machine lacks them;
+#   - with --prebuilt: tandem and tandem_cuda_tests built here with CUDA (and
+#     libfmt), which gpu_check.sh runs if its own build fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mkdir -p .gpu_data/debs
+if ! git check-ignore -q .gpu_data 2>/dev/null; then
+  echo /.gpu_data/ >>"$(git rev-parse --git-path info/exclude)"
+fi
+
+for p in ../shared/models/gguf/stories260K.gguf ../shared/models/stories260K.gguf; do
+  if [ -f "$p" ]; then
+    cp "$p" .gpu_data/stories260K.gguf
+    break
+  fi
+done
+[ -f .gpu_data/stories260K.gguf ] || { echo "stories260K.gguf is not in ../shared/models" >&2; exit 1; }
+
+pkgs=(libfmt-dev libfmt9 nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-dev libpcre2-8-0 pkgconf pkgconf-bin
+      libpkgconf3)
+(cd .gpu_data/debs && { apt-get download "${pkgs[@]}" || { apt-get update -qq && apt-get download "${pkgs[@]}"; }; })
+
+if [ "${1:-}" = "--prebuilt" ]; then
+  cmake -S . -B build-cuda -G Ninja -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=Release
+  cmake --build build-cuda -j"$(nproc)" --target tandem tandem_cuda_tests
+  mkdir -p .gpu_data/bin
+  cp build-cuda/tandem build-cuda/tandem_cuda_tests .gpu_data/bin/
+  cp -L "$(ldd build-cuda/tandem | awk '/libfmt/ {print $3}')" .gpu_data/bin/
+fi
+du -sh .gpu_data
