@@ -24,8 +24,9 @@ BUDGET=${GPU_CHECK_BUDGET:-420}  # seconds for all stages
 
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 note() { echo "$*" | tee -a "$SUM"; }
-# stage NAME MAX_SECONDS COMMAND...: runs COMMAND under a timeout no longer
-# than what the budget leaves, and notes how it ended.
+# stage NAME MAX_SECONDS COMMAND...: runs COMMAND (a program, or a function
+# of this script: they are exported) under a timeout no longer than what the
+# budget leaves, and notes how it ended.
 stage() {
   local name=$1 max=$2
   shift 2
@@ -37,7 +38,11 @@ stage() {
     return 99
   fi
   local s=$(date +%s)
-  timeout -k 5 "$t" "$@"
+  if [ "$(type -t "$1")" = function ]; then
+    timeout -k 5 "$t" bash -c '"$@"' _ "$@"
+  else
+    timeout -k 5 "$t" "$@"
+  fi
   local rc=$?
   local d=$(($(date +%s) - s))
   if [ $rc -eq 0 ]; then note "OK    $name (${d}s)"
@@ -69,9 +74,13 @@ if ls .gpu_data/debs/*.deb >/dev/null 2>&1; then
   command -v pkg-config >/dev/null || CMAKE_EXTRA+=("-DPKG_CONFIG_EXECUTABLE=$DEPS/usr/bin/pkgconf")
 fi
 build() {
-  cmake -S . -B build-gpu -G Ninja -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DTANDEM_BENCH=OFF "${CMAKE_EXTRA[@]}" &&
+  # shellcheck disable=SC2086  # the words of CMAKE_EXTRA_STR (paths without spaces)
+  cmake -S . -B build-gpu -G Ninja -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DTANDEM_BENCH=OFF $CMAKE_EXTRA_STR &&
     cmake --build build-gpu -j16 --target tandem tandem_cuda_tests
 }
+export -f build note
+export CMAKE_EXTRA_STR="${CMAKE_EXTRA[*]}"
+export SUM OUT
 if [ -n "${GPU_CHECK_PREBUILT:-}" ]; then
   note "SKIP  build (GPU_CHECK_PREBUILT)"
 else
@@ -80,12 +89,13 @@ fi
 BIN=build-gpu
 if [ ! -x build-gpu/tandem ] || [ ! -x build-gpu/tandem_cuda_tests ]; then
   if [ -x .gpu_data/bin/tandem ]; then
-    note "NOTE  the build failed: running the binaries built elsewhere (.gpu_data/bin)"
+    note "NOTE  no binaries from the build: running those built elsewhere (.gpu_data/bin)"
     BIN=.gpu_data/bin
     export LD_LIBRARY_PATH=$PWD/.gpu_data/bin:$LD_LIBRARY_PATH
   fi
 fi
 TANDEM=$BIN/tandem
+export TANDEM BIN LD_LIBRARY_PATH
 export TANDEM_STORIES=$PWD/.gpu_data/stories260K.gguf
 
 # ---- b) the CUDA tests ----
@@ -129,6 +139,7 @@ compare() {  # greedy text of `tandem run` on the CPU and on the GPU
     note "      greedy run $name: DIFFERENT ($(cmp "/tmp/run_cpu_$name.txt" "/tmp/run_gpu_$name.txt" | head -1))"
   fi
 }
+export -f compare
 stage "run cpu vs cuda stories260K" 60 compare "$TANDEM_STORIES" stories260K
 stage "run cpu vs cuda tinyllama q8_0" 90 compare "$SYN/tl-q8_0.gguf" tl-q8_0
 
@@ -158,6 +169,7 @@ PY
   wait $pid
   return $rc
 }
+export -f serve_smoke
 stage "serve --device cuda smoke" 60 serve_smoke
 tail -5 "$OUT/serve.txt"
 

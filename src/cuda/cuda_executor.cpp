@@ -850,11 +850,15 @@ void CudaExecutor::forward(const Batch& batch, std::span<SeqKv* const> seqs, std
     fail(ErrorKind::kInvalidArgument, "forward: {} rows want logits but the buffer holds {} floats", n_out,
          logits.size());
 
-  // Runs of one sequence; rows of runs of kRunRows or more first.
+  // Runs of one sequence; rows of runs of kRunRows or more first. A
+  // sequence's rows must be one run (the attention tiles assume it).
   std::vector<int32_t> run_len(R);
+  std::vector<uint8_t> seen(seqs.size(), 0);
   for (int32_t r0 = 0; r0 < R;) {
     int32_t r1 = r0 + 1;
     while (r1 < R && batch[r1].seq == batch[r0].seq) ++r1;
+    if (seen[batch[r0].seq]++)
+      fail(ErrorKind::kInvalidArgument, "rows of sequence {} are not adjacent in the batch", batch[r0].seq);
     for (int32_t r = r0; r < r1; ++r) run_len[r] = r1 - r0;
     r0 = r1;
   }
