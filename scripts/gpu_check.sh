@@ -99,11 +99,35 @@ export TANDEM BIN LD_LIBRARY_PATH
 export TANDEM_STORIES=$PWD/.gpu_data/stories260K.gguf
 
 # ---- b) the CUDA tests ----
+# One process per test: a kernel that faults leaves the CUDA context broken
+# for every later test of its process.
+run_tests() {
+  : >"$OUT/cuda_tests.txt"
+  : >/tmp/tests.failed
+  local suite="" name rc pass=0 fail=0
+  while IFS= read -r line; do
+    case "$line" in
+      " "*) name=${line#  }; name=${name%%  #*}
+            timeout -k 5 120 "$BIN/tandem_cuda_tests" --gtest_color=no --gtest_filter="$suite$name" >>"$OUT/cuda_tests.txt" 2>&1
+            rc=$?
+            if [ $rc -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "$suite$name exit $rc" >>/tmp/tests.failed; fi ;;
+      *) suite=$line ;;
+    esac
+  done < <("$BIN/tandem_cuda_tests" --gtest_list_tests | grep -v '^Running main')
+  note "      tests: $pass passed (or skipped), $fail failed"
+  sed 's/^/      FAILED /' /tmp/tests.failed | tee -a "$SUM"
+  grep -h "SKIPPED \]\|no CUDA GPU" "$OUT/cuda_tests.txt" | sort | uniq -c | head -3
+  [ $fail -eq 0 ]
+}
+export -f run_tests
 if [ -x "$BIN/tandem_cuda_tests" ]; then
-  stage cuda-tests 200 sh -c "'$BIN/tandem_cuda_tests' --gtest_color=no >'$OUT/cuda_tests.txt' 2>&1"
-  grep -E '^\[  (FAILED|PASSED|SKIPPED) ' "$OUT/cuda_tests.txt" | sort | uniq -c | tail -40
-  grep -E '^\[==========\]|^\[  PASSED  \]|^\[  FAILED  \].*, listed|tests? FAILED' "$OUT/cuda_tests.txt" | tee -a "$SUM"
-  grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/cuda_tests.txt" | sort -u | sed 's/^/      /' | tee -a "$SUM"
+  stage cuda-tests 240 run_tests
+  # The failed kernel tests again under compute-sanitizer: which access, where.
+  if command -v compute-sanitizer >/dev/null && grep -q '^CudaKernels' /tmp/tests.failed 2>/dev/null; then
+    filt=$(grep '^CudaKernels' /tmp/tests.failed | head -3 | awk '{print $1}' | paste -sd: -)
+    stage "compute-sanitizer $filt" 90 sh -c "compute-sanitizer --tool memcheck --print-limit 20 '$BIN/tandem_cuda_tests' --gtest_color=no --gtest_filter='$filt' >'$OUT/sanitizer.txt' 2>&1"
+    tail -40 "$OUT/sanitizer.txt"
+  fi
 fi
 
 # ---- c) the models ----

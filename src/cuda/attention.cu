@@ -254,7 +254,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs a, int32_t ro
 
   // This part's (m, l, acc) for each query head of the group.
   const size_t part_floats = size_t(G) * (2 + hdv);
-  float* part = sc.partials + ((size_t(row) * a.n_head_kv + g) * kS + split) * part_floats;
+  // Scratch by the row's index in this launch.
+  float* part = sc.partials + ((size_t(blockIdx.y) * a.n_head_kv + g) * kS + split) * part_floats;
   if (t < G) part[t * (2 + hdv)] = mst[t], part[t * (2 + hdv) + 1] = lst[t];
 #pragma unroll
   for (int k = 0; k < ACC; ++k) {
@@ -263,14 +264,14 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs a, int32_t ro
   }
   __threadfence();
   __syncthreads();
-  int32_t* counter = sc.counters + row * a.n_head_kv + g;
+  int32_t* counter = sc.counters + int64_t{blockIdx.y} * a.n_head_kv + g;
   if (t == 0) last = atomicAdd(counter, 1) == kS - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
 
   // The last block folds the parts in order, as the CPU folds its chunks.
-  const float* parts = sc.partials + (size_t(row) * a.n_head_kv + g) * kS * part_floats;
+  const float* parts = sc.partials + (size_t(blockIdx.y) * a.n_head_kv + g) * kS * part_floats;
   for (int idx = t; idx < G * hdv; idx += kThreads) {
     const int gi = idx / hdv, d = idx % hdv;
     float M = 0.0f, L = 0.0f, A = 0.0f;

@@ -169,6 +169,10 @@ class CudaExecutor final : public Executor {
   void ensure_capacity(int32_t rows, int32_t table_ld);
   void ensure_logits(int32_t rows);  // device logits for this many rows
   int32_t cap_logits_ = 0;
+  // Decode attention's partials for this many decode rows (indexed by the
+  // row's place in the batch, decode rows last: R rows in all).
+  void ensure_decode(int32_t rows);
+  int32_t cap_decode_ = 0;
   void ensure_rope(int32_t positions);
   void check_block(int32_t block) const;
 
@@ -263,6 +267,8 @@ CudaExecutor::CudaExecutor(Model& m, const KvPlan& plan) : model_(m), cfg_(m.con
     fail(ErrorKind::kInvalidArgument, "KV cache needs at least one block (got {} blocks of {})", plan.n_blocks,
          plan.block_size);
 
+  // Every copy and kernel goes on this stream (a non-blocking stream does not
+  // wait for the legacy default stream, so nothing may use that one).
   TD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   TD_CUBLAS_CHECK(cublasLtCreate(&lt_));
   workspace_.alloc(kGemmWorkspace);
@@ -302,7 +308,7 @@ CudaExecutor::CudaExecutor(Model& m, const KvPlan& plan) : model_(m), cfg_(m.con
     std::vector<uint16_t> table(1 << 16);
     for (uint32_t i = 0; i < table.size(); ++i) table[i] = f32_to_f16(gelu_tanh(f16_to_f32(static_cast<uint16_t>(i))));
     gelu_table_.alloc(table.size() * 2);
-    TD_CUDA_CHECK(cudaMemcpy(gelu_table_.get(), table.data(), table.size() * 2, cudaMemcpyHostToDevice));
+    TD_CUDA_CHECK(cudaMemcpyAsync(gelu_table_.get(), table.data(), table.size() * 2, cudaMemcpyHostToDevice, stream_));
   }
   auto rope_params = [&](bool swa) {
     RopeParams p;
@@ -341,6 +347,7 @@ CudaExecutor::CudaExecutor(Model& m, const KvPlan& plan) : model_(m), cfg_(m.con
   make_f16_copies();
   ensure_capacity(64, 64);
   ensure_logits(16);
+  ensure_decode(16);
   ensure_rope(std::min(c.n_ctx_train, 4096));
   TD_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
@@ -395,7 +402,7 @@ const DevWeight* CudaExecutor::upload(const WeightMatrix& w, const std::string& 
 const float* CudaExecutor::upload_vector(const WeightVector& v) {
   if (v.empty()) return nullptr;
   DevBuf b(v.size() * sizeof(float));
-  TD_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+  TD_CUDA_CHECK(cudaMemcpyAsync(b.get(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
   vectors_.push_back(std::move(b));
   return vectors_.back().get<float>();
 }
@@ -457,10 +464,7 @@ void CudaExecutor::ensure_capacity(int32_t rows, int32_t table_ld) {
     ak_s_.alloc(r * (act_ld_ / 16) * 2);
     // Zeroed once: the row quantizers write only [0, K) of a row, and the
     // matrix-vector kernels read no further.
-    for (DevBuf* b : {&xf_, &a16_, &abf16_, &a8_q_, &ak_q_}) TD_CUDA_CHECK(cudaMemset(b->get(), 0, b->bytes()));
-    dec_partials_.alloc(decode_scratch_floats(R, c.n_head, c.head_dim_v) * f);
-    dec_counters_.alloc(r * c.n_head_kv * sizeof(int32_t));
-    TD_CUDA_CHECK(cudaMemset(dec_counters_.get(), 0, dec_counters_.bytes()));
+    for (DevBuf* b : {&xf_, &a16_, &abf16_, &a8_q_, &ak_q_}) TD_CUDA_CHECK(cudaMemsetAsync(b->get(), 0, b->bytes(), stream_));
   }
   // Metadata: token, position, sequence slot, logits rows, prefill tiles
   // (two words each), then the block tables.
@@ -485,6 +489,16 @@ void CudaExecutor::ensure_logits(int32_t rows) {
   logits_dev_.alloc(size_t(cap_logits_) * cfg_.n_vocab * sizeof(float));
 }
 
+void CudaExecutor::ensure_decode(int32_t rows) {
+  if (rows <= cap_decode_) return;
+  TD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  clear_graphs();
+  cap_decode_ = static_cast<int32_t>(std::bit_ceil(static_cast<uint32_t>(std::max(rows, 16))));
+  dec_partials_.alloc(decode_scratch_floats(cap_decode_, cfg_.n_head, cfg_.head_dim_v) * sizeof(float));
+  dec_counters_.alloc(size_t(cap_decode_) * cfg_.n_head_kv * sizeof(int32_t));
+  TD_CUDA_CHECK(cudaMemsetAsync(dec_counters_.get(), 0, dec_counters_.bytes(), stream_));
+}
+
 void CudaExecutor::ensure_rope(int32_t positions) {
   if (positions <= rope_positions_) return;
   TD_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -501,8 +515,8 @@ void CudaExecutor::ensure_rope(int32_t positions) {
     for (int32_t pos = 0; pos < P; ++pos) rope_angles(p, pos, cs.data() + size_t(pos) * half, sn.data() + size_t(pos) * half);
     rope->cos.alloc(std::max<size_t>(cs.size(), 1) * sizeof(float));
     rope->sin.alloc(std::max<size_t>(sn.size(), 1) * sizeof(float));
-    TD_CUDA_CHECK(cudaMemcpy(rope->cos.get(), cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice));
-    TD_CUDA_CHECK(cudaMemcpy(rope->sin.get(), sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice));
+    TD_CUDA_CHECK(cudaMemcpyAsync(rope->cos.get(), cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    TD_CUDA_CHECK(cudaMemcpyAsync(rope->sin.get(), sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
   }
   rope_positions_ = P;
 }
@@ -888,6 +902,7 @@ void CudaExecutor::forward(const Batch& batch, std::span<SeqKv* const> seqs, std
   }
   ensure_capacity(R, table_ld);
   ensure_logits(static_cast<int32_t>(n_out));
+  ensure_decode(R - Rp);
   ensure_rope(max_pos + 1);
 
   int32_t* h = meta_host_.get<int32_t>();
@@ -950,7 +965,7 @@ cudaGraphExec_t CudaExecutor::capture(int32_t R, int32_t n_out) {
   } else {
     try {
       run(R, 0, n_out, 0);
-    } catch (const Error& err) {
+    } catch (const std::exception& err) {
       why = err.what();
     }
     const cudaError_t e_end = cudaStreamEndCapture(stream_, &g);

@@ -166,9 +166,10 @@ void attention_prefill(const AttnArgs& a, const PrefillTile* tiles, int32_t n_ti
 // then folded in part order: a row's result does not depend on the others.
 inline constexpr int32_t kDecodeSplits = 16;
 inline constexpr int32_t kDecodeChunk = 64;
+// For the n_rows rows of one launch, indexed from its first row.
 struct DecodeScratch {
-  float* partials = nullptr;   // see decode_scratch_floats
-  int32_t* counters = nullptr; // [row][n_head_kv], zero at rest
+  float* partials = nullptr;   // decode_scratch_floats(n_rows, ...) floats
+  int32_t* counters = nullptr; // [n_rows][n_head_kv], zero at rest
 };
 size_t decode_scratch_floats(int32_t n_rows, int32_t n_head, int32_t head_dim_v);
 void attention_decode(const AttnArgs& a, int32_t row0, int32_t n_rows, const DecodeScratch& scratch,
