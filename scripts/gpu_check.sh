@@ -68,6 +68,9 @@ if ls .gpu_data/debs/*.deb >/dev/null 2>&1; then
   mkdir -p "$DEPS"
   for f in .gpu_data/debs/*.deb; do dpkg -x "$f" "$DEPS"; done
   sed -i "s#^prefix=/usr\$#prefix=$DEPS/usr#" "$DEPS"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
+  # libzmq.pc names the .pc files of its private dependencies, not carried:
+  # their libraries are, and the linker finds them on LD_LIBRARY_PATH.
+  sed -i '/^Requires.private/d' "$DEPS"/usr/lib/x86_64-linux-gnu/pkgconfig/libzmq.pc
   export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH
   export PKG_CONFIG_PATH=$DEPS/usr/lib/x86_64-linux-gnu/pkgconfig
   CMAKE_EXTRA+=("-DCMAKE_PREFIX_PATH=$DEPS/usr")

@@ -4,8 +4,8 @@
 # before carrying .gpu_data to that machine:
 #   - stories260K.gguf, from ../shared/models;
 #   - the build's library packages as .deb files (fmt, nlohmann-json, CLI11,
-#     GoogleTest, PCRE2, pkgconf), which gpu_check.sh unpacks under /tmp when
-#     that machine lacks them;
+#     GoogleTest, PCRE2, ZeroMQ, pkgconf), which gpu_check.sh unpacks under
+#     /tmp;
 #   - with --prebuilt: tandem and tandem_cuda_tests built here with CUDA (and
 #     libfmt), which gpu_check.sh runs if its own build fails.
 set -euo pipefail
@@ -24,8 +24,11 @@ for p in ../shared/models/gguf/stories260K.gguf ../shared/models/stories260K.ggu
 done
 [ -f .gpu_data/stories260K.gguf ] || { echo "stories260K.gguf is not in ../shared/models" >&2; exit 1; }
 
+# The libraries the build links (and their shared dependencies, which the
+# linker resolves too): fmt, nlohmann-json, CLI11, GoogleTest, PCRE2, ZeroMQ.
 pkgs=(libfmt-dev libfmt9 nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-dev libpcre2-8-0 pkgconf pkgconf-bin
-      libpkgconf3)
+      libpkgconf3 libzmq3-dev libzmq5 libsodium23 libpgm-5.3-0 libnorm1 libbsd0 libmd0 libgssapi-krb5-2 libkrb5-3
+      libk5crypto3 libkrb5support0 libcom-err2 libkeyutils1)
 (cd .gpu_data/debs && { apt-get download "${pkgs[@]}" || { apt-get update -qq && apt-get download "${pkgs[@]}"; }; })
 
 if [ "${1:-}" = "--prebuilt" ]; then
@@ -33,6 +36,7 @@ if [ "${1:-}" = "--prebuilt" ]; then
   cmake --build build-cuda -j"$(nproc)" --target tandem tandem_cuda_tests
   mkdir -p .gpu_data/bin
   cp build-cuda/tandem build-cuda/tandem_cuda_tests .gpu_data/bin/
-  cp -L "$(ldd build-cuda/tandem | awk '/libfmt/ {print $3}')" .gpu_data/bin/
+  # Libraries that machine may lack: fmt and ZeroMQ's (the debs above hold them too).
+  for lib in $(ldd build-cuda/tandem | awk '/libfmt|libzmq|libsodium|libpgm|libnorm/ {print $3}'); do cp -L "$lib" .gpu_data/bin/; done
 fi
 du -sh .gpu_data

@@ -20,7 +20,7 @@
 #include "cuda/kernels.h"
 #include "cuda/cuda_test_util.h"
 #include "kernels/attention.h"
-#include "kernels/dot.h"
+#include "kernels/vec_dot.h"
 #include "kernels/ops.h"
 #include "kv/kv_cache.h"
 

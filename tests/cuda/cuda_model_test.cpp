@@ -18,8 +18,9 @@
 
 #include <gtest/gtest.h>
 
-#include "convert/synth.h"
+#include "gguf/synth.h"
 #include "core/error.h"
+#include "core/options.h"
 #include "core/thread_pool.h"
 #include "cuda/cuda_test_util.h"
 #include "engine/llm_engine.h"
@@ -98,6 +99,13 @@ std::string synth_path(const SynthCase& c, const std::string& vocab) {
   return path;
 }
 
+// As the command line loads for --device cuda: the file's layout only.
+RuntimeOptions no_repack() {
+  RuntimeOptions o;
+  o.prepack = PrepackMode::kOff;
+  return o;
+}
+
 float rms(const float* x, size_t n) {
   double s = 0;
   for (size_t i = 0; i < n; ++i) s += double(x[i]) * x[i];
@@ -145,7 +153,7 @@ struct Pair {
   std::unique_ptr<Executor> cpu, gpu;
   int32_t V = 0;
   void open(const std::string& path, KvType kv = KvType::kF16) {
-    model = Model::load(path, PrepackMode::kOff);
+    model = Model::load(path, no_repack());
     const KvPlan plan{model->kv_shape(), 64, 16, kv};
     cpu = make_cpu_executor(*model, plan, pool);
     gpu = make_cuda_executor(*model, plan);
@@ -247,7 +255,7 @@ TEST(CudaForward, RowsDoNotDependOnTheirBatch) {
   for (const char* type : {"q8_0", "f16", "q4_k_m"}) {
     SCOPED_TRACE(type);
     const std::string path = synth_path({type, "llama", type}, stories);
-    auto model = Model::load(path, PrepackMode::kOff);
+    auto model = Model::load(path, no_repack());
     const int32_t V = model->config().n_vocab;
     const KvPlan plan{model->kv_shape(), 64, 16, KvType::kF16};
     auto g = make_cuda_executor(*model, plan);
@@ -322,7 +330,7 @@ class CudaEngine : public ::testing::Test {
     if (!why.empty()) GTEST_SKIP() << "no CUDA GPU here (" << why << ")";
     path_ = stories_path();
     if (path_.empty()) GTEST_SKIP() << "stories260K.gguf is in neither .gpu_data/ nor ../shared/models";
-    model_ = Model::load(path_, PrepackMode::kOff);
+    model_ = Model::load(path_, no_repack());
   }
   EngineConfig cfg(const std::string& device) const {
     EngineConfig c;
