@@ -6,8 +6,10 @@
 #   - the build's library packages as .deb files (fmt, nlohmann-json, CLI11,
 #     GoogleTest, PCRE2, ZeroMQ, pkgconf), which gpu_check.sh unpacks under
 #     /tmp;
-#   - with --prebuilt: tandem and tandem_cuda_tests built here with CUDA (and
-#     libfmt), which gpu_check.sh runs if its own build fails.
+#   - with --prebuilt [BUILD_DIR]: tandem and tandem_cuda_tests built here
+#     with CUDA (in BUILD_DIR, or built now in build-cuda), and the libraries
+#     they need that the GPU machine may lack; gpu_check.sh runs them if its
+#     own build fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,11 +34,16 @@ pkgs=(libfmt-dev libfmt9 nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-d
 (cd .gpu_data/debs && { apt-get download "${pkgs[@]}" || { apt-get update -qq && apt-get download "${pkgs[@]}"; }; })
 
 if [ "${1:-}" = "--prebuilt" ]; then
-  cmake -S . -B build-cuda -G Ninja -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=Release
-  cmake --build build-cuda -j"$(nproc)" --target tandem tandem_cuda_tests
+  # --prebuilt DIR: the binaries of an existing -DTANDEM_CUDA=ON build of this
+  # tree; --prebuilt alone: build them here first (build-cuda).
+  bdir=${2:-build-cuda}
+  if [ -z "${2:-}" ]; then
+    cmake -S . -B build-cuda -G Ninja -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=Release
+    cmake --build build-cuda -j"$(nproc)" --target tandem tandem_cuda_tests
+  fi
   mkdir -p .gpu_data/bin
-  cp build-cuda/tandem build-cuda/tandem_cuda_tests .gpu_data/bin/
+  cp "$bdir/tandem" "$bdir/tandem_cuda_tests" .gpu_data/bin/
   # Libraries that machine may lack: fmt and ZeroMQ's (the debs above hold them too).
-  for lib in $(ldd build-cuda/tandem | awk '/libfmt|libzmq|libsodium|libpgm|libnorm/ {print $3}'); do cp -L "$lib" .gpu_data/bin/; done
+  for lib in $(ldd "$bdir/tandem" | awk '/libfmt|libzmq|libsodium|libpgm|libnorm/ {print $3}'); do cp -L "$lib" .gpu_data/bin/; done
 fi
 du -sh .gpu_data
