@@ -231,7 +231,8 @@ __global__ void __launch_bounds__(kQkvWarps * 32) qkv_post_kernel(QkvPost p) {
   const float* sn = p.rope_sin + int64_t{pos} * half;
   float* v = buf[warp];
   const int hd = p.head_dim;
-  for (int t = warp; t < p.n_head + 2 * p.n_head_kv; t += kQkvWarps) {
+  // Heads (Q, then K, then V) spread over the blocks of this row and their warps.
+  for (int t = blockIdx.y * kQkvWarps + warp; t < p.n_head + 2 * p.n_head_kv; t += gridDim.y * kQkvWarps) {
     if (t >= p.n_head + p.n_head_kv) {  // a V head: bias, then the cache row
       const int g = t - p.n_head - p.n_head_kv, hdv = p.head_dim_v;
       const float* src = p.v + i * p.v_ld + int64_t{g} * hdv;
@@ -286,10 +287,13 @@ __global__ void __launch_bounds__(kQkvWarps * 32) qkv_post_kernel(QkvPost p) {
 
 void qkv_post(const QkvPost& p, cudaStream_t s) {
   if (p.head_dim > kMaxHeadDim || p.head_dim_v > kMaxHeadDim) usage_fail("qkv_post: head dimension above 512");
+  // One warp per head: a decode step's few rows still fill many blocks.
+  const dim3 grid(static_cast<unsigned>(p.n_rows),
+                  static_cast<unsigned>((p.n_head + 2 * p.n_head_kv + kQkvWarps - 1) / kQkvWarps));
   if (p.kv_f16)
-    launch(qkv_post_kernel<true>, dim3(static_cast<unsigned>(p.n_rows)), dim3(kQkvWarps * 32), 0, s, p);
+    launch(qkv_post_kernel<true>, grid, dim3(kQkvWarps * 32), 0, s, p);
   else
-    launch(qkv_post_kernel<false>, dim3(static_cast<unsigned>(p.n_rows)), dim3(kQkvWarps * 32), 0, s, p);
+    launch(qkv_post_kernel<false>, grid, dim3(kQkvWarps * 32), 0, s, p);
 }
 
 // ---- K/V blocks ----
