@@ -104,7 +104,10 @@ int run(RunOpts& o) {
   }
 
   const auto t0 = std::chrono::steady_clock::now();
-  auto model = Model::load(resolve_model_path(o.model), o.runtime);
+  // A GPU reads the file's layout: no repacked copy in host memory.
+  RuntimeOptions runtime = o.runtime;
+  if (o.device != "cpu") runtime.prepack = PrepackMode::kOff;
+  auto model = Model::load(resolve_model_path(o.model), runtime);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   std::unique_ptr<Model> draft;
   if (!o.spec.draft_model.empty())

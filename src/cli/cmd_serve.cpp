@@ -57,7 +57,10 @@ int serve(const ServeOpts& o) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  auto model = Model::load(resolve_model_path(o.model), o.runtime);
+  // A GPU reads the file's layout: no repacked copy in host memory.
+  RuntimeOptions runtime = o.runtime;
+  if (o.device != "cpu") runtime.prepack = PrepackMode::kOff;
+  auto model = Model::load(resolve_model_path(o.model), runtime);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   std::unique_ptr<Model> draft;
   if (!o.spec.draft_model.empty())

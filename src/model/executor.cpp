@@ -35,6 +35,9 @@ std::unique_ptr<Executor> make_cpu_executor(Model& model, const KvPlan& plan, Th
 std::unique_ptr<Executor> make_cuda_executor(Model&, const KvPlan&) {
   fail(ErrorKind::kUnsupported, "this build of Tandem has no CUDA backend (configure with -DTANDEM_CUDA=ON)");
 }
-#endif
+double cuda_read_bandwidth_gb_s(size_t) {
+  fail(ErrorKind::kUnsupported, "this build of Tandem has no CUDA backend (configure with -DTANDEM_CUDA=ON)");
+}
+#endif  // the CUDA build defines both in src/cuda/cuda_executor.cpp
 
 }  // namespace tandem

@@ -46,5 +46,9 @@ std::unique_ptr<Executor> make_cpu_executor(Model& model, const KvPlan& plan, Th
 // stored formats, its KV pool in device memory. Throws Error(kUnsupported)
 // in a build without CUDA (-DTANDEM_CUDA=ON) or on a machine without a GPU.
 std::unique_ptr<Executor> make_cuda_executor(Model& model, const KvPlan& plan);
+// The first CUDA device's memory read bandwidth in GB/s (1e9 bytes): the
+// best of a few plain reads of `bytes` with 16-byte loads. Throws like
+// make_cuda_executor.
+double cuda_read_bandwidth_gb_s(size_t bytes);
 
 }  // namespace tandem

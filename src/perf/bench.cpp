@@ -19,6 +19,7 @@
 #include "kernels/vec_dot_impl.h"
 #include "engine/llm_engine.h"
 #include "kv/kv_cache.h"
+#include "model/executor.h"
 #include "model/model.h"
 #include "perf/microbench.h"
 #include "tokenizer/tokenizer.h"
@@ -156,7 +157,11 @@ BenchResult run_bench(const BenchOptions& opts) {
   const int32_t P = opts.n_prompt, N = opts.n_gen, B = opts.batch;
 
   const auto t0 = Clock::now();
-  std::unique_ptr<Model> model = Model::load(opts.model_path, opts.runtime);
+  // A GPU reads the file's layout: no repacked copy in host memory.
+  const bool cpu = opts.device == "cpu";
+  RuntimeOptions runtime = opts.runtime;
+  if (!cpu) runtime.prepack = PrepackMode::kOff;
+  std::unique_ptr<Model> model = Model::load(opts.model_path, runtime);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   const ModelConfig& c = model->config();
   if (static_cast<int64_t>(P) + N >= c.n_ctx_train)
@@ -208,7 +213,7 @@ BenchResult run_bench(const BenchOptions& opts) {
       r.tokens = prompt;
       r.tokens.insert(r.tokens.end(), t.generated.begin(), t.generated.end());
     }
-    if (N > 0) {
+    if (N > 0 && cpu) {
       const double read = measure_read_bandwidth_of(read_pool, regions, 2, active_kernel_level()).value;
       const double decode = static_cast<double>(r.cost.decode_weight_bytes) * N / t.decode_s / 1e9;
       r.read_gb_s_beside.push_back(read);
@@ -229,6 +234,8 @@ BenchResult run_bench(const BenchOptions& opts) {
   if (decode_steps > 0) r.tokens_per_step = double(N) * opts.reps / double(decode_steps);
   r.prefill_tok_s = Stats::of(prefill_tps);
   r.decode_tok_s = Stats::of(decode_tps);
+  r.device = engine.device();
+  if (!cpu) r.device_read_gb_s = cuda_read_bandwidth_gb_s(size_t{4} << 30);
   r.peak_rss_bytes = peak_rss_bytes();
   return r;
 }
@@ -250,6 +257,19 @@ RooflineUse roofline_use(const BenchResult& r, const Roofline& roof) {
   u.prefill_peak_gop_s = peak.value;
   u.prefill_peak_isa = peak.isa;
   u.prefill_frac = peak.value > 0 ? u.prefill_gop_s / peak.value : 0;
+  return u;
+}
+
+DeviceUse device_use(const BenchResult& r, double peak_tflops) {
+  DeviceUse u;
+  u.decode_gb_s = static_cast<double>(r.cost.decode_weight_bytes) * r.decode_tok_s.median / r.opts.batch / 1e9;
+  u.decode_frac = r.device_read_gb_s > 0 ? u.decode_gb_s / r.device_read_gb_s : 0;
+  const int64_t P = r.opts.n_prompt;
+  // The B prompts of a repetition run in one step: B * P tokens.
+  if (r.prefill_tok_s.median > 0)
+    u.prefill_tflops = 2.0 * static_cast<double>(r.cost.prefill_macs(P)) * r.prefill_tok_s.median / P / 1e12;
+  u.prefill_peak_tflops = peak_tflops;
+  u.prefill_frac = u.prefill_tflops / peak_tflops;
   return u;
 }
 
@@ -310,7 +330,17 @@ nlohmann::json bench_to_json(const BenchResult& r, const Roofline& roof) {
       {"spec_drafted", r.spec_drafted},
       {"spec_accepted", r.spec_accepted},
       {"decode_tokens_per_step", r.tokens_per_step},
+      {"device", r.device},
   };
+  if (r.device != "cpu") {
+    const DeviceUse d = device_use(r);
+    j["device_read_gb_s"] = r.device_read_gb_s;
+    j["device_decode_gb_s"] = d.decode_gb_s;
+    j["device_decode_bandwidth_fraction"] = d.decode_frac;
+    j["device_prefill_tflops"] = d.prefill_tflops;
+    j["device_prefill_peak_tflops"] = d.prefill_peak_tflops;
+    j["device_prefill_peak_fraction"] = d.prefill_frac;
+  }
   return j;
 }
 

@@ -67,6 +67,11 @@ struct BenchResult {
   // drifts by 1.5x within minutes, so a ceiling measured apart says little.
   std::vector<double> read_gb_s_beside;
   std::vector<double> decode_frac_beside;  // each repetition's decode GB/s over its read
+  // Where the forward passes ran (Engine::device()). On a GPU the reads
+  // beside are not made; instead its memory's read bandwidth is measured
+  // once after the repetitions (cuda_read_bandwidth_gb_s, 4 GiB).
+  std::string device = "cpu";
+  double device_read_gb_s = 0;
   uint64_t peak_rss_bytes = 0;  // getrusage high-water mark, whole process
   uint64_t kv_cache_bytes = 0;
   int kv_elem_bytes = 0;  // 2: f16, 4: f32
@@ -101,6 +106,17 @@ struct RooflineUse {
   double prefill_frac = 0;
 };
 RooflineUse roofline_use(const BenchResult& r, const Roofline& roof);
+
+// A GPU run against its card: decode GB/s (weight bytes per step x steps/s)
+// over the measured read bandwidth; prefill TFLOPS (2 x the prefill's
+// multiply-adds / time) over a peak (dense bf16 by the datasheet).
+struct DeviceUse {
+  double decode_gb_s = 0, decode_frac = 0;
+  double prefill_tflops = 0, prefill_peak_tflops = 0, prefill_frac = 0;
+};
+// H100 / H200 SXM: 989.4 dense bf16 TFLOPS by NVIDIA's datasheet.
+inline constexpr double kH200DenseBf16Tflops = 989.4;
+DeviceUse device_use(const BenchResult& r, double peak_tflops = kH200DenseBf16Tflops);
 
 // The one JSON object `tandem bench --json` prints.
 nlohmann::json bench_to_json(const BenchResult& r, const Roofline& roof);
