@@ -13,7 +13,7 @@ medians with the min-max spread and the ratios (of the medians, and the median
 of each round's own ratio), and a second one with Tandem's roofline.
 
 llama-cpp-python is installed from PyPI into its own venv (bench/.venv by
-default), compiled from source for this CPU (CMAKE_ARGS=-DGGML_NATIVE=ON).
+default), compiled from source for this CPU (bench/llama_build.py).
 --venv PATH reuses an existing one (it is installed there if missing).
 --repack-cache DIR runs Tandem with its repack cache (written once before a
 model's rounds): the load maps the repacked weights instead of repacking.
@@ -36,6 +36,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from llama_build import ggml_cmake_args
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 REPO = Path(__file__).resolve().parent.parent
@@ -186,7 +188,7 @@ def ensure_venv(venv: Path) -> Path:
         log(f"creating venv {venv}")
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     # From source, no cached wheel: ggml then targets this CPU's instruction set.
-    env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=ON", FORCE_CMAKE="1")
+    env = dict(os.environ, CMAKE_ARGS=" ".join(ggml_cmake_args()), FORCE_CMAKE="1")
     log(f"installing llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} (compiles llama.cpp; takes a while)")
     subprocess.run([str(py), "-m", "pip", "install", "--no-cache-dir", "--no-binary", "llama-cpp-python",
                     f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"], check=True, env=env)

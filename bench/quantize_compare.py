@@ -18,7 +18,7 @@ Sources (by default):
   stories260K      ../shared/models/gguf/stories260K.gguf (F32)
 
 llama-cpp-python is installed from PyPI into its own venv (--venv, default
-/tmp/llamacpp-venv; CMAKE_ARGS=-DGGML_NATIVE=ON), never the repo's .venv.
+/tmp/llamacpp-venv; built for this CPU by bench/llama_build.py), never the repo's .venv.
 
   bench/quantize_compare.py                                   # every source, every type
   bench/quantize_compare.py --sources stories260K --types q4_k_m,q8_0
@@ -37,6 +37,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from llama_build import ggml_cmake_args
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 REPO = Path(__file__).resolve().parent.parent
@@ -199,7 +201,7 @@ def ensure_venv(venv: Path) -> Path:
         return py
     log(f"installing llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} into {venv} (a source build: minutes)")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    env = dict(os.environ, CMAKE_ARGS=os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=ON"))
+    env = dict(os.environ, CMAKE_ARGS=os.environ.get("CMAKE_ARGS", " ".join(ggml_cmake_args())))
     subprocess.run([str(py), "-m", "pip", "install", "-q", f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"],
                    check=True, env=env)
     return py

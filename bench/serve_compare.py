@@ -30,7 +30,7 @@ per-sequence context) and its default continuous batching.
 
 llama.cpp's side is llama-cpp-python's server (`python -m llama_cpp.server`,
 the llama-cpp-python[server] extra), installed from source with
-CMAKE_ARGS=-DGGML_NATIVE=ON into bench/.venv (shared with compare_llamacpp.py)
+built for this CPU (bench/llama_build.py) into bench/.venv (shared with compare_llamacpp.py)
 unless --venv points at another venv; the server's Python dependencies and
 the openai client are added there. It runs with --interrupt_requests False:
 its default cuts a streaming request short whenever another one arrives.
@@ -55,6 +55,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from llama_build import ggml_cmake_args
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -109,7 +111,7 @@ def ensure_venv(venv: Path) -> Path:
             log(f"creating venv {venv}")
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         # From source, no cached wheel: ggml then targets this CPU's instruction set.
-        env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=ON", FORCE_CMAKE="1")
+        env = dict(os.environ, CMAKE_ARGS=" ".join(ggml_cmake_args()), FORCE_CMAKE="1")
         log(f"installing llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} (compiles llama.cpp; takes a while)")
         subprocess.run([str(py), "-m", "pip", "install", "--no-cache-dir", "--no-binary", "llama-cpp-python",
                         f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"], check=True, env=env)
@@ -142,7 +144,7 @@ def ensure_llama_server(root: Path) -> Path:
         subprocess.run(["tar", "xzf", str(sdist), "-C", str(src)], check=True)
     log("building llama-server (takes a while)")
     subprocess.run(["cmake", "-S", str(tree), "-B", str(root / "build"), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF",
+                    *ggml_cmake_args(), "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF",
                     "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_UI=OFF",
                     "-DLLAMA_USE_PREBUILT_UI=OFF"], check=True)
     subprocess.run(["cmake", "--build", str(root / "build"), "--target", "llama-server", "-j",
