@@ -150,8 +150,8 @@ for t in q8_0 f16; do
   stage "bench $t json" 120 sh -c "'$TANDEM' bench -m '$SYN/tl-$t.gguf' --device cuda -p 512 -n 128 --reps 3 --json >>'$OUT/bench.jsonl'"
 done
 stage "bench q8_0 batch 8" 90 sh -c "'$TANDEM' bench -m '$SYN/tl-q8_0.gguf' --device cuda -p 128 -n 64 --reps 2 --batch 8 >>'$OUT/bench.txt' 2>&1"
-stage "bench q8_0 without graphs" 90 sh -c "TANDEM_CUDA_GRAPHS=0 '$TANDEM' bench -m '$SYN/tl-q8_0.gguf' --device cuda -p 16 -n 128 --reps 2 >>'$OUT/bench.txt' 2>&1"
-stage "bench q8_0 without PDL" 90 sh -c "TANDEM_CUDA_PDL=0 '$TANDEM' bench -m '$SYN/tl-q8_0.gguf' --device cuda -p 16 -n 128 --reps 2 >>'$OUT/bench.txt' 2>&1"
+stage "bench q8_0 without graphs" 90 sh -c "'$TANDEM' bench -m '$SYN/tl-q8_0.gguf' --device cuda --cuda-disable graphs -p 16 -n 128 --reps 2 >>'$OUT/bench.txt' 2>&1"
+stage "bench q8_0 without PDL" 90 sh -c "'$TANDEM' bench -m '$SYN/tl-q8_0.gguf' --device cuda --cuda-disable pdl -p 16 -n 128 --reps 2 >>'$OUT/bench.txt' 2>&1"
 cat "$OUT/bench.txt"
 
 : >"$OUT/compare.txt"

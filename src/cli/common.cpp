@@ -20,6 +20,7 @@ namespace {
 // The flags' text, turned into RuntimeOptions once the command line is parsed.
 struct RuntimeFlags {
   std::string kernels, prepack = "auto", prefetch = "auto", stream_out = "on", memory_available;
+  std::vector<std::string> cuda_disable;
   int64_t panel_pairs = -1;
 };
 
@@ -64,6 +65,12 @@ void add_runtime_options(CLI::App* cmd, RuntimeOptions& opts) {
                   "Stands in for the memory available in every sizing check (suffixes K, M, G): to try them")
       ->envname("TANDEM_MEMORY_AVAILABLE")
       ->group(advanced);
+  cmd->add_option("--cuda-disable", f->cuda_disable,
+                  "With --device cuda, turn off: graphs (decode steps as CUDA graphs), pdl (programmatic "
+                  "dependent launch), f16-copies (f16 copies of quantized matrices for cuBLAS); comma-separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"graphs", "pdl", "f16-copies"}))
+      ->group(advanced);
   cmd->parse_complete_callback([f, &opts] {
     std::string warning;
     const KernelLevel level = choose_kernel_level(f->kernels, best_kernel_level(), &warning);
@@ -74,6 +81,11 @@ void add_runtime_options(CLI::App* cmd, RuntimeOptions& opts) {
     opts.prefetch = parse_prefetch_mode(f->prefetch);
     if (f->panel_pairs >= 0) opts.panel_pair_min_rows = f->panel_pairs;
     opts.stream_out = f->stream_out != "off" && f->stream_out != "0";
+    for (const std::string& what : f->cuda_disable) {
+      if (what == "graphs") opts.cuda_graphs = false;
+      if (what == "pdl") opts.cuda_pdl = false;
+      if (what == "f16-copies") opts.cuda_f16_copies = false;
+    }
     if (!f->memory_available.empty())
       opts.memory_available = static_cast<uint64_t>(parse_bytes(f->memory_available, "--memory-available"));
   });

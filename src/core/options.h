@@ -63,6 +63,13 @@ struct RuntimeOptions {
   std::optional<int64_t> panel_pair_min_rows = std::nullopt;
   // Outputs too large for any cache go out with streaming stores.
   bool stream_out = true;
+
+  // The CUDA backend's optional mechanisms (docs/cuda.md), each on by default
+  // and off for diagnosis: decode steps as CUDA graphs, programmatic dependent
+  // launch, f16 copies of the quantized matrices kept for cuBLAS.
+  bool cuda_graphs = true;
+  bool cuda_pdl = true;
+  bool cuda_f16_copies = true;
 };
 
 }  // namespace tandem

@@ -51,11 +51,6 @@ constexpr int32_t kMaxGraphRows = 256;
 constexpr size_t kGemmWorkspace = size_t{32} << 20;
 constexpr size_t kUploadChunk = size_t{64} << 20;
 
-bool env_off(const char* name) {
-  const char* e = std::getenv(name);
-  return e && std::strcmp(e, "0") == 0;
-}
-
 // Device memory, freed on destruction.
 class DevBuf {
  public:
@@ -254,8 +249,8 @@ CudaExecutor::CudaExecutor(Model& m, const KvPlan& plan) : model_(m), cfg_(m.con
   cudaDeviceProp prop{};
   TD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   device_name_ = fmt::format("cuda:{} ({})", device_, prop.name);
-  set_pdl(prop.major >= 9);
-  use_graphs_ = !env_off("TANDEM_CUDA_GRAPHS");
+  set_pdl(prop.major >= 9 && m.options().cuda_pdl);
+  use_graphs_ = m.options().cuda_graphs;
 
   const ModelConfig& c = cfg_;
   if (!attention_shape_supported(c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v))
@@ -409,7 +404,7 @@ const float* CudaExecutor::upload_vector(const WeightVector& v) {
 
 // Dequantized f16 copies of the quantized layer matrices for cuBLAS, made
 // once when they fit in a quarter of the free device memory (else each
-// product dequantizes into a scratch buffer). TANDEM_CUDA_F16_CACHE=0: never.
+// product dequantizes into a scratch buffer). --cuda-disable f16-copies: never.
 void CudaExecutor::make_f16_copies() {
   // The embedding and the output matrix only ever take the matrix-vector path.
   size_t total = 0;
@@ -423,7 +418,7 @@ void CudaExecutor::make_f16_copies() {
   }
   size_t free_b = 0, total_b = 0;
   TD_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  f16_cached_ = !env_off("TANDEM_CUDA_F16_CACHE") && total <= free_b / 4;
+  f16_cached_ = model_.options().cuda_f16_copies && total <= free_b / 4;
   if (f16_cached_) {
     for (DevWeight* w : quantized) {
       w->f16.alloc(size_t(w->m.rows) * ((w->m.cols + 7) / 8 * 8) * 2);

@@ -214,8 +214,8 @@ void kv_scatter_block(const KvBlockRuns& kv, int32_t block, const uint8_t* in, c
 void read_kernel(const void* p, size_t bytes, uint32_t* sink, cudaStream_t s);
 
 // Programmatic dependent launch on or off for the kernels launched from now
-// on (on by default where the device supports it; TANDEM_CUDA_PDL=0 turns it
-// off).
+// on (the executor turns it on where the device supports it, unless
+// --cuda-disable pdl).
 void set_pdl(bool on);
 bool pdl_enabled();
 

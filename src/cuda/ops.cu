@@ -17,15 +17,11 @@ namespace tandem::cuda {
 
 namespace {
 
-bool pdl_env_off() {
-  const char* e = std::getenv("TANDEM_CUDA_PDL");
-  return e && std::strcmp(e, "0") == 0;
-}
-std::atomic<bool> g_pdl{!pdl_env_off()};
+std::atomic<bool> g_pdl{true};
 
 }  // namespace
 
-void set_pdl(bool on) { g_pdl.store(on && !pdl_env_off()); }
+void set_pdl(bool on) { g_pdl.store(on); }
 bool pdl_enabled() { return g_pdl.load(std::memory_order_relaxed); }
 
 namespace {

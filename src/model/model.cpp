@@ -44,6 +44,7 @@ Model::~Model() = default;
 
 std::unique_ptr<Model> Model::load(const std::string& path, const RuntimeOptions& opts) {
   std::unique_ptr<Model> m(new Model());
+  m->opts_ = opts;
   m->level_ = opts.kernels.value_or(active_kernel_level());
   if (!cpu_supports_level(m->level_))
     fail(ErrorKind::kInvalidArgument, "kernel level {} is not supported by this CPU", kernel_level_name(m->level_));

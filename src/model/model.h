@@ -68,6 +68,8 @@ class Model {
 
   const GgufFile& file() const { return *file_; }
   const ModelConfig& config() const { return cfg_; }
+  // What the model was loaded with (executors read their parts of it).
+  const RuntimeOptions& options() const { return opts_; }
   const ModelWeights& weights() const { return w_; }
   const Tokenizer& tokenizer() const { return *tok_; }
   // The level every kernel of this model runs at.
@@ -112,6 +114,7 @@ class Model {
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<Scratch> s_;
   KernelLevel level_ = KernelLevel::kScalar;
+  RuntimeOptions opts_;
   struct FreeDeleter {
     void operator()(uint8_t* p) const;
   };
