@@ -244,32 +244,32 @@ async def one(client, model: str, prompt: str, max_tokens: int) -> dict:
 
 async def sequential(base: str, prompts: list[tuple[str, str]], max_tokens: int) -> list[dict]:
     import openai
-    client = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0, timeout=600)
-    models = await client.models.list()
-    model = models.data[0].id
-    out = []
-    for name, p in prompts:
-        r = await one(client, model, p, max_tokens)
-        r["name"] = name
-        out.append(r)
-    return out
+    # Closed inside the loop that opened it (asyncio.run closes the loop after).
+    async with openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0, timeout=600) as client:
+        model = (await client.models.list()).data[0].id
+        out = []
+        for name, p in prompts:
+            r = await one(client, model, p, max_tokens)
+            r["name"] = name
+            out.append(r)
+        return out
 
 
 async def concurrent(base: str, prompts: list[tuple[str, str]], max_tokens: int, clients: int, requests: int) -> dict:
     import openai
-    client = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0, timeout=900)
-    model = (await client.models.list()).data[0].id
-    queue = list(range(requests))
-    results = []
+    async with openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0, timeout=900) as client:
+        model = (await client.models.list()).data[0].id
+        queue = list(range(requests))
+        results = []
 
-    async def worker():
-        while queue:
-            i = queue.pop()
-            results.append(await one(client, model, prompts[i % len(prompts)][1], max_tokens))
+        async def worker():
+            while queue:
+                i = queue.pop()
+                results.append(await one(client, model, prompts[i % len(prompts)][1], max_tokens))
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(clients)))
-    wall = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        wall = time.perf_counter() - t0
     return {"tok_s": sum(r["tokens"] for r in results) / wall, "wall_s": wall, "requests": len(results)}
 
 
@@ -293,9 +293,12 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--only", default="tandem,llama", help="sides: tandem, llama")
     ap.add_argument("--serving", action="store_true", help="also 16 concurrent clients, Tandem with and without")
+    ap.add_argument("--serving-rounds", type=int, default=2, help="alternating rounds of the serving comparison")
+    ap.add_argument("--serving-only", action="store_true", help="only the serving comparison (implies --serving)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    sides = set(args.only.split(","))
+    args.serving |= args.serving_only
+    sides = set(args.only.split(",")) if not args.serving_only else {"tandem"}
     if "llama" in sides:
         sys.path.insert(0, str(HERE))
         import serve_compare
@@ -322,6 +325,8 @@ def main() -> int:
     # every configuration in turn, the order rotating from prompt to prompt: on a
     # shared machine, what the others do then weighs on every configuration alike.
     servers = {}
+    if args.serving_only:
+        configs = []
     try:
         for name, side, spec in configs:
             port = free_port()
@@ -344,7 +349,7 @@ def main() -> int:
             srv.stop()
 
     # Tandem's speculation must not change a byte.
-    if "tandem" in sides:
+    if "tandem" in sides and not args.serving_only:
         plain = report["results"]["tandem"]
         for name in [c[0] for c in configs if c[1] == "tandem" and c[0] != "tandem"]:
             for k in sets:
@@ -364,7 +369,7 @@ def main() -> int:
                 procs[name] = (ServerProc(tandem_cmd(margs, port, spec), port, name + " serving"),
                                f"http://127.0.0.1:{port}/v1")
             rounds = {name: [] for name in procs}
-            for r in range(2):
+            for r in range(args.serving_rounds):
                 for name in (list(procs) if r % 2 == 0 else list(procs)[::-1]):
                     base = procs[name][1]
                     single = asyncio.run(sequential(base, sets["grounded"][:6], args.max_tokens))

@@ -324,6 +324,38 @@ TEST(SpecArchitectures, GreedyIsIdentical) {
   }
 }
 
+// A prompt that arrives while others decode with drafts is prefilled beside
+// them at every step: the latency policy's prefill pacer measures and budgets
+// per decoding sequence, drafts included (measured in rows and asked in
+// sequences, a step with drafts looked like another batch, and prompts could
+// wait until the drafting ended).
+TEST_F(Spec, PromptsArrivingBesideDraftsAreNotHeldBack) {
+  EngineConfig cfg = config(SpecMode::kNgram, 8, false);
+  ASSERT_EQ(cfg.policy, SchedulePolicy::kLatency);
+  Engine e(*model_, cfg);
+  for (int i = 0; i < 12; ++i)
+    e.submit(tok("Tim had a red ball. Tim had a red ball. Tim had a red"), greedy(300), [](const RequestEvent&) {});
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(e.step());
+  ASSERT_GT(e.metrics().spec_drafted, 0u) << "the decoding sequences should be drafting";
+  std::string text;
+  for (int i = 0; i < 6; ++i) text += "One day, a little bird flew over the big green tree. ";
+  const std::vector<int32_t> prompt = tok(text);
+  ASSERT_GT(prompt.size(), 60u);
+  bool first = false;
+  e.submit(prompt, greedy(4), [&first](const RequestEvent& ev) { first = first || !ev.tokens.empty(); });
+  int steps = 0;
+  const auto decode_only = [&e] { return e.metrics().phases[static_cast<size_t>(Phase::kDecode)].steps; };
+  const uint64_t d0 = decode_only();
+  while (!first && steps < 400 && e.step()) ++steps;
+  EXPECT_TRUE(first);
+  // Every step carries prompt tokens but the one that measures a decode-only
+  // step for the pacer (the same 12 sequences decode throughout).
+  EXPECT_LE(decode_only() - d0, 1u) << "a prompt of " << prompt.size() << " tokens waited " << steps
+                                    << " steps, " << decode_only() - d0 << " of them without it";
+  while (e.step()) {
+  }
+}
+
 TEST_F(Spec, BadConfigurationsAreRefused) {
   EXPECT_THROW(Engine(*model_, config(SpecMode::kDraft)), Error);                  // no draft model
   EXPECT_THROW(Engine(*model_, config(SpecMode::kNgram), model_), Error);          // a draft model unused

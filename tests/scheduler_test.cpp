@@ -165,6 +165,34 @@ TEST(Scheduler, DecodesAreNeverCappedByThePrefillBudget) {
   EXPECT_EQ(tokens_of(b, lp), 5);
 }
 
+// Drafts ride along only in the budget left after every decoding sequence's
+// own row: a long draft never pushes another sequence out of the step.
+TEST(Scheduler, DraftsNeverCostADecodeItsPlace) {
+  BlockManager bm(256, 16, false);
+  SchedulerConfig cfg{.max_batch_tokens = 10, .max_seqs = 8, .prefill_chunk = 10};
+  Scheduler sched(cfg, bm);
+  std::vector<Sequence*> seqs;
+  for (int i = 0; i < 4; ++i) {
+    auto s = make_seq(i + 1, 2);
+    seqs.push_back(s.get());
+    sched.add(std::move(s));
+  }
+  auto b = sched.schedule();
+  commit(bm, b);
+  for (Sequence* s : seqs) s->tokens.push_back(7);
+  seqs[0]->draft = {1, 2, 3, 4, 5, 6, 7, 8};  // 9 rows: more than the 6 spare
+  seqs[1]->draft = {1, 2, 3};                 // fits the 6 spare rows
+  seqs[2]->draft = {1, 2, 3, 4};              // 3 spare rows left: dropped
+  b = sched.schedule();
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(tokens_of(b, seqs[0]), 1);
+  EXPECT_EQ(tokens_of(b, seqs[1]), 4);
+  EXPECT_EQ(tokens_of(b, seqs[2]), 1);
+  EXPECT_EQ(tokens_of(b, seqs[3]), 1);
+  EXPECT_TRUE(seqs[0]->draft.empty());
+  EXPECT_TRUE(seqs[2]->draft.empty());
+}
+
 TEST(PrefillPacer, SizesPromptWorkByMeasuredCost) {
   PacerConfig pc{.step_factor = 1.5, .min_tokens = 4, .max_tokens = 256, .recalibrate_every = 8};
   PrefillPacer p(pc);

@@ -521,8 +521,9 @@ bool Engine::Impl::step() {
   }
   const Phase phase = n_prefill_rows == 0 ? Phase::kDecode : (n_decode == 0 ? Phase::kPrefill : Phase::kMixed);
   steps.add({phase, t0, t1, static_cast<int32_t>(batch.size()), static_cast<int32_t>(sched_batch.size())});
-  if (pacer) pacer->observe(t1 - t0, n_decode_rows, n_prefill_rows);
-  if (spec_policy) spec_policy->target_cost().observe(static_cast<int32_t>(batch.size()), t1 - t0);
+  // The pacer counts decoding sequences, as its budget is asked for them:
+  // their drafts are part of what a decode step of theirs costs.
+  if (pacer) pacer->observe(t1 - t0, n_decode, n_prefill_rows);
   if (observer) {
     report.start_s = t0;
     report.end_s = t1;
@@ -581,6 +582,12 @@ bool Engine::Impl::step() {
     handle_logits(s, x.logits, x.token);
   }
   sched->for_each([](Sequence& q) { q.draft.clear(); });
+  // The draft policy's cost of a step of R rows, each with logits (decodes
+  // and drafts): prompt rows skip the output matrix, so a step holding them
+  // would make drafts look cheaper than they are. Sampling and verifying
+  // the rows count too.
+  if (spec_policy && n_prefill_rows == 0)
+    spec_policy->target_cost().observe(static_cast<int32_t>(batch.size()), steps.now() - t0);
   if (observer) {
     ++report.step;
     report.preempted = static_cast<int32_t>(sched->preemptions() - preemptions_seen);

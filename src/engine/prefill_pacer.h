@@ -58,7 +58,8 @@ class PrefillPacer {
   // sequences has moved beyond `recalibrate_ratio` of the measured one).
   int32_t budget(int32_t decode_rows, int32_t prefill_seqs = 0) const;
 
-  // Records a finished step: its wall time and how many decode and prompt rows it ran.
+  // Records a finished step: its wall time, how many sequences decoded in it
+  // (with their drafts, if any) and how many prompt rows it ran.
   void observe(double seconds, int32_t decode_rows, int32_t prefill_rows);
 
   bool enabled() const { return cfg_.step_factor > 1.0; }

@@ -140,19 +140,22 @@ std::vector<ScheduledSeq> Scheduler::schedule(int32_t prefill_budget) {
   std::vector<Sequence*> decoding;
   for (auto& s : running_)
     if (s->n_uncomputed() == 1 && !s->fork_pending) decoding.push_back(s.get());
+  // Drafted tokens ride along while the budget and free blocks allow; they
+  // never cost another sequence its place: each decoding sequence's own row
+  // is set aside first.
+  int32_t spare = budget - static_cast<int32_t>(decoding.size());
   for (Sequence* s : decoding) {
     if (budget <= 0) break;
     if (s->status != SeqStatus::kRunning) continue;  // preempted by an earlier one
-    // Drafted tokens ride along while the budget and free blocks allow; they
-    // never cost another sequence its place.
     int32_t rows = 1 + static_cast<int32_t>(s->draft.size());
-    if (rows > budget || !blocks_.can_append(s->blocks, s->n_computed() + rows)) {
+    if (rows - 1 > spare || !blocks_.can_append(s->blocks, s->n_computed() + rows)) {
       s->draft.clear();
       rows = 1;
     }
     if (!make_room(s, s->n_computed() + rows, batch)) continue;
     batch.push_back({s, rows});
     budget -= rows;
+    spare -= rows - 1;
   }
   int32_t left = std::min(budget, prefill_budget);
   if (left <= 0) return batch;
