@@ -659,6 +659,62 @@ TEST_F(EngineTest, SessionsResumeToTheToken) {
   EXPECT_LE(e.metrics().kv_blocks_used, 3);  // at most one pinned partial block each
 }
 
+// A request for exactly the tokens a session prefilled samples its first
+// token from the logits the prefill kept: no step computes a prompt row, the
+// first token comes out before the step's forward pass, and the output is a
+// fresh engine's. Also when the prompt fills its last block (the prefix cache
+// holds all of it) and for n > 1.
+TEST_F(EngineTest, SessionsStartFromTheirKeptLogits) {
+  std::vector<int32_t> partial = tok("Once upon a time, there was a little girl named Lily. She loved to play outside");
+  std::vector<int32_t> whole = partial;
+  whole.resize(16);
+  ASSERT_NE(partial.size() % 16, 0u);
+  ASSERT_GT(partial.size(), 16u);
+  Engine fresh(*model_, EngineConfig{.threads = 2, .max_context = 256});
+  Engine e(*model_, EngineConfig{.threads = 2, .max_context = 256});
+  for (const std::vector<int32_t>& prompt : {partial, whole}) {
+    const SessionRun want = submit_and_run(fresh, prompt, 12, "");
+    const std::string id = "s" + std::to_string(prompt.size());
+    submit_and_run(e, prompt, 0, id);
+    const int64_t rows = e.metrics().prompt_tokens;
+    // Another prefill of the same text computes nothing and keeps them.
+    submit_and_run(e, prompt, 0, id);
+    EXPECT_EQ(e.metrics().prompt_tokens, rows);
+    RequestParams p;
+    p.sampling.temperature = 0;
+    p.max_tokens = 12;
+    p.session = id;
+    SessionRun go;
+    e.submit(prompt, p, [&go](const RequestEvent& ev) {
+      go.tokens.insert(go.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      go.cached = std::max(go.cached, ev.cached_prompt_tokens);
+      if (ev.finished) go.timings = ev.timings;
+    });
+    EXPECT_TRUE(e.step());
+    EXPECT_EQ(go.tokens.size(), 1u) << "the first token before any forward pass";
+    while (e.step()) e.check_invariants();
+    EXPECT_EQ(go.tokens, want.tokens);
+    EXPECT_EQ(go.cached, static_cast<int32_t>(prompt.size()));
+    EXPECT_EQ(e.metrics().prompt_tokens, rows) << "no prompt row was computed";
+  }
+  // n = 2 at temperature 0: both choices start from the kept logits.
+  const SessionRun want = submit_and_run(fresh, partial, 6, "");
+  submit_and_run(e, partial, 0, "n2");
+  RequestParams p;
+  p.sampling.temperature = 0;
+  p.max_tokens = 6;
+  p.n = 2;
+  p.session = "n2";
+  std::vector<int32_t> got[2];
+  e.submit(partial, p, [&got](const RequestEvent& ev) {
+    got[ev.choice].insert(got[ev.choice].end(), ev.tokens.begin(), ev.tokens.end());
+  });
+  while (e.step()) e.check_invariants();
+  EXPECT_EQ(got[0], want.tokens);
+  EXPECT_EQ(got[1], want.tokens);
+  EXPECT_EQ(e.metrics().kv_blocks_used, 3);  // the three sessions' pinned partial blocks
+}
+
 // Sessions expire; a session whose cached blocks were evicted is recomputed
 // (never wrong); a prefill cancelled midway leaves no session and no blocks.
 TEST_F(EngineTest, SessionsExpireAndSurviveEviction) {
@@ -684,6 +740,16 @@ TEST_F(EngineTest, SessionsExpireAndSurviveEviction) {
   const SessionRun after = submit_and_run(small, longer, 16, "s");
   EXPECT_EQ(after.tokens, want.tokens);
   EXPECT_LE(small.metrics().kv_blocks_used, 1);
+  // The same tokens as the session's after eviction: its kept logits are not
+  // enough, the prompt is recomputed.
+  const SessionRun want_p = submit_and_run(fresh, p, 16, "");
+  submit_and_run(small, p, 0, "t");
+  for (const char* other : {"The little dog ran to the park and played with the other dogs all day long",
+                            "Tom and Sue went to the beach to build a big sand castle near the water"})
+    submit_and_run(small, tok(other), 40, "");
+  const SessionRun again = submit_and_run(small, p, 16, "t");
+  EXPECT_EQ(again.tokens, want_p.tokens);
+  EXPECT_LT(again.cached, static_cast<int32_t>(p.size()));
 
   // Cancelled mid-prefill: nothing kept.
   Engine c(*model_, EngineConfig{.threads = 1, .max_context = 256, .max_batch_tokens = 16});

@@ -55,14 +55,22 @@ struct Engine::Impl {
   // blocks stay ordinary cached blocks (the LRU may take them; a reference
   // here does not pin them); its last, partly filled block is a private copy,
   // so the next request resumes to the token.
+  // A prefill also keeps the logits of its last position (a vocabulary of
+  // floats), so a request for the same tokens samples its first token from
+  // them at admission instead of recomputing that position in a step.
   struct Session {
     std::vector<int32_t> tokens;  // whose K/V was computed
     std::vector<BlockRef> whole;  // the published blocks of its whole blocks
     SeqBlocks tail;               // one pinned block: the copy of the partly filled one
+    std::shared_ptr<const std::vector<float>> logits;  // after `tokens`, when its request computed them
     double last_used = 0;
   };
   std::unordered_map<std::string, Session> sessions;
   double sessions_checked = 0;
+  // Set by first_token for the session save of a prefill that ends there.
+  std::shared_ptr<const std::vector<float>> finishing_logits;
+  // Admitted this step with their whole prompt's K/V and the session's logits.
+  std::vector<Sequence*> ready;
 
   // The live timeline: what the observer hears after each step.
   std::function<void(const StepReport&)> observer;
@@ -82,6 +90,9 @@ struct Engine::Impl {
   StepReport report;
   uint64_t preemptions_seen = 0;
   void resume_session(Sequence& s);
+  // Samples the first token of the sequences `ready` holds, before the step's
+  // forward pass. True when there were any.
+  bool start_ready();
   void save_session(Sequence& s);
   void drop_session(std::unordered_map<std::string, Session>::iterator it);
   void expire_sessions(bool all = false);
@@ -465,8 +476,9 @@ bool Engine::Impl::step() {
   plan_drafts();
   const int32_t prefill_budget = pacer ? pacer->budget(sched->n_decoding(), sched->n_prefilling()) : INT32_MAX;
   std::vector<ScheduledSeq> sched_batch = sched->schedule(prefill_budget);
+  const bool started = start_ready();
   update_gauges();
-  if (sched_batch.empty()) return false;
+  if (sched_batch.empty()) return started;
 
   // Rows of every scheduled sequence, in order; a row wants logits when it is
   // the sequence's last uncomputed token, or when it predicts a prompt token
@@ -716,7 +728,11 @@ void Engine::Impl::emit_prompt(Sequence* seq) {
 void Engine::Impl::first_token(Sequence* seq, const float* lg, int32_t token) {
   if (seq->req->params.prompt_logprobs >= 0) emit_prompt(seq);
   if (seq->req->params.max_tokens == 0) {
-    finish(seq, "length", "length");  // the prompt alone was asked for (echo, scoring)
+    // The prompt alone was asked for (a prefill, echo, scoring).
+    if (seq->choice == 0 && !seq->req->params.session.empty())
+      finishing_logits = std::make_shared<const std::vector<float>>(lg, lg + model.config().n_vocab);
+    finish(seq, "length", "length");
+    finishing_logits.reset();
     return;
   }
   accept_token(seq, token, lg);
@@ -732,10 +748,23 @@ void Engine::Impl::resume_session(Sequence& s) {
   // session (or fewer, if some were evicted). The next block is fresh: copy
   // the session's version of it and keep its positions up to where the two
   // part (an edit, or where the session stopped).
+  // With the session's logits for exactly this prompt, its last position
+  // needs no computing either.
+  const bool same = ss.logits && ss.tokens == s.tokens;
   const int32_t bs = blocks->block_size(), start = s.n_computed();
-  if (start % bs != 0) return;  // a wholly cached prompt, computing its last token
+  if (start % bs != 0) {
+    // A wholly cached prompt: the private copy of its last block holds the
+    // last position's K/V too, which would be recomputed for its logits.
+    if (same && start + 1 == s.n_prompt) {
+      blocks->commit(s.blocks, s.tokens, s.n_prompt);
+      s.start_logits = ss.logits;
+      ready.push_back(&s);
+    }
+    return;
+  }
   const int32_t h = start / bs;
-  const int32_t limit = std::min({bs, s.n_prompt - 1 - start, static_cast<int32_t>(ss.tokens.size()) - start});
+  const int32_t limit =
+      std::min({bs, s.n_prompt - (same ? 0 : 1) - start, static_cast<int32_t>(ss.tokens.size()) - start});
   int32_t r = 0;
   while (r < limit && s.tokens[start + r] == ss.tokens[start + r]) ++r;
   if (r <= 0) return;
@@ -745,6 +774,28 @@ void Engine::Impl::resume_session(Sequence& s) {
   if (src < 0) return;
   exec->copy_block(src, s.blocks.table[h]);
   blocks->commit(s.blocks, s.tokens, start + r);
+  if (start + r == s.n_prompt) {
+    s.start_logits = ss.logits;
+    ready.push_back(&s);
+  }
+}
+
+bool Engine::Impl::start_ready() {
+  if (ready.empty()) return false;
+  const int32_t nv = model.config().n_vocab;
+  const double now = steps.now();
+  std::vector<Sequence*> todo;
+  todo.swap(ready);
+  for (Sequence* s : todo) {
+    // Preempted since its admission (a later prompt took its blocks): it
+    // recomputes its prompt like any other.
+    std::shared_ptr<const std::vector<float>> lg = std::move(s->start_logits);
+    if (s->status != SeqStatus::kRunning || s->n_uncomputed() != 0 || !lg) continue;
+    if (s->first_step_s < 0) s->first_step_s = now;
+    const int32_t t = s->sampler->sample(std::span<const float>(lg->data(), nv), s->tokens, s->json.get());
+    handle_logits(s, lg->data(), t);
+  }
+  return true;
 }
 
 void Engine::Impl::save_session(Sequence& s) {
@@ -756,6 +807,7 @@ void Engine::Impl::save_session(Sequence& s) {
   ss.tokens.assign(s.tokens.begin(), s.tokens.begin() + n);
   ss.whole.assign(s.blocks.prefix.begin(), s.blocks.prefix.begin() + std::min<size_t>(s.blocks.prefix.size(), n / bs));
   ss.last_used = steps.now();
+  ss.logits = n == static_cast<int32_t>(s.tokens.size()) ? std::move(finishing_logits) : nullptr;
   if (n % bs != 0 && blocks->n_free() > 0) {
     const std::vector<int32_t> slots(static_cast<size_t>(bs), 0);
     blocks->allocate(ss.tail, slots, false);

@@ -68,7 +68,8 @@ struct EngineConfig {
   // Speculative decoding (engine/speculation.h); kDraft needs a draft model.
   SpecConfig spec{};
   // Progressive prefill sessions (RequestParams::session): at most this many,
-  // each forgotten after this long unused.
+  // each forgotten after this long unused. Each keeps one partial block and
+  // a row of logits (1 MiB for Gemma 3's 262k vocabulary).
   int32_t max_sessions = 64;
   double session_ttl_s = 600;
   // Where the forward passes run: "cpu", or "cuda" (model/executor.h).

@@ -66,6 +66,9 @@ struct Sequence {
   // the sequence's drafting record.
   std::vector<int32_t> draft;
   SpecState spec;
+  // A progressive prefill session's logits for this whole prompt: the first
+  // token is sampled from them at admission, without a step.
+  std::shared_ptr<const std::vector<float>> start_logits;
   double first_step_s = -1;          // when a step first computed its prompt
   double prefill_s = 0;              // forward time of the steps that computed its prompt
   int32_t preemptions = 0;

@@ -47,6 +47,13 @@ def test_prefill_then_request_resumes_to_the_token(stories):
     for key in ("queued_ms", "prompt_ms", "ttft_ms", "predicted_n", "predicted_per_second", "draft_n"):
         assert key in t
     assert "timings" not in fresh  # opt-in
+    # The text exactly as prefilled (Enter after the last pause): the first
+    # token comes from the logits the prefill kept, no prompt token computed.
+    status, j = prefill(stories, {"prompt": TEXT + " and", "session": "typing-1"})
+    assert status == 200 and j["computed_tokens"] <= 1, j  # its last token, after the answer above
+    r = complete(stories, TEXT + " and", session="typing-1", timings=True)
+    assert r["timings"]["prompt_n"] == 0 and r["timings"]["cache_n"] == r["usage"]["prompt_tokens"], r["timings"]
+    assert r["choices"][0]["text"] == fresh["choices"][0]["text"]
 
 
 def test_prefill_of_a_conversation_and_edits(stories):
