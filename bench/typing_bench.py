@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -82,14 +83,16 @@ def stop(p: subprocess.Popen) -> None:
 async def stream(client, model, messages, max_tokens, session=None):
     t0 = time.perf_counter()
     times = []
+    timings = None
     extra = {"session": session} if session else {}
     s = await client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0,
-                                             stream=True, extra_body={"ignore_eos": True, **extra})
+                                             stream=True, extra_body={"ignore_eos": True, "timings": True, **extra})
     async for ch in s:
         if ch.choices and ch.choices[0].delta.content:
             times.append(time.perf_counter())
+        timings = (ch.model_extra or {}).get("timings") or timings
     return {"ttft": times[0] - t0 if times else None,
-            "itl": [b - a for a, b in zip(times, times[1:])]}
+            "itl": [b - a for a, b in zip(times, times[1:])], "timings": timings}
 
 
 async def background(client, model, k, stop_event, max_tokens):
@@ -106,6 +109,43 @@ async def background(client, model, k, stop_event, max_tokens):
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     return tpots
+
+
+def users_main(base, model, k, max_tokens, stop, out):
+    import openai
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=900) as client:
+            ev = asyncio.Event()
+
+            async def watch():
+                while not stop.is_set():
+                    await asyncio.sleep(0.05)
+                ev.set()
+
+            watcher = asyncio.create_task(watch())
+            tpots = await background(client, model, k, ev, max_tokens)
+            await watcher
+            return tpots
+
+    out.put(asyncio.run(main()))
+
+
+class OtherUsers:
+    """K users streaming answers from a process of their own, as other people's
+    clients would: parsing their streams must not delay the measured client."""
+
+    def __init__(self, base, model, k, max_tokens):
+        ctx = multiprocessing.get_context("spawn")
+        self.stop, self.out = ctx.Event(), ctx.Queue()
+        self.proc = ctx.Process(target=users_main, args=(base, model, k, max_tokens, self.stop, self.out))
+        self.proc.start()
+
+    def finish(self) -> list:
+        self.stop.set()
+        tpots = self.out.get(timeout=600)
+        self.proc.join(60)
+        return tpots
 
 
 async def prefill(base, session, messages):
@@ -129,14 +169,14 @@ async def run(args) -> dict:
         model = (await client.models.list()).data[0].id
         msgs = lambda t: [{"role": "user", "content": t}]
         # The other users alone, for their own decode step.
-        ev = asyncio.Event()
-        alone_task = asyncio.create_task(background(client, model, args.users, ev, 64))
+        # The typing user's client streams once first (its first request pays
+        # for imports and a connection, which a page open in a browser has paid).
+        await stream(client, model, msgs("Hello."), 2)
+        users = OtherUsers(base, model, args.users, 64)
         await asyncio.sleep(args.alone_s)
-        ev.set()
-        alone = await alone_task
+        alone = users.finish()
         # Typing, with a few edits, prefilled after every pause; the users decode meanwhile.
-        ev = asyncio.Event()
-        busy_task = asyncio.create_task(background(client, model, args.users, ev, 64))
+        users = OtherUsers(base, model, args.users, 64)
         session = "typing-bench"
         typed, prefills, edits = "", [], 0
         step = max(1, int(args.cps * args.pause_s))  # characters between pauses
@@ -154,8 +194,7 @@ async def run(args) -> dict:
             prefills.append(await prefill(base, session, msgs(typed)))
         typing_s = time.perf_counter() - t_start
         warm = await stream(client, model, msgs(text), args.answer_tokens, session=session)
-        ev.set()
-        busy = await busy_task
+        busy = users.finish()
         # The same message cold, on a fresh server.
     finally:
         stop(proc)
@@ -172,6 +211,10 @@ async def run(args) -> dict:
         "prefills": len(prefills), "edits": edits,
         "computed_per_prefill_median": statistics.median(p["computed_tokens"] for p in prefills),
         "ttft_warm_ms": 1000 * warm["ttft"], "ttft_cold_ms": 1000 * cold["ttft"], "decode_step_ms": 1000 * step_s,
+        # The server's own account of the message sent after typing: its
+        # time to first token and the prompt tokens it computed.
+        "server_ttft_warm_ms": (warm["timings"] or {}).get("ttft_ms"),
+        "computed_at_enter": (warm["timings"] or {}).get("prompt_n"),
         "ttft_over_step": warm["ttft"] / step_s,
         "users": args.users, "users_tpot_alone_p50_ms": 1000 * q(alone, 0.5), "users_tpot_alone_p99_ms": 1000 * q(alone, 0.99),
         "users_tpot_typing_p50_ms": 1000 * q(busy, 0.5), "users_tpot_typing_p99_ms": 1000 * q(busy, 0.99),
