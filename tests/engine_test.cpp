@@ -733,10 +733,13 @@ TEST_F(EngineTest, SessionsExpireAndSurviveEviction) {
 
   // Eviction: a pool of 8 blocks; other requests take every cached block.
   Engine small(*model_, EngineConfig{.threads = 1, .max_context = 128, .kv_tokens = 128});
+  auto evict = [&] {
+    for (const char* other : {"The little dog ran to the park and played with the other dogs all day long",
+                              "Tom and Sue went to the beach to build a big sand castle near the water"})
+      submit_and_run(small, tok(other), 40, "");
+  };
   submit_and_run(small, p, 0, "s");
-  for (const char* other : {"The little dog ran to the park and played with the other dogs all day long",
-                            "Tom and Sue went to the beach to build a big sand castle near the water"})
-    submit_and_run(small, tok(other), 40, "");
+  evict();
   const SessionRun after = submit_and_run(small, longer, 16, "s");
   EXPECT_EQ(after.tokens, want.tokens);
   EXPECT_LE(small.metrics().kv_blocks_used, 1);
@@ -744,9 +747,7 @@ TEST_F(EngineTest, SessionsExpireAndSurviveEviction) {
   // enough, the prompt is recomputed.
   const SessionRun want_p = submit_and_run(fresh, p, 16, "");
   submit_and_run(small, p, 0, "t");
-  for (const char* other : {"The little dog ran to the park and played with the other dogs all day long",
-                            "Tom and Sue went to the beach to build a big sand castle near the water"})
-    submit_and_run(small, tok(other), 40, "");
+  evict();
   const SessionRun again = submit_and_run(small, p, 16, "t");
   EXPECT_EQ(again.tokens, want_p.tokens);
   EXPECT_LT(again.cached, static_cast<int32_t>(p.size()));
