@@ -168,10 +168,10 @@ async def run(args) -> dict:
         client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=900)
         model = (await client.models.list()).data[0].id
         msgs = lambda t: [{"role": "user", "content": t}]
-        # The other users alone, for their own decode step.
         # The typing user's client streams once first (its first request pays
         # for imports and a connection, which a page open in a browser has paid).
         await stream(client, model, msgs("Hello."), 2)
+        # The other users alone, for their own decode step.
         users = OtherUsers(base, model, args.users, 64)
         await asyncio.sleep(args.alone_s)
         alone = users.finish()
