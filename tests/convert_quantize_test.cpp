@@ -228,7 +228,7 @@ double stories_ppl(const std::string& path) {
   PerplexityOptions o;
   o.n_ctx = 128;
   o.max_chunks = 4;
-  o.kv_type = KvType::kF32;
+  o.kv_cache = {KvType::kF32, KvType::kF32};
   o.threads = 2;
   return perplexity(*model, tokens, o).ppl;
 }

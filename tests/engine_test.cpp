@@ -187,7 +187,7 @@ TEST_F(EngineTest, ChoicesShareThePrompt) {
 TEST_F(EngineTest, PromptLogprobsMatchLlamaCpp) {
   const auto refs = nlohmann::json::parse(test::read_file(test::testdata_path("llamacpp/prompt_logprobs_stories260k.json")));
   for (int32_t budget : {0, 5}) {
-    Engine e(*model_, EngineConfig{.threads = 2, .max_context = 256, .kv_type = KvType::kF32, .max_batch_tokens = budget});
+    Engine e(*model_, EngineConfig{.threads = 2, .max_context = 256, .kv_cache = {KvType::kF32, KvType::kF32}, .max_batch_tokens = budget});
     for (const auto& cs : refs["cases"]) {
       const auto ids = cs["prompt_ids"].get<std::vector<int32_t>>();
       const auto want = cs["logprobs"].get<std::vector<double>>();
@@ -509,7 +509,7 @@ TEST_F(EngineTest, PoolOrSwapBeyondTheAvailableMemoryIsRefused) {
 
   // The default pool takes at most half of what is available, and says so when
   // that cannot hold one context.
-  const size_t per_token = KvCache::bytes_per_token(model_->kv_shape(), KvType::kF16);
+  const size_t per_token = KvCache::bytes_per_token(model_->kv_shape(), KvFormat{});
   {
     Engine e(*model_, EngineConfig{.threads = 1, .max_context = 64, .memory_available = per_token * 1000});
     EXPECT_EQ(e.metrics().kv_blocks_total, 500 / 16);

@@ -37,7 +37,7 @@ TEST(Perplexity, MatchesLlamaCppOnStories260K) {
   ASSERT_EQ(static_cast<int64_t>(tokens.size()), want["n_tokens"].get<int64_t>());
   PerplexityOptions o;
   o.n_ctx = want["meta"]["n_ctx"].get<int32_t>();
-  o.kv_type = KvType::kF32;
+  o.kv_cache = {KvType::kF32, KvType::kF32};
   std::vector<double> running;
   const PerplexityResult r =
       perplexity(*model, tokens, o, [&](int32_t k, const PerplexityResult& so_far) {

@@ -40,7 +40,7 @@ struct World {
 
 // score_scale: typical |q.k|; large values make the softmax nearly one-hot,
 // so most exps underflow.
-World make_world(const AttnShape& s, KvType type, std::vector<int32_t> lens, int32_t block_size, float score_scale,
+World make_world(const AttnShape& s, KvFormat format, std::vector<int32_t> lens, int32_t block_size, float score_scale,
                  uint32_t seed) {
   World w;
   w.s = s;
@@ -50,7 +50,7 @@ World make_world(const AttnShape& s, KvType type, std::vector<int32_t> lens, int
   int32_t n_blocks = 0;
   for (int32_t n : lens) n_blocks += (n + block_size - 1) / block_size;
   const KvShape shape{2, s.n_head_kv * s.head_dim, s.n_head_kv * s.head_dim_v, s.n_head_kv};
-  w.kv = std::make_unique<KvCache>(shape, n_blocks, block_size, type);
+  w.kv = std::make_unique<KvCache>(shape, n_blocks, block_size, format);
   std::vector<int32_t> ids(n_blocks);
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), rng);
@@ -144,9 +144,14 @@ std::vector<KernelLevel> levels() {
 
 bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
 
+World make_world(const AttnShape& s, KvType type, std::vector<int32_t> lens, int32_t block_size, float score_scale,
+                 uint32_t seed) {
+  return make_world(s, kv_format(type, type), std::move(lens), block_size, score_scale, seed);
+}
+
 struct Case {
   AttnShape s;
-  KvType type;
+  KvType kt, vt;
   int32_t len;         // context length
   int32_t p0;          // prefill [p0, len)
   int32_t block_size;
@@ -159,16 +164,25 @@ struct Case {
 // mid-chunk, and block sizes that are and are not a multiple of the vector
 // width (the kernels read key vectors from the cache only in the first case).
 const Case kCases[] = {
-    {{4, 4, 64, 64, 0}, KvType::kF32, 300, 37, 16, 4.0f},
-    {{8, 2, 128, 128, 0}, KvType::kF16, 290, 101, 16, 4.0f},
-    {{4, 1, 256, 256, 0}, KvType::kF16, 270, 0, 16, 4.0f},
-    {{8, 1, 256, 256, 100}, KvType::kF16, 280, 120, 5, 4.0f},
-    {{8, 1, 72, 56, 0}, KvType::kF32, 200, 50, 7, 30.0f},
-    {{3, 3, 20, 36, 60}, KvType::kF16, 260, 1, 3, 30.0f},
-    {{16, 2, 64, 64, 200}, KvType::kF32, 390, 250, 16, 4.0f},
+    {{4, 4, 64, 64, 0}, KvType::kF32, KvType::kF32, 300, 37, 16, 4.0f},
+    {{8, 2, 128, 128, 0}, KvType::kF16, KvType::kF16, 290, 101, 16, 4.0f},
+    {{4, 1, 256, 256, 0}, KvType::kF16, KvType::kF16, 270, 0, 16, 4.0f},
+    {{8, 1, 256, 256, 100}, KvType::kF16, KvType::kF16, 280, 120, 5, 4.0f},
+    {{8, 1, 72, 56, 0}, KvType::kF32, KvType::kF32, 200, 50, 7, 30.0f},
+    {{3, 3, 20, 36, 60}, KvType::kF16, KvType::kF16, 260, 1, 3, 30.0f},
+    {{16, 2, 64, 64, 200}, KvType::kF32, KvType::kF32, 390, 250, 16, 4.0f},
     // 8-slot blocks: AVX2 reads its 8-key vectors from the cache, AVX-512
     // gathers its 16-key ones.
-    {{8, 2, 64, 64, 0}, KvType::kF16, 330, 90, 8, 4.0f},
+    {{8, 2, 64, 64, 0}, KvType::kF16, KvType::kF16, 330, 90, 8, 4.0f},
+    // Quantized K and V, each with every other type: heads of one to eight
+    // groups of 32 (96: three), windows, 32- and 48-slot blocks.
+    {{8, 2, 64, 64, 0}, KvType::kQ8_0, KvType::kQ8_0, 300, 37, 16, 4.0f},
+    {{4, 1, 256, 256, 100}, KvType::kQ4_0, KvType::kQ4_0, 280, 120, 16, 4.0f},
+    {{6, 3, 96, 32, 0}, KvType::kQ4_0, KvType::kQ8_0, 290, 101, 32, 30.0f},
+    {{8, 1, 64, 128, 60}, KvType::kQ8_0, KvType::kF16, 260, 1, 16, 4.0f},
+    {{4, 4, 32, 64, 0}, KvType::kF16, KvType::kQ4_0, 200, 50, 48, 4.0f},
+    {{8, 8, 32, 32, 0}, KvType::kF32, KvType::kQ8_0, 150, 20, 16, 4.0f},
+    {{4, 2, 64, 64, 0}, KvType::kQ4_0, KvType::kF32, 170, 60, 16, 30.0f},
 };
 
 // The kernels find head g's rows through the view, so a cache split into
@@ -201,8 +215,8 @@ TEST(KernelsAttention, EveryLevelMatchesDoubleReference) {
     for (const Case& c : kCases) {
       SCOPED_TRACE(testing::Message() << kernel_level_name(level) << " heads " << c.s.n_head << "/" << c.s.n_head_kv
                                       << " dims " << c.s.head_dim << "/" << c.s.head_dim_v << " window "
-                                      << c.s.window << " " << kv_type_name(c.type));
-      const World w = make_world(c.s, c.type, {c.len}, c.block_size, c.score_scale, 7);
+                                      << c.s.window << " k " << kv_type_name(c.kt) << " v " << kv_type_name(c.vt));
+      const World w = make_world(c.s, kv_format(c.kt, c.vt), {c.len}, c.block_size, c.score_scale, 7);
       const std::vector<float> pre = run_prefill(level, w, 0, c.p0, c.len, pool);
       // Float rounding of a score is relative to |q.k| and grows with the
       // dot's length, and exp turns it into a relative error of the weights:
@@ -224,8 +238,9 @@ TEST(KernelsAttention, PrefillAndDecodeAreBitIdentical) {
   for (KernelLevel level : levels())
     for (const Case& c : kCases) {
       SCOPED_TRACE(testing::Message() << kernel_level_name(level) << " heads " << c.s.n_head << "/" << c.s.n_head_kv
-                                      << " dims " << c.s.head_dim << " window " << c.s.window);
-      const World w = make_world(c.s, c.type, {c.len, 150}, c.block_size, c.score_scale, 11);
+                                      << " dims " << c.s.head_dim << " window " << c.s.window << " k "
+                                      << kv_type_name(c.kt) << " v " << kv_type_name(c.vt));
+      const World w = make_world(c.s, kv_format(c.kt, c.vt), {c.len, 150}, c.block_size, c.score_scale, 11);
       const std::vector<float> whole = run_prefill(level, w, 0, c.p0, c.len, pool);
       const int32_t mid = (c.p0 + c.len) / 2 + 1;
       std::vector<float> split = run_prefill(level, w, 0, c.p0, mid, pool);
@@ -254,9 +269,11 @@ TEST(KernelsAttention, PrefillAndDecodeAreBitIdentical) {
 TEST(KernelsAttention, ThreadCountDoesNotChangeResults) {
   const AttnShape shapes[] = {{4, 1, 256, 256, 0}, {4, 2, 64, 64, 300}, {8, 8, 32, 32, 0}};
   for (KernelLevel level : levels())
-    for (const AttnShape& s : shapes) {
-      SCOPED_TRACE(testing::Message() << kernel_level_name(level) << " heads " << s.n_head << "/" << s.n_head_kv);
-      const World w = make_world(s, KvType::kF16, {700, 300}, 16, 4.0f, 5);
+    for (const AttnShape& s : shapes)
+      for (KvType t : {KvType::kF16, KvType::kQ8_0, KvType::kQ4_0}) {
+      SCOPED_TRACE(testing::Message() << kernel_level_name(level) << " heads " << s.n_head << "/" << s.n_head_kv
+                                      << " " << kv_type_name(t));
+      const World w = make_world(s, t, {700, 300}, 16, 4.0f, 5);
       std::vector<float> pre[3], dec[3];
       for (int t = 1; t <= 3; ++t) {
         ThreadPool pool(t);

@@ -6,9 +6,11 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/ggml_type.h"
 #include "core/quant.h"
 #include "kv/kv_cache.h"
 
@@ -60,8 +62,19 @@ TEST(KvCache, BytesFollowTheType) {
   const KvCache a(kShape, 4, 16, KvType::kF32), b(kShape, 4, 16, KvType::kF16);
   EXPECT_EQ(a.bytes(), size_t(4 * 16) * 3 * (kK + kV) * 4);
   EXPECT_EQ(b.bytes() * 2, a.bytes());
-  EXPECT_EQ(KvCache::bytes_per_token(kShape, KvType::kF16), size_t(3) * (kK + kV) * 2);
-  EXPECT_EQ(KvCache(kShape, 1).type(), KvType::kF16);  // the default
+  EXPECT_EQ(KvCache::bytes_per_token(kShape, KvFormat{}), size_t(3) * (kK + kV) * 2);
+  EXPECT_EQ(KvCache(kShape, 1).format().k, KvType::kF16);  // the default
+  EXPECT_EQ(KvCache(kShape, 1).format().v, KvType::kF16);
+  // 32 elements: 64 bytes in f16, 34 in q8_0, 18 in q4_0 (llama.cpp's blocks).
+  const KvShape wide{2, 2 * 64, 2 * 32, 2};
+  const size_t f16 = KvCache::bytes_per_token(wide, KvFormat{});
+  EXPECT_EQ(f16, size_t(2) * (128 + 64) * 2);
+  EXPECT_EQ(KvCache::bytes_per_token(wide, kv_format(KvType::kQ8_0, KvType::kQ8_0)) * 64, f16 * 34);
+  EXPECT_EQ(KvCache::bytes_per_token(wide, kv_format(KvType::kQ4_0, KvType::kQ4_0)) * 64, f16 * 18);
+  EXPECT_EQ(KvCache::bytes_per_token(wide, kv_format(KvType::kQ8_0, KvType::kF16)),
+            size_t(2) * (128 * 34 / 32 + 64 * 2));
+  EXPECT_EQ(KvCache(wide, 3, 16, kv_format(KvType::kQ4_0, KvType::kQ8_0)).bytes(),
+            3 * 16 * KvCache::bytes_per_token(wide, kv_format(KvType::kQ4_0, KvType::kQ8_0)));
 }
 
 // A view addresses position p of a sequence through its block table:
@@ -85,7 +98,8 @@ TEST(KvCache, ViewAddressesRowsThroughTheBlockTable) {
           kv.write(layer, table[p / 4], p % 4, k.data(), v.data());
         }
       const KvLayerView view = kv.layer_view(1, table.data());
-      EXPECT_EQ(view.type, type);
+      EXPECT_EQ(view.k_type, type);
+      EXPECT_EQ(view.v_type, type);
       EXPECT_EQ(view.n_head_kv, shape.n_head_kv);
       for (int32_t p = 0; p < 12; ++p) {
         for (int32_t h = 0; h < shape.n_head_kv; ++h)
@@ -135,8 +149,8 @@ TEST(KvCache, BlocksAreHandedOutAndReturned) {
 // Blocks copied, and saved and loaded again, come back bit for bit, at every
 // layer and head; the other blocks are untouched.
 TEST(KvCache, BlockCopiesAndSwapsAreExact) {
-  for (KvType type : {KvType::kF16, KvType::kF32}) {
-    const KvShape shape{3, 2 * 24, 2 * 20, 2};
+  for (KvType type : {KvType::kF16, KvType::kF32, KvType::kQ8_0, KvType::kQ4_0}) {
+    const KvShape shape{3, 2 * 64, 2 * 32, 2};
     KvCache c(shape, 5, 16, type);
     std::mt19937 rng(7);
     std::normal_distribution<float> nd;
@@ -162,7 +176,7 @@ TEST(KvCache, BlockCopiesAndSwapsAreExact) {
     c.copy_block(1, 2);
     EXPECT_EQ(slots(2), b1);
     std::vector<std::byte> saved(c.block_bytes());
-    EXPECT_EQ(c.block_bytes(), KvCache::bytes_per_token(shape, type) * 16);
+    EXPECT_EQ(c.block_bytes(), KvCache::bytes_per_token(shape, kv_format(type, type)) * 16);
     c.save_block(3, saved.data());
     c.copy_block(4, 3);  // overwrite, then restore
     EXPECT_EQ(slots(3), b4);
@@ -180,12 +194,16 @@ TEST(KvCache, TypeNamesParse) {
   EXPECT_EQ(parse_kv_type("f32"), KvType::kF32);
   EXPECT_STREQ(kv_type_name(KvType::kF16), "f16");
   EXPECT_STREQ(kv_type_name(KvType::kF32), "f32");
-  try {
-    parse_kv_type("q8_0");
-    FAIL() << "accepted q8_0";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("q8_0"), std::string::npos);
+  EXPECT_EQ(parse_kv_type("q8_0"), KvType::kQ8_0);
+  EXPECT_EQ(parse_kv_type("q4_0"), KvType::kQ4_0);
+  for (const char* bad : {"q4_1", "Q8_0", "", "bf16"}) {
+    try {
+      parse_kv_type(bad);
+      FAIL() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos) << e.what();
+    }
   }
 }
 
@@ -202,6 +220,106 @@ TEST(KvCache, BadSizesAreRejected) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kResource);
   }
+}
+
+
+
+// The quantized types store what llama.cpp's reference quantizers make of
+// the row (q4_0 keys of the Hadamard-rotated row), whatever the transposed
+// layout; a rotated query against the stored key gives the original dot
+// product up to the quantization error, and exactly for a lossless type.
+TEST(KvCache, QuantizedSlotsHoldLlamaCppBlocks) {
+  const KvShape shape{2, 2 * 96, 2 * 64, 2};  // 96: a head of three 32-blocks of Hadamard
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (KvType kt : {KvType::kQ8_0, KvType::kQ4_0})
+    for (KvType vt : {KvType::kQ8_0, KvType::kQ4_0, KvType::kF16}) {
+      const KvFormat f = kv_format(kt, vt);
+      EXPECT_EQ(f.rotate_k, kt == KvType::kQ4_0);
+      EXPECT_EQ(f.rotate_v, vt == KvType::kQ4_0);
+      KvCache c(shape, 3, 16, f);
+      std::vector<float> k(shape.k_width), v(shape.v_width), k2(k.size()), v2(v.size());
+      for (int32_t slot : {0, 7, 15}) {
+        for (float& x : k) x = nd(rng);
+        for (float& x : v) x = nd(rng);
+        k[5] = 40.0f;  // an outlier dimension
+        c.write(1, 2, slot, k.data(), v.data());
+        c.read(1, 2, slot, k2.data(), v2.data());
+        for (int32_t h = 0; h < 2; ++h) {
+          auto want = [](KvType t, bool rotate, const float* x, int32_t n) {
+            std::vector<float> r(x, x + n), out(n);
+            if (rotate) hadamard_rotate(r.data(), n);
+            if (t == KvType::kF16) {
+              for (int32_t i = 0; i < n; ++i) out[i] = f16_to_f32(f32_to_f16(r[i]));
+              return out;
+            }
+            const GgmlType g = t == KvType::kQ8_0 ? GgmlType::Q8_0 : GgmlType::Q4_0;
+            std::vector<std::byte> q(kv_bytes(t, n));
+            quantize_row(g, r.data(), q.data(), n);
+            dequantize_row(g, q.data(), out.data(), n);
+            return out;
+          };
+          const auto wk = want(kt, f.rotate_k, k.data() + h * 96, 96);
+          const auto wv = want(vt, f.rotate_v, v.data() + h * 64, 64);
+          for (int32_t i = 0; i < 96; ++i) ASSERT_EQ(k2[h * 96 + i], wk[i]) << kv_format_name(f) << " k " << i;
+          for (int32_t i = 0; i < 64; ++i) ASSERT_EQ(v2[h * 64 + i], wv[i]) << kv_format_name(f) << " v " << i;
+        }
+        // Dot products survive the rotation: q.k against Hq.(stored Hk).
+        std::vector<float> q(shape.k_width);
+        for (float& x : q) x = nd(rng);
+        std::vector<float> hq = q;
+        c.rotate_queries(hq.data(), 2, 96);
+        for (int32_t h = 0; h < 2; ++h) {
+          double exact = 0, got = 0, norm = 0;
+          for (int32_t i = 0; i < 96; ++i) {
+            exact += double(q[h * 96 + i]) * k[h * 96 + i];
+            got += double(hq[h * 96 + i]) * k2[h * 96 + i];
+            norm += double(q[h * 96 + i]) * q[h * 96 + i];
+          }
+          EXPECT_NEAR(got, exact, (kt == KvType::kQ4_0 ? 0.25 : 0.05) * std::sqrt(norm) * 3) << kv_format_name(f);
+        }
+      }
+    }
+}
+
+// H is orthogonal and its own inverse, block by block.
+TEST(KvCache, HadamardRotationIsAnInvolution) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  for (int32_t n : {32, 64, 96, 160, 256}) {
+    std::vector<float> x(n);
+    for (float& e : x) e = nd(rng);
+    std::vector<float> y = x;
+    hadamard_rotate(y.data(), n);
+    double nx = 0, ny = 0;
+    for (int32_t i = 0; i < n; ++i) nx += double(x[i]) * x[i], ny += double(y[i]) * y[i];
+    EXPECT_NEAR(ny, nx, 1e-4 * nx) << n;
+    hadamard_rotate(y.data(), n);
+    for (int32_t i = 0; i < n; ++i) EXPECT_NEAR(y[i], x[i], 1e-5f) << n << " " << i;
+  }
+  // A spike spreads evenly over its block.
+  std::vector<float> e(64, 0.0f);
+  e[3] = 8.0f;
+  hadamard_rotate(e.data(), 64);
+  for (float v : e) EXPECT_FLOAT_EQ(std::fabs(v), 1.0f);
+}
+
+TEST(KvCache, QuantizedTypesRefuseShapesTheyCannotHold) {
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // stories260K's heads: 8 elements.
+  const std::string small = message([] { KvCache(KvShape{5, 4 * 8, 4 * 8, 4}, 4, 16, KvType::kQ8_0); });
+  EXPECT_NE(small.find("q8_0"), std::string::npos) << small;
+  EXPECT_NE(small.find("8 elements"), std::string::npos) << small;
+  const std::string blocks = message([] { KvCache(KvShape{1, 64, 64, 1}, 4, 8, KvType::kQ4_0); });
+  EXPECT_NE(blocks.find("multiple of 16"), std::string::npos) << blocks;
+  EXPECT_NO_THROW(KvCache(KvShape{5, 4 * 8, 4 * 8, 4}, 4, 16, kv_format(KvType::kF16, KvType::kF32)));
 }
 
 }  // namespace

@@ -170,5 +170,62 @@ TEST_F(Gemma3, PromptLogprobsMatchLlamaCpp) {
   }
 }
 
+// Quantized KV caches through the serving engine: the pool holds tokens in
+// proportion to the bytes per token; a prefix served from the cache, and
+// sequences preempted and swapped out or recomputed, give the same greedy
+// tokens as each request alone with the same cache type.
+TEST_F(Gemma3, QuantizedCachesPageSwapAndShare) {
+  TANDEM_REQUIRE_GEMMA(path);
+  auto tokens_of = [](const std::vector<RequestEvent>& evs) {
+    std::vector<int32_t> t;
+    for (const auto& ev : evs) t.insert(t.end(), ev.tokens.begin(), ev.tokens.end());
+    return t;
+  };
+  const std::vector<std::string> prompts = {"The GNU General Public License is", "Once upon a time",
+                                            "The GNU General Public License is a free", "Water boils at"};
+  int64_t f16_tokens = 0;
+  for (KvType t : {KvType::kF16, KvType::kQ8_0, KvType::kQ4_0}) {
+    SCOPED_TRACE(kv_type_name(t));
+    const KvCacheTypes kv{t, t};
+    {
+      Engine sized(*model_, EngineConfig{.threads = 2, .max_context = 128, .kv_bytes = int64_t{8} << 20,
+                                         .kv_cache = kv});
+      const int64_t held = sized.metrics().kv_blocks_total * 16;
+      // 34 and 18 bytes per 32 elements against 64.
+      const int64_t want = t == KvType::kF16 ? 100 : t == KvType::kQ8_0 ? 185 : 350;
+      if (t == KvType::kF16) f16_tokens = held;
+      EXPECT_GE(held * 100, f16_tokens * want);
+    }
+    std::vector<std::vector<int32_t>> alone;
+    for (const auto& pr : prompts) {
+      Engine e(*model_, EngineConfig{.threads = 2, .max_context = 128, .kv_cache = kv, .prefix_caching = false});
+      RequestParams p;
+      p.sampling.temperature = 0;
+      p.max_tokens = 40;
+      alone.push_back(e.run_one(model_->tokenizer().encode(pr, true, false), p).tokens);
+    }
+    for (int64_t swap : {int64_t{0}, int64_t{64} << 20}) {
+      // 7 blocks of 16 for four sequences of ~48 tokens: preemptions.
+      Engine e(*model_, EngineConfig{.threads = 2, .max_context = 64, .kv_tokens = 112, .kv_cache = kv,
+                                     .max_seqs = 4, .swap_bytes = swap});
+      std::vector<std::vector<RequestEvent>> evs(prompts.size());
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        RequestParams p;
+        p.sampling.temperature = 0;
+        p.max_tokens = 40;
+        e.submit(model_->tokenizer().encode(prompts[i], true, false), p,
+                 [&evs, i](const RequestEvent& ev) { evs[i].push_back(ev); });
+      }
+      for (int i = 0; i < 100000 && e.step(); ++i) {
+      }
+      const MetricsSnapshot m = e.metrics();
+      EXPECT_GT(m.preemptions, 0u);
+      EXPECT_EQ(m.swap_outs > 0, swap > 0);
+      EXPECT_EQ(m.kv_blocks_used, 0);
+      for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(tokens_of(evs[i]), alone[i]) << prompts[i];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem

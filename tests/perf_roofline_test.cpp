@@ -172,8 +172,8 @@ TEST(PerfModelCost, AttentionCountsCausalAndWindowedPrefixes) {
   EXPECT_EQ(mc.attention_macs(0, 4), 2u * (10 + 7));
   // A decode step at position 4: 5 keys on the full layer, 2 on the windowed one.
   EXPECT_EQ(mc.attention_macs(4, 1), 2u * (5 + 2));
-  EXPECT_DOUBLE_EQ(mc.kv_read_bytes_per_step(4, 1, 4), 2.0 * 4 * (5 + 2));
-  EXPECT_DOUBLE_EQ(mc.kv_read_bytes_per_step(4, 2, 2), 2.0 * 2 * ((5 + 2) + (6 + 2)) / 2);
+  EXPECT_DOUBLE_EQ(mc.kv_read_bytes_per_step(4, 1, 4, 4), 2.0 * 4 * (5 + 2));
+  EXPECT_DOUBLE_EQ(mc.kv_read_bytes_per_step(4, 2, 2, 2), 2.0 * 2 * ((5 + 2) + (6 + 2)) / 2);
   mc.layer_macs_per_token = 100;
   mc.output_macs = 1000;
   EXPECT_EQ(mc.prefill_macs(4), 400u + 1000u + 34u);
@@ -284,7 +284,8 @@ TEST(PerfBench, RunsStoriesInProcess) {
   EXPECT_EQ(r.threads, 2);
   EXPECT_GT(r.load_s, 0);
   EXPECT_GT(r.peak_rss_bytes, 0u);
-  EXPECT_TRUE(r.kv_elem_bytes == 2 || r.kv_elem_bytes == 4) << r.kv_elem_bytes;
+  EXPECT_EQ(r.kv_cache.k, KvType::kF16);
+  EXPECT_EQ(r.kv_cache.v, KvType::kF16);
 
   // A read of the decode's weights after each repetition, and the decode's
   // GB/s in that repetition over it.

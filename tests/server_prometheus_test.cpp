@@ -178,7 +178,7 @@ TEST(ServerPrometheus, VllmFamilies) {
   EXPECT_EQ(p.samples.at("vllm:num_requests_waiting" + model), 3);  // waiting 2 + swapped 1
   EXPECT_DOUBLE_EQ(p.samples.at("vllm:kv_cache_usage_perc" + model), 40.0 / 128);
   EXPECT_DOUBLE_EQ(p.samples.at("vllm:gpu_cache_usage_perc" + model), 40.0 / 128);
-  EXPECT_EQ(p.samples.at("vllm:cache_config_info{block_size=\"16\",enable_prefix_caching=\"True\",num_gpu_blocks=\"128\"}"),
+  EXPECT_EQ(p.samples.at("vllm:cache_config_info{block_size=\"16\",cache_dtype=\"f16\",enable_prefix_caching=\"True\",num_gpu_blocks=\"128\"}"),
             1);
   EXPECT_EQ(p.types.at("vllm:prefix_cache_hits_total"), "counter");
   EXPECT_EQ(p.samples.at("vllm:prefix_cache_queries_total" + model), 1000);

@@ -3,12 +3,14 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "kv/kv_cache.h"
 #include "core/ggml_type.h"
 #include "perf/bench.h"
 #include "perf/roofline.h"
@@ -19,6 +21,7 @@ namespace {
 struct BenchCliOpts {
   BenchOptions bench;
   SpecFlags spec;
+  KvCacheFlags kv;
   bool json = false;
   bool roofline = false;
   std::string roofline_cache;
@@ -34,11 +37,11 @@ void print_table(const BenchResult& r, const Roofline& roof) {
     types += fmt::format("{}{} {:.1f} MiB", types.empty() ? "" : ", ", name, mib(bytes));
   std::string out = fmt::format(
       "model    {} ({}, {}), {} | {} threads, {} kernels, prepack {}\n"
-      "load     {:.3f} s   warm-up {:.3f} s   peak RSS {:.1f} MiB (file {:.1f} MiB, KV cache {:.1f} MiB)\n\n",
+      "load     {:.3f} s   warm-up {:.3f} s   peak RSS {:.1f} MiB (file {:.1f} MiB, KV cache {:.1f} MiB {})\n\n",
       r.opts.model_path, r.model_name.empty() ? "unnamed" : r.model_name, r.arch,
       mc.file_type.empty() ? std::string(type_traits(mc.main_type).name) : mc.file_type, r.threads, r.kernel_level,
       prepack_mode_name(r.opts.runtime.prepack), r.load_s, r.warmup_s, mib(r.peak_rss_bytes), mib(r.file_bytes),
-      mib(r.kv_cache_bytes));
+      mib(r.kv_cache_bytes), kv_format_name(kv_format(r.kv_cache)));
   if (r.opts.batch > 1)
     out += fmt::format("batch    {} requests on the engine: one step of {} prompts of {} tokens, then {} decode steps "
                        "of {} rows\n\n",
@@ -132,6 +135,7 @@ void add_bench_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   add_runtime_options(cmd, o->bench.runtime);
   add_spec_options(cmd, o->spec);
+  add_kv_cache_options(cmd, o->kv);
   add_device_option(cmd, o->bench.device);
   cmd->add_option("-f,--prompt-file", o->bench.prompt_file,
                   "Take the prompt from this text (cycled to -p tokens) instead of ids drawn from the vocabulary");
@@ -146,6 +150,7 @@ void add_bench_command(CLI::App& app, int& rc) {
     o->bench.spec.max_draft = o->spec.draft_max;
     o->bench.spec.adaptive = !o->spec.fixed;
     o->bench.draft_model = o->spec.draft_model;
+    o->bench.kv_cache = kv_cache_types(o->kv);
     const BenchResult r = run_bench(o->bench);
     if (r.device != "cpu") {  // the CPU's ceilings say nothing about a GPU run
       if (o->json)

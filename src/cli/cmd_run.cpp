@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -30,7 +31,7 @@ struct RunOpts {
   int32_t n_predict = 256;
   int32_t threads = 0;
   int32_t ctx = 0;
-  std::string kv_type = "f16";
+  KvCacheFlags kv;
   std::string json_schema, json_schema_file;
   RuntimeOptions runtime;
   SpecFlags spec;
@@ -119,7 +120,7 @@ int run(RunOpts& o) {
   ec.threads = o.threads;
   ec.max_context = ctx;
   ec.kv_tokens = ctx + 15;
-  ec.kv_type = parse_kv_type(o.kv_type);
+  ec.kv_cache = kv_cache_types(o.kv);
   ec.max_seqs = 1;
   ec.max_waiting = 0;
   ec.policy = SchedulePolicy::kThroughput;
@@ -191,9 +192,7 @@ void add_run_command(CLI::App& app, int& rc) {
   cmd->add_option("-t,--threads", o->threads, "Threads (0: physical cores)")->capture_default_str();
   cmd->add_option("-c,--ctx-size", o->ctx, "Context size in tokens (0: min(model's, 4096))")
       ->capture_default_str();
-  cmd->add_option("--kv-type", o->kv_type, "KV cache element type: f16 or f32")
-      ->check(CLI::IsMember({"f16", "f32"}))
-      ->capture_default_str();
+  add_kv_cache_options(cmd, o->kv);
   add_runtime_options(cmd, o->runtime);
   add_spec_options(cmd, o->spec);
   add_device_option(cmd, o->device);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -27,6 +28,7 @@ struct ServeOpts {
   std::string model, host = "127.0.0.1", api_key, alias, kv_memory, swap_space, policy = "latency", max_body = "64M";
   RuntimeOptions runtime;
   SpecFlags spec;
+  KvCacheFlags kv;
   std::string device = "cpu";
   int32_t json_depth = 64;
   std::string kv_events, kv_events_replay, kv_events_topic, kv_events_format = "array-map", kv_events_seed;
@@ -70,6 +72,7 @@ int serve(const ServeOpts& o) {
   ec.max_context = o.ctx > 0 ? o.ctx : std::min(model->config().n_ctx_train, 4096);
   ec.kv_tokens = o.kv_tokens;
   ec.kv_bytes = o.kv_memory.empty() ? 0 : parse_bytes(o.kv_memory, "--kv-memory");
+  ec.kv_cache = kv_cache_types(o.kv);
   ec.swap_bytes = o.swap_space.empty() ? 0 : parse_bytes(o.swap_space, "--swap-space");
   ec.max_batch_tokens = o.max_batch_tokens;
   ec.max_seqs = o.max_seqs;
@@ -125,6 +128,10 @@ int serve(const ServeOpts& o) {
   std::fprintf(stderr, "tandem serve: %s on http://%s:%d (context %d, max %d sequences%s)\n",
                srv.model_id().c_str(), o.host.c_str(), srv.port(), ec.max_context, ec.max_seqs,
                o.api_key.empty() ? "" : ", API key required");
+  std::fprintf(stderr, "tandem serve: KV cache %s, %lld tokens in %.1f MiB\n",
+               kv_format_name(kv_format(ec.kv_cache)).c_str(),
+               static_cast<long long>(engine.metrics().kv_blocks_total) * ec.block_size,
+               static_cast<double>(engine.kv_bytes()) / (1024.0 * 1024.0));
   if (!srv.kv_events_endpoint().empty())
     std::fprintf(stderr, "tandem serve: KV events on %s%s%s\n", srv.kv_events_endpoint().c_str(),
                  srv.kv_events_replay_endpoint().empty() ? "" : ", replay on ",
@@ -153,6 +160,7 @@ void add_serve_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   auto* mem = cmd->add_option("--kv-memory", o->kv_memory, "KV cache pool size in bytes (suffixes K, M, G)");
   cmd->add_option("--kv-tokens", o->kv_tokens, "KV cache pool size in tokens")->excludes(mem);
+  add_kv_cache_options(cmd, o->kv);
   cmd->add_option("--swap-space", o->swap_space,
                   "Host memory for the K/V of preempted sequences (suffixes K, M, G); without it they are "
                   "recomputed");

@@ -1,5 +1,7 @@
 #include "cli/common.h"
 
+#include "kv/kv_cache.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -131,6 +133,33 @@ void add_spec_options(CLI::App* cmd, SpecFlags& f) {
   cmd->add_flag("--draft-fixed", f.fixed,
                 "Always draft --draft-max tokens where a draft exists, instead of as many as the measured costs "
                 "and acceptance say pay (for measuring)");
+}
+
+void add_kv_cache_options(CLI::App* cmd, KvCacheFlags& f) {
+  cmd->add_option("--cache-type-k", f.k, "KV cache type of K: f16 (default), f32, q8_0, q4_0 (rotated)");
+  cmd->add_option("--cache-type-v", f.v, "KV cache type of V: f16 (default), f32, q8_0, q4_0");
+  cmd->add_option("--kv-type", f.both, "KV cache type of both K and V");
+  cmd->add_option("--kv-rotation", f.rotation,
+                  "Hadamard rotation of quantized heads: auto (q4_0 ones), off, all (every quantized one)")
+      ->capture_default_str();
+}
+
+KvCacheTypes kv_cache_types(const KvCacheFlags& f) {
+  auto one = [&](const std::string& own, const char* flag) {
+    const std::string& name = !own.empty() ? own : !f.both.empty() ? f.both : std::string("f16");
+    try {
+      return parse_kv_type(name);
+    } catch (const Error& e) {
+      fail(ErrorKind::kInvalidArgument, "{}: {}", !own.empty() ? flag : "--kv-type", e.what());
+    }
+  };
+  KvCacheTypes t{one(f.k, "--cache-type-k"), one(f.v, "--cache-type-v")};
+  try {
+    t.rotation = parse_kv_rotation(f.rotation);
+  } catch (const Error& e) {
+    fail(ErrorKind::kInvalidArgument, "--kv-rotation: {}", e.what());
+  }
+  return t;
 }
 
 void add_device_option(CLI::App* cmd, std::string& device) {

@@ -3,8 +3,10 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "core/options.h"
+#include "kv/kv_cache.h"
 
 namespace CLI {
 class App;
@@ -36,6 +38,17 @@ struct SpecFlags {
   bool fixed = false;
 };
 void add_spec_options(CLI::App* cmd, SpecFlags& f);
+
+// --cache-type-k T, --cache-type-v T (llama.cpp's names) and --kv-type T
+// (both; the specific flags win): f16, f32, q8_0, q4_0 (kv/kv_cache.h).
+// --kv-rotation auto|off|all: which quantized parts are Hadamard-rotated.
+struct KvCacheFlags {
+  std::string k, v, both, rotation = "auto";
+};
+void add_kv_cache_options(CLI::App* cmd, KvCacheFlags& f);
+// f16 where nothing is given. Throws kInvalidArgument naming an unknown type
+// and its flag.
+KvCacheTypes kv_cache_types(const KvCacheFlags& f);
 
 // --device cpu|cuda (model/executor.h).
 void add_device_option(CLI::App* cmd, std::string& device);

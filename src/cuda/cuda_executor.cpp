@@ -239,6 +239,9 @@ class CudaExecutor final : public Executor {
 };
 
 CudaExecutor::CudaExecutor(Model& m, const KvPlan& plan) : model_(m), cfg_(m.config()), plan_(plan) {
+  if (plan.format.k != plan.format.v || kv_type_quantized(plan.format.k))
+    fail(ErrorKind::kUnsupported, "the CUDA backend stores K and V as f16 or f32, not KV cache type {}",
+         kv_format_name(plan.format));
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
@@ -321,7 +324,7 @@ CudaExecutor::CudaExecutor(Model& m, const KvPlan& plan) : model_(m), cfg_(m.con
 
   // The KV pool: the CPU KvCache's layout, zeroed as its calloc is.
   const KvShape& s = plan.shape;
-  const size_t esize = kv_type_size(plan.type);
+  const size_t esize = kv_bytes(plan.format.k, 1);
   const size_t per = size_t(plan.n_blocks) * plan.block_size * s.n_layer * esize;
   k_cache_.alloc(per * s.k_width);
   v_cache_.alloc(per * s.v_width);
@@ -698,7 +701,7 @@ void CudaExecutor::run(int32_t R, int32_t Rp, int32_t n_out, int32_t n_tiles) {
   const int64_t VW = int64_t{c.n_head_kv} * c.head_dim_v, OW = int64_t{c.n_head} * c.head_dim_v;
   float* x = x_.get<float>();
   float* o = o_.get<float>();
-  const size_t esize = kv_type_size(plan_.type);
+  const size_t esize = kv_bytes(plan_.format.k, 1);
   const size_t layer_k = size_t(c.n_head_kv) * plan_.n_blocks * plan_.block_size * c.head_dim * esize;
   const size_t layer_v = size_t(c.n_head_kv) * plan_.n_blocks * plan_.block_size * c.head_dim_v * esize;
 
@@ -751,7 +754,7 @@ void CudaExecutor::run(int32_t R, int32_t Rp, int32_t n_out, int32_t n_tiles) {
     p.table_ld = cap_table_;
     p.k_cache = k_cache_.get() + il * layer_k;
     p.v_cache = v_cache_.get() + il * layer_v;
-    p.kv_f16 = plan_.type == KvType::kF16;
+    p.kv_f16 = plan_.format.k == KvType::kF16;
     p.block_size = plan_.block_size;
     p.n_blocks = plan_.n_blocks;
     qkv_post(p, stream_);

@@ -43,7 +43,7 @@ class DraftModelDrafter final : public Drafter {
   DraftModelDrafter(Model& draft, const SpecConfig& cfg, int32_t max_context, int32_t max_seqs, ThreadPool& pool)
       : m_(draft), cfg_(cfg), pool_(pool) {
     const KvShape shape = draft.kv_shape();
-    const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(shape, KvType::kF16));
+    const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(shape, KvFormat{}));
     int64_t tokens = std::min<int64_t>(int64_t{max_seqs} * max_context, kMaxPoolBytes / per_token);
     tokens = std::max<int64_t>(tokens, max_context + kBlockSize);
     const int32_t n_blocks = static_cast<int32_t>(tokens / kBlockSize);

@@ -177,7 +177,8 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   if (c.block_size <= 0 || c.max_seqs <= 0 || c.max_waiting < 0)
     fail(ErrorKind::kInvalidArgument, "block size, max sequences must be positive and max waiting >= 0");
   const KvShape shape = m.kv_shape();
-  const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(shape, c.kv_type));
+  const KvFormat kv_fmt = kv_format(c.kv_cache);
+  const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(shape, kv_fmt));
   if (c.swap_bytes < 0) fail(ErrorKind::kInvalidArgument, "swap space must be >= 0 bytes, got {}", c.swap_bytes);
   // The pool and the swap space are committed as they fill, so the kernel
   // accepts sizes beyond the machine's memory and the OOM killer settles it
@@ -202,7 +203,7 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
     fail(ErrorKind::kResource,
          "the KV pool ({} MiB) and swap space ({} MiB) need more than the {} MiB of memory available; ask for less",
          pool_bytes >> 20, c.swap_bytes >> 20, *avail >> 20);
-  const KvPlan plan{shape, static_cast<int32_t>(n_blocks), c.block_size, c.kv_type};
+  const KvPlan plan{shape, static_cast<int32_t>(n_blocks), c.block_size, kv_fmt};
   if (c.device == "cpu") exec = make_cpu_executor(m, plan, pool);
   else if (c.device == "cuda") exec = make_cuda_executor(m, plan);
   else fail(ErrorKind::kInvalidArgument, "unknown device '{}' (cpu or cuda)", c.device);

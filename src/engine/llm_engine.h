@@ -50,7 +50,7 @@ struct EngineConfig {
   int64_t kv_tokens = 0;             // KV pool size in tokens; 0: from kv_bytes
   int64_t kv_bytes = 0;              // KV pool size in bytes; 0 (and kv_tokens 0): room for max_seqs full contexts, capped at 2 GiB
   int32_t block_size = 16;
-  KvType kv_type = KvType::kF16;
+  KvCacheTypes kv_cache = {};        // element types of K and V (kv/kv_cache.h)
   int32_t max_batch_tokens = 0;      // per-step token budget; 0: policy default (latency 256, throughput 1024)
   int32_t max_seqs = 32;             // sequences per step
   // Bounded wait queue: submit() is refused while this many sequences wait

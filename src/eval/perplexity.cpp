@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
+#include <vector>
 
 #include "core/error.h"
 #include "engine/llm_engine.h"
@@ -39,19 +41,33 @@ PerplexityResult perplexity(Model& model, const std::vector<int32_t>& tokens, co
   ec.max_context = n_ctx;
   ec.kv_tokens = n_ctx + kBlockSize - 1;
   ec.block_size = kBlockSize;
-  ec.kv_type = opts.kv_type;
+  ec.kv_cache = opts.kv_cache;
   ec.max_seqs = 1;
   ec.max_waiting = 0;
   ec.policy = SchedulePolicy::kThroughput;
   ec.max_batch_tokens = n_ctx;
   ec.prefix_caching = false;
   Engine engine(model, ec);
+  std::unique_ptr<Engine> ref_engine;
+  if (opts.kl_reference) {
+    EngineConfig rc = ec;
+    rc.kv_cache = *opts.kl_reference;
+    ref_engine = std::make_unique<Engine>(model, rc);
+  }
 
   const Tokenizer& tok = model.tokenizer();
   const int32_t nv = c.n_vocab;
   const int32_t first = n_ctx / 2;
   std::vector<double> lp(static_cast<size_t>(n_ctx - 1 - first));  // one chunk's scored log-probabilities
   double sum = 0, sum2 = 0;
+  // The reference's log-probabilities of one chunk's scored rows (rows x
+  // vocabulary floats: 1 GiB for 1024 rows of Gemma 3's 262k).
+  std::vector<float> ref_lp;
+  if (ref_engine) ref_lp.resize(lp.size() * size_t(nv));
+  std::vector<double> kl(lp.size()), ref_nll(lp.size());
+  std::vector<uint8_t> same(lp.size());
+  double kl_sum = 0, kl_sum2 = 0, ref_sum = 0;
+  int64_t same_n = 0;
   const auto t0 = std::chrono::steady_clock::now();
 
   for (int32_t k = 0; k < res.n_chunks; ++k) {
@@ -67,11 +83,49 @@ PerplexityResult perplexity(Model& model, const std::vector<int32_t>& tokens, co
     p.on_prompt_row = [&](int32_t row, std::span<const float> logits) {
       lp[row - first] = static_cast<double>(logits[chunk[row + 1]]) - static_cast<double>(log_sum_exp(logits.data(), nv));
     };
+    if (ref_engine) {
+      RequestParams rp = p;
+      rp.on_prompt_row = [&](int32_t row, std::span<const float> logits) {
+        const float lse = log_sum_exp(logits.data(), nv);
+        float* out = ref_lp.data() + size_t(row - first) * nv;
+        for (int32_t i = 0; i < nv; ++i) out[i] = logits[i] - lse;
+        ref_nll[row - first] = -static_cast<double>(out[chunk[row + 1]]);
+      };
+      const Completion ref_done = ref_engine->run_one(chunk, rp);
+      if (ref_done.finish_reason == "error") fail(ErrorKind::kResource, "perplexity: {}", ref_done.error);
+      p.on_prompt_row = [&](int32_t row, std::span<const float> logits) {
+        const float lse = log_sum_exp(logits.data(), nv);
+        const float* ref = ref_lp.data() + size_t(row - first) * nv;
+        double d = 0;
+        int32_t top = 0, ref_top = 0;
+        for (int32_t i = 0; i < nv; ++i) {
+          d += std::exp(static_cast<double>(ref[i])) * (static_cast<double>(ref[i]) - (logits[i] - lse));
+          if (logits[i] > logits[top]) top = i;
+          if (ref[i] > ref[ref_top]) ref_top = i;
+        }
+        kl[row - first] = d;
+        same[row - first] = top == ref_top;
+        lp[row - first] = static_cast<double>(logits[chunk[row + 1]]) - static_cast<double>(lse);
+      };
+    }
     const Completion done = engine.run_one(chunk, p);
     if (done.finish_reason == "error") fail(ErrorKind::kResource, "perplexity: {}", done.error);
     for (double v : lp) {  // in order: the sums do not depend on the threads
       sum -= v;
       sum2 += v * v;
+    }
+    if (ref_engine) {
+      for (size_t i = 0; i < lp.size(); ++i) {
+        kl_sum += kl[i];
+        kl_sum2 += kl[i] * kl[i];
+        ref_sum += ref_nll[i];
+        same_n += same[i];
+      }
+      const double m = static_cast<double>(res.n_scored + static_cast<int64_t>(lp.size()));
+      res.kl_mean = kl_sum / m;
+      res.kl_error = m > 1 ? std::sqrt(std::max(0.0, kl_sum2 / m - res.kl_mean * res.kl_mean) / (m - 1)) : 0.0;
+      res.ref_ppl = std::exp(ref_sum / m);
+      res.same_top = static_cast<double>(same_n) / m;
     }
     res.n_scored += static_cast<int64_t>(lp.size());
     res.nll = sum / static_cast<double>(res.n_scored);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "kv/kv_cache.h"
@@ -19,8 +20,12 @@ class Model;
 struct PerplexityOptions {
   int32_t n_ctx = 512;
   int32_t max_chunks = -1;  // < 0: every whole chunk of the text
-  KvType kv_type = KvType::kF16;
+  KvCacheTypes kv_cache = {};
   int32_t threads = 0;      // 0: physical cores
+  // When set, each chunk also runs with this cache (a second engine on the
+  // same model), and the result compares the two token distributions: what
+  // a compressed cache costs, as llama-perplexity's --kl-divergence reports.
+  std::optional<KvCacheTypes> kl_reference;
 };
 
 struct PerplexityResult {
@@ -31,6 +36,10 @@ struct PerplexityResult {
   double ppl = 0;        // exp(nll)
   double ppl_error = 0;  // one standard error, as llama.cpp reports it
   double seconds = 0;    // forward passes and scoring
+  // With a reference cache: its perplexity, the mean KL divergence
+  // KL(reference || this) per scored token with one standard error, and the
+  // share of tokens whose most likely next token is the same.
+  double ref_ppl = 0, kl_mean = 0, kl_error = 0, same_top = 0;
 };
 
 // Each chunk is one request to the serving engine (its prompt scored through

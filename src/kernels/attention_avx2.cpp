@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/attention_impl.h"
@@ -19,12 +20,25 @@ namespace avx2 {
 
 struct Ops {
   using V = __m256;
-  static constexpr int W = 8, QR = 2, QK = 4, PR = 2, PD = 4;
+  static constexpr int W = 8, QR = 2, QK = 4, QKQ = 2, PR = 2, PD = 4;
   TD_FN static __m256i lanes_below(int32_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
   TD_FN static V zero() { return _mm256_setzero_ps(); }
   TD_FN static V bcast(float f) { return _mm256_set1_ps(f); }
+  TD_FN static V bcast_h(uint16_t h) { return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(h))); }
+  TD_FN static V load_i8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  TD_FN static __m256i bytes32(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  TD_FN static V load_q4_lo(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(bytes32(p), _mm256_set1_epi32(15)), _mm256_set1_epi32(8)));
+  }
+  TD_FN static V load_q4_hi(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(bytes32(p), 4), _mm256_set1_epi32(8)));
+  }
   TD_FN static V load(const float* p) { return _mm256_loadu_ps(p); }
   TD_FN static V load(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   TD_FN static V load_part(const float* p, int32_t n) { return _mm256_maskload_ps(p, lanes_below(n)); }
@@ -37,6 +51,7 @@ struct Ops {
   TD_FN static void store_part(float* p, V v, int32_t n) { _mm256_maskstore_ps(p, lanes_below(n), v); }
   TD_FN static V add(V a, V b) { return _mm256_add_ps(a, b); }
   TD_FN static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  TD_FN static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   TD_FN static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   TD_FN static float reduce(V v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -2,6 +2,8 @@
 // vectors, masked loads for row tails, F16C-style conversion of f16 K/V.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/attention_impl.h"
@@ -23,10 +25,23 @@ namespace avx512 {
 
 struct Ops {
   using V = __m512;
-  static constexpr int W = 16, QR = 4, QK = 4, PR = 4, PD = 4;
+  static constexpr int W = 16, QR = 4, QK = 4, QKQ = 2, PR = 4, PD = 4;
   TD_FN static __mmask16 lanes_below(int32_t n) { return static_cast<__mmask16>((1u << n) - 1); }
   TD_FN static V zero() { return _mm512_setzero_ps(); }
   TD_FN static V bcast(float f) { return _mm512_set1_ps(f); }
+  TD_FN static V bcast_h(uint16_t h) { return _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(h))); }
+  TD_FN static V load_i8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  TD_FN static __m512i bytes32(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  TD_FN static V load_q4_lo(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(bytes32(p), _mm512_set1_epi32(15)), _mm512_set1_epi32(8)));
+  }
+  TD_FN static V load_q4_hi(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(bytes32(p), 4), _mm512_set1_epi32(8)));
+  }
   TD_FN static V load(const float* p) { return _mm512_loadu_ps(p); }
   TD_FN static V load(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -39,6 +54,7 @@ struct Ops {
   TD_FN static void store_part(float* p, V v, int32_t n) { _mm512_mask_storeu_ps(p, lanes_below(n), v); }
   TD_FN static V add(V a, V b) { return _mm512_add_ps(a, b); }
   TD_FN static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  TD_FN static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   TD_FN static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   TD_FN static float reduce(V v) { return _mm512_reduce_add_ps(v); }
   // maxps returns its second operand unless the first is greater (NaN: never).

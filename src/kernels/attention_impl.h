@@ -33,6 +33,14 @@ struct ChunkJob {
 };
 using ChunkFn = void (*)(const ChunkJob& job);
 
+// The element a view's pointers address for each type (attention_kv.h).
+template <KvType t> struct KvElem;
+template <> struct KvElem<KvType::kF32> { using type = float; };
+template <> struct KvElem<KvType::kF16> { using type = uint16_t; };
+template <> struct KvElem<KvType::kQ8_0> { using type = int8_t; };
+template <> struct KvElem<KvType::kQ4_0> { using type = uint8_t; };
+template <KvType t> using kv_elem_t = typename KvElem<t>::type;
+
 // Per-file kernels; nullptr where the build has none (non-x86).
 ChunkFn ref_chunk_fn();
 ChunkFn avx2_chunk_fn();

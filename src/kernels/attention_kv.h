@@ -1,4 +1,4 @@
-// What attention reads from the KV cache: the element type and one layer's
+// What attention reads from the KV cache: the element types and one layer's
 // view of one sequence's blocks. The types live here, below the cache
 // (kv/kv_cache.h), which fills them.
 #pragma once
@@ -8,9 +8,25 @@
 
 namespace tandem {
 
-enum class KvType : uint8_t { kF16, kF32 };
+// f32 and f16 store elements as they are; q8_0 and q4_0 store groups of 32
+// elements along a head with one f16 scale each, as llama.cpp's cache types
+// of those names do (34 and 18 bytes per 32 elements).
+enum class KvType : uint8_t { kF16, kF32, kQ8_0, kQ4_0 };
 
-inline size_t kv_type_size(KvType t) { return t == KvType::kF16 ? 2 : 4; }
+inline constexpr int32_t kKvGroup = 32;  // elements per scale of the quantized types
+
+constexpr bool kv_type_quantized(KvType t) { return t == KvType::kQ8_0 || t == KvType::kQ4_0; }
+
+// Bytes of n elements of a head (n a multiple of kKvGroup for the quantized types).
+inline size_t kv_bytes(KvType t, size_t n) {
+  switch (t) {
+    case KvType::kF32: return n * 4;
+    case KvType::kF16: return n * 2;
+    case KvType::kQ8_0: return n / kKvGroup * 34;
+    case KvType::kQ4_0: return n / kKvGroup * 18;
+  }
+  return 0;
+}
 
 // Where one layer's K/V for one sequence live: what attention reads.
 //
@@ -20,36 +36,51 @@ inline size_t kv_type_size(KvType t) { return t == KvType::kF16 ? 2 : 4; }
 // stream, which the hardware prefetcher follows (docs/architecture.md,
 // "Invariants", has what the other arrangements cost).
 //
-// Within a block, K is stored transposed, [head_dim][slot], and V as rows,
-// [slot][head_dim]: attention scores a query against the keys in vector
-// lanes (dimension d of consecutive slots is one load, each score one FMA
-// chain over d), and sums the values with the dimensions in the lanes.
+// Within a block, K is stored transposed and V as rows: attention scores a
+// query against the keys in vector lanes (dimension d of consecutive slots
+// is one load, each score one FMA chain over d), and sums the values with the
+// dimensions in the lanes.
+//   K f32/f16: [k_head][slot] elements.
+//   K q8_0:    [k_head][slot] int8, then [k_head / 32][slot] f16 scales.
+//   K q4_0:    [k_head / 2][slot] bytes, dimension 2i in the low nibble and
+//              2i + 1 in the high one (value - 8), then the scales as q8_0.
+//   V:         [slot] rows of v_head elements; a quantized row is llama.cpp's
+//              block_q8_0 / block_q4_0 run (kernels read them in place).
 struct KvLayerView {
-  const void* keys = nullptr;    // layer base: [head][block][k_head][slot] of `type`
-  const void* values = nullptr;  // layer base: [head][block][slot][v_head] of `type`
-  KvType type = KvType::kF32;
+  const std::byte* keys = nullptr;    // layer base: [head][block] regions of K
+  const std::byte* values = nullptr;  // layer base: [head][block] regions of V
+  KvType k_type = KvType::kF32, v_type = KvType::kF32;
   int32_t block_size = 0;
   int32_t n_blocks = 0;
   int32_t n_head_kv = 0;
   int32_t k_head = 0, v_head = 0;   // elements of one head's key / value
   const int32_t* blocks = nullptr;  // the sequence's block table
 
-  // Element offset of the start of position pos's block of head h, blocks of
-  // block_size * head elements.
-  size_t block_index(int32_t pos, int32_t h, int32_t head) const {
-    return (size_t(h) * n_blocks + blocks[pos / block_size]) * block_size * head;
+  // Bytes of one head's block of K / V.
+  size_t k_region() const { return kv_bytes(k_type, size_t(block_size) * k_head); }
+  size_t v_region() const { return kv_bytes(v_type, size_t(block_size) * v_head); }
+  const std::byte* k_block(int32_t pos, int32_t h) const {
+    return keys + (size_t(h) * n_blocks + blocks[pos / block_size]) * k_region();
   }
-  // Dimension 0 of position pos's key for KV head h; dimension d is
-  // block_size elements further on per step (T is float for kF32, uint16_t
-  // for kF16).
+  // Dimension 0 of position pos's key for KV head h; the next row of the
+  // block (dimension 1, or dimensions 2-3 for q4_0) is block_size elements
+  // further on (T: float for f32, uint16_t for f16, int8_t for q8_0,
+  // uint8_t for q4_0).
   template <typename T>
   const T* key_column(int32_t pos, int32_t h) const {
-    return static_cast<const T*>(keys) + block_index(pos, h, k_head) + pos % block_size;
+    return reinterpret_cast<const T*>(k_block(pos, h)) + pos % block_size;
   }
-  // Position pos's value row for KV head h (v_head contiguous elements).
+  // Scale of group 0 of a quantized key; group g is g * block_size further on.
+  const uint16_t* key_scales(int32_t pos, int32_t h) const {
+    const size_t rows = k_type == KvType::kQ4_0 ? size_t(k_head) / 2 : size_t(k_head);
+    return reinterpret_cast<const uint16_t*>(k_block(pos, h) + rows * block_size) + pos % block_size;
+  }
+  // Position pos's value row for KV head h.
   template <typename T>
   const T* value(int32_t pos, int32_t h) const {
-    return static_cast<const T*>(values) + block_index(pos, h, v_head) + size_t(pos % block_size) * v_head;
+    const std::byte* row = values + (size_t(h) * n_blocks + blocks[pos / block_size]) * v_region() +
+                           size_t(pos % block_size) * kv_bytes(v_type, v_head);
+    return reinterpret_cast<const T*>(row);
   }
 };
 

@@ -1,11 +1,16 @@
 #include "kv/kv_cache.h"
 
+#include <cmath>
 #include <cstdlib>
+#include <tuple>
+#include <vector>
 #include <cstring>
 
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/ggml_type.h"
 #include "core/quant.h"
+#include "core/quant_blocks.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -38,62 +43,169 @@ void to_f16(const float* x, uint16_t* y, int32_t n) {
   to_f16_scalar(x, y, n);
 }
 
+// One head's key into its block region, slot `slot` of `bs` (the transposed
+// layouts of attention_kv.h).
+void store_key(KvType type, const float* x, std::byte* region, int32_t slot, int32_t n, int32_t bs) {
+  switch (type) {
+    case KvType::kF32: {
+      auto* f = reinterpret_cast<float*>(region) + slot;
+      for (int32_t i = 0; i < n; ++i) f[size_t(i) * bs] = x[i];
+      return;
+    }
+    case KvType::kF16: {
+      auto* h = reinterpret_cast<uint16_t*>(region) + slot;
+      uint16_t tmp[64];
+      for (int32_t i0 = 0; i0 < n; i0 += 64) {
+        const int32_t m = n - i0 < 64 ? n - i0 : 64;
+        to_f16(x + i0, tmp, m);
+        for (int32_t i = 0; i < m; ++i) h[size_t(i0 + i) * bs] = tmp[i];
+      }
+      return;
+    }
+    case KvType::kQ8_0: {
+      // llama.cpp's quantizer on the row, then its bytes scattered.
+      std::vector<BlockQ8_0> q(size_t(n) / kQK);
+      quantize_row(GgmlType::Q8_0, x, q.data(), n);
+      auto* vals = reinterpret_cast<int8_t*>(region) + slot;
+      auto* scales = reinterpret_cast<uint16_t*>(region + size_t(n) * bs) + slot;
+      for (size_t g = 0; g < q.size(); ++g) {
+        scales[g * bs] = q[g].d;
+        for (int32_t j = 0; j < kQK; ++j) vals[(g * kQK + j) * bs] = q[g].qs[j];
+      }
+      return;
+    }
+    case KvType::kQ4_0: {
+      std::vector<BlockQ4_0> q(size_t(n) / kQK);
+      quantize_row(GgmlType::Q4_0, x, q.data(), n);
+      auto* vals = reinterpret_cast<uint8_t*>(region) + slot;
+      auto* scales = reinterpret_cast<uint16_t*>(region + size_t(n) / 2 * bs) + slot;
+      auto nib = [](const BlockQ4_0& b, int32_t j) { return j < 16 ? b.qs[j] & 15 : b.qs[j - 16] >> 4; };
+      for (size_t g = 0; g < q.size(); ++g) {
+        scales[g * bs] = q[g].d;
+        for (int32_t j = 0; j < kQK; j += 2)
+          vals[(g * kQK + j) / 2 * bs] = static_cast<uint8_t>(nib(q[g], j) | nib(q[g], j + 1) << 4);
+      }
+      return;
+    }
+  }
+}
+
+void load_key(KvType type, const std::byte* region, int32_t slot, float* x, int32_t n, int32_t bs) {
+  switch (type) {
+    case KvType::kF32: {
+      const auto* f = reinterpret_cast<const float*>(region) + slot;
+      for (int32_t i = 0; i < n; ++i) x[i] = f[size_t(i) * bs];
+      return;
+    }
+    case KvType::kF16: {
+      const auto* h = reinterpret_cast<const uint16_t*>(region) + slot;
+      for (int32_t i = 0; i < n; ++i) x[i] = f16_to_f32(h[size_t(i) * bs]);
+      return;
+    }
+    case KvType::kQ8_0: {
+      const auto* vals = reinterpret_cast<const int8_t*>(region) + slot;
+      const auto* scales = reinterpret_cast<const uint16_t*>(region + size_t(n) * bs) + slot;
+      for (int32_t i = 0; i < n; ++i) x[i] = f16_to_f32(scales[size_t(i / kQK) * bs]) * vals[size_t(i) * bs];
+      return;
+    }
+    case KvType::kQ4_0: {
+      const auto* vals = reinterpret_cast<const uint8_t*>(region) + slot;
+      const auto* scales = reinterpret_cast<const uint16_t*>(region + size_t(n) / 2 * bs) + slot;
+      for (int32_t i = 0; i < n; ++i) {
+        const uint8_t b = vals[size_t(i / 2) * bs];
+        x[i] = f16_to_f32(scales[size_t(i / kQK) * bs]) * ((i % 2 ? b >> 4 : b & 15) - 8);
+      }
+      return;
+    }
+  }
+}
+
 void store_row(KvType type, const float* x, std::byte* dst, int32_t n) {
-  if (type == KvType::kF32)
-    std::memcpy(dst, x, size_t(n) * sizeof(float));
-  else
-    to_f16(x, reinterpret_cast<uint16_t*>(dst), n);
-}
-
-// K's column layout: element i of x to dst + i * stride elements.
-void store_column(KvType type, const float* x, std::byte* dst, int32_t n, int32_t stride) {
-  if (type == KvType::kF32) {
-    auto* f = reinterpret_cast<float*>(dst);
-    for (int32_t i = 0; i < n; ++i) f[size_t(i) * stride] = x[i];
-    return;
+  switch (type) {
+    case KvType::kF32: std::memcpy(dst, x, size_t(n) * sizeof(float)); return;
+    case KvType::kF16: to_f16(x, reinterpret_cast<uint16_t*>(dst), n); return;
+    case KvType::kQ8_0: quantize_row(GgmlType::Q8_0, x, dst, n); return;
+    case KvType::kQ4_0: quantize_row(GgmlType::Q4_0, x, dst, n); return;
   }
-  auto* h = reinterpret_cast<uint16_t*>(dst);
-  uint16_t tmp[64];
-  for (int32_t i0 = 0; i0 < n; i0 += 64) {
-    const int32_t m = n - i0 < 64 ? n - i0 : 64;
-    to_f16(x + i0, tmp, m);
-    for (int32_t i = 0; i < m; ++i) h[size_t(i0 + i) * stride] = tmp[i];
-  }
-}
-
-void load_column(KvType type, const std::byte* src, float* x, int32_t n, int32_t stride) {
-  if (type == KvType::kF32) {
-    const auto* f = reinterpret_cast<const float*>(src);
-    for (int32_t i = 0; i < n; ++i) x[i] = f[size_t(i) * stride];
-    return;
-  }
-  const auto* h = reinterpret_cast<const uint16_t*>(src);
-  for (int32_t i = 0; i < n; ++i) x[i] = f16_to_f32(h[size_t(i) * stride]);
 }
 
 void load_row(KvType type, const std::byte* src, float* x, int32_t n) {
-  if (type == KvType::kF32) {
-    std::memcpy(x, src, size_t(n) * sizeof(float));
-    return;
+  switch (type) {
+    case KvType::kF32: std::memcpy(x, src, size_t(n) * sizeof(float)); return;
+    case KvType::kF16: {
+      const auto* h = reinterpret_cast<const uint16_t*>(src);
+      for (int32_t i = 0; i < n; ++i) x[i] = f16_to_f32(h[i]);
+      return;
+    }
+    case KvType::kQ8_0: dequantize_row(GgmlType::Q8_0, src, x, n); return;
+    case KvType::kQ4_0: dequantize_row(GgmlType::Q4_0, src, x, n); return;
   }
-  const auto* h = reinterpret_cast<const uint16_t*>(src);
-  for (int32_t i = 0; i < n; ++i) x[i] = f16_to_f32(h[i]);
 }
 
 }  // namespace
 
 void KvCache::Free::operator()(std::byte* p) const { std::free(p); }
 
-const char* kv_type_name(KvType t) { return t == KvType::kF16 ? "f16" : "f32"; }
-
-KvType parse_kv_type(std::string_view name) {
-  if (name == "f16") return KvType::kF16;
-  if (name == "f32") return KvType::kF32;
-  fail(ErrorKind::kInvalidArgument, "unknown KV cache type '{}' (expected f16 or f32)", name);
+const char* kv_type_name(KvType t) {
+  switch (t) {
+    case KvType::kF16: return "f16";
+    case KvType::kF32: return "f32";
+    case KvType::kQ8_0: return "q8_0";
+    case KvType::kQ4_0: return "q4_0";
+  }
+  return "?";
 }
 
-KvCache::KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size, KvType type)
-    : shape_(shape), n_blocks_(n_blocks), block_size_(block_size), type_(type) {
+KvType parse_kv_type(std::string_view name) {
+  for (KvType t : {KvType::kF16, KvType::kF32, KvType::kQ8_0, KvType::kQ4_0})
+    if (name == kv_type_name(t)) return t;
+  fail(ErrorKind::kInvalidArgument, "unknown KV cache type '{}' (expected f16, f32, q8_0 or q4_0)", name);
+}
+
+const char* kv_rotation_name(KvRotation r) {
+  return r == KvRotation::kAuto ? "auto" : r == KvRotation::kOff ? "off" : "all";
+}
+
+KvRotation parse_kv_rotation(std::string_view name) {
+  for (KvRotation r : {KvRotation::kAuto, KvRotation::kOff, KvRotation::kAll})
+    if (name == kv_rotation_name(r)) return r;
+  fail(ErrorKind::kInvalidArgument, "unknown KV rotation '{}' (expected auto, off or all)", name);
+}
+
+KvFormat kv_format(const KvCacheTypes& t) {
+  // 4-bit elements lose the most to outlier dimensions (QuaRot; llama.cpp
+  // rotates its quantized caches); docs/kv-cache.md has what rotating each
+  // part measured.
+  auto rotate = [&](KvType x) {
+    if (t.rotation == KvRotation::kAuto) return x == KvType::kQ4_0;
+    return t.rotation == KvRotation::kAll && kv_type_quantized(x);
+  };
+  return KvFormat{t.k, t.v, rotate(t.k), rotate(t.v)};
+}
+
+std::string kv_format_name(const KvFormat& f) {
+  if (f.k == f.v) return kv_type_name(f.k);
+  return std::string("k ") + kv_type_name(f.k) + " / v " + kv_type_name(f.v);
+}
+
+void hadamard_rotate(float* x, int32_t n) {
+  const int32_t p = n & -n;  // largest power of two dividing n
+  const float norm = 1.0f / std::sqrt(static_cast<float>(p));
+  for (int32_t b = 0; b < n; b += p) {
+    float* y = x + b;
+    for (int32_t len = 1; len < p; len *= 2)
+      for (int32_t i = 0; i < p; i += 2 * len)
+        for (int32_t j = i; j < i + len; ++j) {
+          const float a = y[j], c = y[j + len];
+          y[j] = a + c;
+          y[j + len] = a - c;
+        }
+    for (int32_t i = 0; i < p; ++i) y[i] *= norm;
+  }
+}
+
+KvCache::KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size, const KvFormat& format)
+    : shape_(shape), n_blocks_(n_blocks), block_size_(block_size), format_(format) {
   if (n_blocks <= 0 || block_size <= 0)
     fail(ErrorKind::kInvalidArgument, "KV cache needs at least one block (got {} blocks of {})", n_blocks,
          block_size);
@@ -104,21 +216,30 @@ KvCache::KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size, KvT
   if (shape.k_width % shape.n_head_kv != 0 || shape.v_width % shape.n_head_kv != 0)
     fail(ErrorKind::kInvalidArgument, "KV cache widths {} and {} do not split into {} heads", shape.k_width,
          shape.v_width, shape.n_head_kv);
-  if (type != KvType::kF16 && type != KvType::kF32)
-    fail(ErrorKind::kInvalidArgument, "unknown KV cache type {}", static_cast<int>(type));
+  for (auto [type, head, what] : {std::tuple{format.k, k_head(), "K"}, {format.v, v_head(), "V"}}) {
+    if (type != KvType::kF16 && type != KvType::kF32 && !kv_type_quantized(type))
+      fail(ErrorKind::kInvalidArgument, "unknown KV cache type {}", static_cast<int>(type));
+    if (!kv_type_quantized(type)) continue;
+    if (head % kKvGroup != 0)
+      fail(ErrorKind::kInvalidArgument,
+           "KV cache type {} for {} needs heads of a multiple of {} elements; this model's heads have {} elements (use f16)",
+           kv_type_name(type), what, kKvGroup, head);
+    if (block_size % 16 != 0)
+      fail(ErrorKind::kInvalidArgument, "KV cache type {} needs blocks of a multiple of 16 slots, not {}",
+           kv_type_name(type), block_size);
+  }
   const size_t tokens = size_t(n_blocks) * block_size;
-  size_t slots = 0, per = 0, total = 0;
-  if (__builtin_mul_overflow(tokens, size_t(shape.n_layer), &slots) ||
-      __builtin_mul_overflow(slots, kv_type_size(type), &per) ||
-      __builtin_mul_overflow(per, size_t(shape.k_width) + shape.v_width, &total))
+  size_t k_total = 0, v_total = 0;
+  if (__builtin_mul_overflow(tokens, size_t(shape.n_layer) * kv_bytes(format.k, shape.k_width), &k_total) ||
+      __builtin_mul_overflow(tokens, size_t(shape.n_layer) * kv_bytes(format.v, shape.v_width), &v_total))
     fail(ErrorKind::kResource, "a KV cache of {} tokens x {} layers does not fit in memory", tokens, shape.n_layer);
   // calloc: an unwritten slot reads as zeros, and the OS hands out zeroed
   // pages lazily, so memory is committed as the context fills, not up front.
-  k_.reset(static_cast<std::byte*>(std::calloc(per, shape.k_width)));
-  v_.reset(static_cast<std::byte*>(std::calloc(per, shape.v_width)));
+  k_.reset(static_cast<std::byte*>(std::calloc(k_total, 1)));
+  v_.reset(static_cast<std::byte*>(std::calloc(v_total, 1)));
   if (!k_ || !v_) {
-    fail(ErrorKind::kResource, "cannot allocate a {} KV cache of {} tokens ({} MiB)", kv_type_name(type), tokens,
-         tokens * bytes_per_token(shape, type) >> 20);
+    fail(ErrorKind::kResource, "cannot allocate a {} KV cache of {} tokens ({} MiB)", kv_format_name(format), tokens,
+         (k_total + v_total) >> 20);
   }
   free_.reserve(n_blocks);
   for (int32_t b = n_blocks - 1; b >= 0; --b) free_.push_back(b);
@@ -135,18 +256,42 @@ void KvCache::release(int32_t block) { free_.push_back(block); }
 
 void KvCache::write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v) {
   const int32_t kh = k_head(), vh = v_head();
+  thread_local std::vector<float> tmp;
   for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
-    store_column(type_, k + h * kh, k_.get() + key_offset(layer, block, slot, h), kh, block_size_);
-    store_row(type_, v + h * vh, v_.get() + value_offset(layer, block, slot, h), vh);
+    const float* kx = k + h * kh;
+    if (format_.rotate_k) {
+      tmp.assign(kx, kx + kh);
+      hadamard_rotate(tmp.data(), kh);
+      kx = tmp.data();
+    }
+    store_key(format_.k, kx, k_.get() + k_offset(layer, block, h), slot, kh, block_size_);
+    const float* vx = v + h * vh;
+    if (format_.rotate_v) {
+      tmp.assign(vx, vx + vh);
+      hadamard_rotate(tmp.data(), vh);
+      vx = tmp.data();
+    }
+    store_row(format_.v, vx, v_.get() + v_offset(layer, block, h) + size_t(slot) * kv_bytes(format_.v, vh), vh);
   }
 }
 
 void KvCache::read(int32_t layer, int32_t block, int32_t slot, float* k, float* v) const {
   const int32_t kh = k_head(), vh = v_head();
   for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
-    load_column(type_, k_.get() + key_offset(layer, block, slot, h), k + h * kh, kh, block_size_);
-    load_row(type_, v_.get() + value_offset(layer, block, slot, h), v + h * vh, vh);
+    load_key(format_.k, k_.get() + k_offset(layer, block, h), slot, k + h * kh, kh, block_size_);
+    load_row(format_.v, v_.get() + v_offset(layer, block, h) + size_t(slot) * kv_bytes(format_.v, vh), v + h * vh,
+             vh);
   }
+}
+
+void KvCache::rotate_queries(float* q, int32_t n_head, int32_t head_dim) const {
+  if (!format_.rotate_k) return;
+  for (int32_t h = 0; h < n_head; ++h) hadamard_rotate(q + size_t(h) * head_dim, head_dim);
+}
+
+void KvCache::unrotate_outputs(float* out, int32_t n_head, int32_t head_dim_v) const {
+  if (!format_.rotate_v) return;
+  for (int32_t h = 0; h < n_head; ++h) hadamard_rotate(out + size_t(h) * head_dim_v, head_dim_v);  // H = H^-1
 }
 
 void KvCache::check_block(int32_t block) const {
@@ -157,12 +302,10 @@ void KvCache::check_block(int32_t block) const {
 template <typename F>
 void KvCache::for_each_run(int32_t block, F&& f) const {
   check_block(block);
-  const size_t esize = kv_type_size(type_);
-  const size_t k_run = size_t(block_size_) * k_head() * esize, v_run = size_t(block_size_) * v_head() * esize;
   for (int32_t l = 0; l < shape_.n_layer; ++l)
     for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
-      f(k_.get() + block_offset(l, block, h, k_head()), k_run);
-      f(v_.get() + block_offset(l, block, h, v_head()), v_run);
+      f(k_.get() + k_offset(l, block, h), k_region());
+      f(v_.get() + v_offset(l, block, h), v_region());
     }
 }
 
@@ -189,9 +332,10 @@ void KvCache::load_block(int32_t block, const std::byte* in) {
 
 KvLayerView KvCache::layer_view(int32_t layer, const int32_t* blocks) const {
   KvLayerView view;
-  view.keys = k_.get() + key_offset(layer, 0, 0, 0);
-  view.values = v_.get() + value_offset(layer, 0, 0, 0);
-  view.type = type_;
+  view.keys = k_.get() + k_offset(layer, 0, 0);
+  view.values = v_.get() + v_offset(layer, 0, 0);
+  view.k_type = format_.k;
+  view.v_type = format_.v;
   view.block_size = block_size_;
   view.n_blocks = n_blocks_;
   view.n_head_kv = shape_.n_head_kv;

@@ -4,15 +4,24 @@
 // table; how blocks are handed out (contiguously now, shared and paged by the
 // serving engine) does not change the kernels.
 //
-// Elements are stored as f16 (the default, as in llama.cpp: half the memory
-// and half the bytes decode attention streams) or f32. Rows are written from
-// f32 with round-to-nearest-even; attention converts f16 back to f32 as it
-// reads, so queries and all accumulation stay f32.
+// K and V each have an element type (kernels/attention_kv.h): f16 (the
+// default, as in llama.cpp), f32, or the 32-element block formats q8_0 and
+// q4_0. Rows are written from f32 (round-to-nearest-even, llama.cpp's
+// reference quantizers); attention converts back to f32 as it reads, so
+// queries and all accumulation stay f32.
+//
+// A head stored as q4_0 is first rotated by a fixed orthogonal transform (a
+// normalized Walsh-Hadamard matrix H, its own inverse): q.k = Hq.Hk, and an
+// outlier dimension is spread over the whole head instead of setting the
+// scale of its group of 32 (QuaRot). The model brings queries into the keys'
+// space and attention outputs back out of the values' (rotate_queries,
+// unrotate_outputs); attention itself reads the cache as stored.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -20,9 +29,34 @@
 
 namespace tandem {
 
-const char* kv_type_name(KvType t);          // "f16", "f32"
-// Throws kInvalidArgument naming the value when it is neither "f16" nor "f32".
+const char* kv_type_name(KvType t);  // "f16", "f32", "q8_0", "q4_0"
+// Throws kInvalidArgument naming the value when it is none of those.
 KvType parse_kv_type(std::string_view name);
+
+// Which quantized parts are Hadamard-rotated: the 4-bit ones (kAuto, the
+// default), none, or every quantized one.
+enum class KvRotation : uint8_t { kAuto, kOff, kAll };
+const char* kv_rotation_name(KvRotation r);  // "auto", "off", "all"
+KvRotation parse_kv_rotation(std::string_view name);
+
+// What the command line asks for.
+struct KvCacheTypes {
+  KvType k = KvType::kF16, v = KvType::kF16;
+  KvRotation rotation = KvRotation::kAuto;
+};
+
+// How a cache stores K and V. kv_format() is where the rotation is decided.
+struct KvFormat {
+  KvType k = KvType::kF16, v = KvType::kF16;
+  bool rotate_k = false, rotate_v = false;  // Hadamard-rotate each head before storing it
+};
+KvFormat kv_format(const KvCacheTypes& t);
+inline KvFormat kv_format(KvType k, KvType v) { return kv_format(KvCacheTypes{k, v}); }
+std::string kv_format_name(const KvFormat& f);  // "f16", "k q8_0 / v f16", ...
+
+// x (n elements, n a multiple of 32) times H in place: blocks of the largest
+// power of two dividing n, each a normalized Walsh-Hadamard transform.
+void hadamard_rotate(float* x, int32_t n);
 
 struct KvShape {
   int32_t n_layer = 0;
@@ -33,31 +67,42 @@ struct KvShape {
 
 class KvCache {
  public:
-  // Throws kInvalidArgument for an empty pool or shape, kResource when the
-  // pool cannot be allocated.
-  KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size = 16, KvType type = KvType::kF16);
+  // Throws kInvalidArgument for an empty pool or shape, or a quantized type
+  // whose groups do not fit the heads (a head size not a multiple of 32) or
+  // the kernels (a block size not a multiple of 16); kResource when the pool
+  // cannot be allocated.
+  KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size, const KvFormat& format);
+  KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size = 16, KvType type = KvType::kF16)
+      : KvCache(shape, n_blocks, block_size, kv_format(type, type)) {}
 
   const KvShape& shape() const { return shape_; }
-  KvType type() const { return type_; }
+  const KvFormat& format() const { return format_; }
   int32_t block_size() const { return block_size_; }
   int32_t n_blocks() const { return n_blocks_; }
   int32_t n_free() const { return static_cast<int32_t>(free_.size()); }
-  size_t bytes() const { return bytes_per_token(shape_, type_) * size_t(n_blocks_) * block_size_; }
-  static size_t bytes_per_token(const KvShape& s, KvType type) {
-    return size_t(s.n_layer) * (s.k_width + s.v_width) * kv_type_size(type);
+  size_t bytes() const { return bytes_per_token(shape_, format_) * size_t(n_blocks_) * block_size_; }
+  static size_t bytes_per_token(const KvShape& s, const KvFormat& f) {
+    return size_t(s.n_layer) * (kv_bytes(f.k, s.k_width) + kv_bytes(f.v, s.v_width));
   }
 
   int32_t allocate();  // -1 when the pool is empty
   void release(int32_t block);
 
   // Stores one token's k (k_width floats) and v (v_width floats) in a slot,
-  // converted to the cache's element type.
+  // rotated and converted as the format says.
   void write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v);
-  // Reads a slot back as f32 (for tests and tools; attention uses views).
+  // Reads a slot back as f32 as stored (rotated where the format rotates):
+  // what attention reads, for tests and tools.
   void read(int32_t layer, int32_t block, int32_t slot, float* k, float* v) const;
 
+  // Queries (n_head heads of head_dim) into the space the keys are stored
+  // in, and attention outputs (n_head heads of head_dim_v) back from the
+  // values' space: no-ops unless the format rotates.
+  void rotate_queries(float* q, int32_t n_head, int32_t head_dim) const;
+  void unrotate_outputs(float* out, int32_t n_head, int32_t head_dim_v) const;
+
   // K/V bytes of one block over every layer and head.
-  size_t block_bytes() const { return bytes_per_token(shape_, type_) * size_t(block_size_); }
+  size_t block_bytes() const { return bytes_per_token(shape_, format_) * size_t(block_size_); }
   // Block `dst` gets block `src`'s K/V, bit for bit (copy-on-write).
   void copy_block(int32_t src, int32_t dst);
   // A block's K/V as block_bytes() bytes, and back (swapping a preempted
@@ -77,23 +122,20 @@ class KvCache {
   // Elements of one head's K or V row.
   int32_t k_head() const { return shape_.k_width / shape_.n_head_kv; }
   int32_t v_head() const { return shape_.v_width / shape_.n_head_kv; }
-  // Byte offset of head h's block (block_size * head elements): [layer][head][block].
-  size_t block_offset(int32_t layer, int32_t block, int32_t h, int32_t head) const {
-    return ((size_t(layer) * shape_.n_head_kv + h) * n_blocks_ + block) * block_size_ * size_t(head) *
-           kv_type_size(type_);
+  // Bytes of one head's block of K / V.
+  size_t k_region() const { return kv_bytes(format_.k, size_t(block_size_) * k_head()); }
+  size_t v_region() const { return kv_bytes(format_.v, size_t(block_size_) * v_head()); }
+  // Byte offsets of head h's block of K / V: [layer][head][block].
+  size_t k_offset(int32_t layer, int32_t block, int32_t h) const {
+    return ((size_t(layer) * shape_.n_head_kv + h) * n_blocks_ + block) * k_region();
   }
-  // Byte offsets of a slot's key column (dimension 0; the next block_size
-  // elements on) and of its value row, for head h.
-  size_t key_offset(int32_t layer, int32_t block, int32_t slot, int32_t h) const {
-    return block_offset(layer, block, h, k_head()) + size_t(slot) * kv_type_size(type_);
-  }
-  size_t value_offset(int32_t layer, int32_t block, int32_t slot, int32_t h) const {
-    return block_offset(layer, block, h, v_head()) + size_t(slot) * v_head() * kv_type_size(type_);
+  size_t v_offset(int32_t layer, int32_t block, int32_t h) const {
+    return ((size_t(layer) * shape_.n_head_kv + h) * n_blocks_ + block) * v_region();
   }
   KvShape shape_;
   int32_t n_blocks_;
   int32_t block_size_;
-  KvType type_;
+  KvFormat format_;
   struct Free {
     void operator()(std::byte* p) const;
   };

@@ -37,7 +37,7 @@ struct KvPlan {
   KvShape shape;
   int32_t n_blocks = 0;
   int32_t block_size = 16;
-  KvType type = KvType::kF16;
+  KvFormat format;
 };
 
 // The model on the pool's threads over a KvCache of the plan's size.

@@ -362,6 +362,7 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
         rope_apply(rope, cs, sn, q + h * c.head_dim);
         for (int32_t i = 0; i < c.head_dim; ++i) q[h * c.head_dim + i] *= c.attn_scale;
       }
+      kv.rotate_queries(q, c.n_head, c.head_dim);
       for (int32_t h = 0; h < c.n_head_kv; ++h) rope_apply(rope, cs, sn, k + h * c.head_dim);
 
       const SeqKv& sk = *seqs[row.seq];
@@ -401,6 +402,10 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
     for (int64_t b = 0; b < B; ++b)
       std::copy_n(s.out_decode.data() + b * OW, OW, s.attn.data() + s.decode_rows[b] * OW);
   }
+  if (kv.format().rotate_v)
+    pool.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) kv.unrotate_outputs(s.attn.data() + r * OW, c.n_head, c.head_dim_v);
+    });
 }
 
 void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,

@@ -182,6 +182,7 @@ BenchResult run_bench(const BenchOptions& opts) {
   ec.spec = opts.spec;
   ec.device = opts.device;
   ec.memory_available = opts.runtime.memory_available;
+  ec.kv_cache = opts.kv_cache;
   std::unique_ptr<Model> draft;
   if (!opts.draft_model.empty())
     draft = Model::load(opts.draft_model, opts.runtime);
@@ -195,7 +196,7 @@ BenchResult run_bench(const BenchOptions& opts) {
   r.threads = engine.threads();
   r.kernel_level = cpu_kernel_level();
   r.kv_cache_bytes = engine.kv_bytes();
-  r.kv_elem_bytes = ec.kv_type == KvType::kF32 ? 4 : 2;
+  r.kv_cache = ec.kv_cache;
   r.cost = model_cost(*model);
   const std::vector<int32_t> prompt = opts.prompt_file.empty() ? bench_tokens(*model, P) : text_tokens(*model, opts.prompt_file, P);
 
@@ -309,9 +310,10 @@ nlohmann::json bench_to_json(const BenchResult& r, const Roofline& roof) {
       {"decode_cpu_s", r.decode_cpu_s},
       {"peak_rss_bytes", r.peak_rss_bytes},
       {"kv_cache_bytes", r.kv_cache_bytes},
-      {"kv_type", r.kv_elem_bytes == 2 ? "f16" : r.kv_elem_bytes == 4 ? "f32" : "?"},
+      {"kv_type", kv_format_name(kv_format(r.kv_cache))},
       {"decode_weight_bytes_per_token", mc.decode_weight_bytes},
-      {"decode_kv_bytes_per_token", mc.kv_read_bytes_per_step(P, N, r.kv_elem_bytes)},
+      {"decode_kv_bytes_per_token", mc.kv_read_bytes_per_step(P, N, kv_bytes(r.kv_cache.k, kKvGroup) / double(kKvGroup),
+                                                         kv_bytes(r.kv_cache.v, kKvGroup) / double(kKvGroup))},
       {"decode_gb_s", u.decode_gb_s},
       {"decode_bandwidth_fraction", u.decode_frac},
       {"read_gb_s_beside", r.read_gb_s_beside},

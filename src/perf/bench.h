@@ -18,6 +18,7 @@
 
 #include "core/options.h"
 #include "engine/speculation.h"
+#include "kv/kv_cache.h"
 #include "perf/model_cost.h"
 #include "perf/roofline.h"
 
@@ -40,6 +41,7 @@ struct BenchOptions {
   SpecConfig spec;               // speculative decoding of the decode steps
   std::string draft_model;       // for SpecMode::kDraft
   std::string device = "cpu";    // model/executor.h
+  KvCacheTypes kv_cache = {};    // kv/kv_cache.h
 };
 
 struct Stats {
@@ -74,7 +76,7 @@ struct BenchResult {
   double device_read_gb_s = 0;
   uint64_t peak_rss_bytes = 0;  // getrusage high-water mark, whole process
   uint64_t kv_cache_bytes = 0;
-  int kv_elem_bytes = 0;  // 2: f16, 4: f32
+  KvCacheTypes kv_cache = {};
   ModelCost cost;
   std::vector<int32_t> tokens;  // P prompt ids, then the N ids the decode steps fed (the first request's)
   // Speculation, over the timed repetitions: drafted and kept tokens, and

@@ -66,9 +66,9 @@ uint64_t ModelCost::prefill_macs(int64_t P) const {
          output_macs + attention_macs(0, P);
 }
 
-double ModelCost::kv_read_bytes_per_step(int64_t start, int64_t n, int elem_bytes) const {
+double ModelCost::kv_read_bytes_per_step(int64_t start, int64_t n, double k_bytes, double v_bytes) const {
   if (n <= 0) return 0;
-  const uint64_t per_pos = static_cast<uint64_t>(n_head_kv) * (head_dim + head_dim_v) * elem_bytes;
+  const double per_pos = n_head_kv * (head_dim * k_bytes + head_dim_v * v_bytes);
   const uint64_t full = context_sum(start, n, 0), windowed = context_sum(start, n, sliding_window);
   const double total = static_cast<double>(per_pos) *
                        (static_cast<double>(full) * (n_layer - n_swa_layers) + static_cast<double>(windowed) * n_swa_layers);

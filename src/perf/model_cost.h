@@ -52,8 +52,8 @@ struct ModelCost {
   uint64_t prefill_macs(int64_t P) const;
   // K and V bytes that decode steps at positions [start, start+n) read (each
   // step reads all cached positions it attends to), per step on average, for
-  // a cache of `elem_bytes`-sized elements.
-  double kv_read_bytes_per_step(int64_t start, int64_t n, int elem_bytes) const;
+  // a cache of K and V elements of k_bytes and v_bytes each (q8_0: 34 / 32).
+  double kv_read_bytes_per_step(int64_t start, int64_t n, double k_bytes, double v_bytes) const;
 };
 
 ModelCost model_cost(const Model& m);

@@ -318,7 +318,8 @@ struct Server::Impl final : HttpHandler {
           return ok(h, dump_json(model_json()));
         case Route::kMetrics: {
           HttpResponse r;
-          r.body = render_prometheus(engine.metrics(), ServingInfo{cfg.model_id, engine.config().block_size});
+          r.body = render_prometheus(engine.metrics(), ServingInfo{cfg.model_id, engine.config().block_size,
+                                                                   kv_format_name(kv_format(engine.config().kv_cache))});
           r.content_type = "text/plain; version=0.0.4; charset=utf-8";
           return Reply{with_cors(h, std::move(r)), nullptr};
         }

@@ -80,8 +80,10 @@ void vllm_families(std::string& out, const MetricsSnapshot& m, const ServingInfo
   gauge("vllm:gpu_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage (the name before vLLM 0.10).",
         usage);
   header(out, "vllm:cache_config_info", "gauge", "Information of the KV cache configuration.");
-  out += fmt::format("vllm:cache_config_info{{block_size=\"{}\",enable_prefix_caching=\"{}\",num_gpu_blocks=\"{}\"}} 1\n",
-                     info.block_size, m.prefix_caching ? "True" : "False", m.kv_blocks_total);
+  out += fmt::format(
+      "vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"{}\",enable_prefix_caching=\"{}\",num_gpu_blocks=\"{}\"}} "
+      "1\n",
+      info.block_size, info.cache_dtype, m.prefix_caching ? "True" : "False", m.kv_blocks_total);
   counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
           m.prefix_cache_queried_tokens);
   counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
@@ -142,6 +144,8 @@ std::string render_prometheus(const MetricsSnapshot& m, const ServingInfo& info)
   single(out, "tandem_kv_blocks_cached", "gauge",
          "Free KV blocks still holding a reusable prefix (part of the free count).", m.kv_blocks_cached);
   single(out, "tandem_kv_blocks_total", "gauge", "KV blocks in the pool.", m.kv_blocks_total);
+  single(out, "tandem_kv_tokens_total", "gauge", "Token positions the KV pool holds (blocks x block size).",
+         m.kv_blocks_total * info.block_size);
   single(out, "tandem_kv_blocks_published", "gauge",
          "KV blocks in the prefix cache (held or free): what the KV events announce.", m.kv_blocks_published);
   const double ratio = m.prefix_cache_queried_tokens

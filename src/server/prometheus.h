@@ -13,6 +13,7 @@ namespace tandem::server {
 struct ServingInfo {
   std::string model_name;  // the model_name label, as vLLM sets it
   int32_t block_size = 16;
+  std::string cache_dtype = "f16";  // kv_format_name: "q8_0", "k q8_0 / v f16", ...
 };
 
 // Histograms (cumulative _bucket{le=...}, _sum, _count), counters (_total) and

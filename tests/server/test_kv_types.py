@@ -1,0 +1,56 @@
+"""KV cache types on the server: the start-up log and /metrics say the type and the
+tokens the pool holds, a compressed pool holds more tokens in the same memory and
+serves requests, and a type the model or the flags cannot take stops the server
+at start-up with the reason."""
+import os
+import subprocess
+
+import pytest
+
+from harness import CLI, STORIES, gemma_path, parse_metrics, start_server
+
+
+def need_gemma():
+    path = gemma_path()
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("Gemma 3 270M is not installed (scripts/setup.sh)")
+        pytest.skip("Gemma 3 270M is not installed; run scripts/setup.sh")
+    return path
+
+
+def test_quantized_pool_holds_more_tokens_and_serves():
+    path = need_gemma()
+    held = {}
+    for kv in ("f16", "q8_0", "q4_0"):
+        srv = start_server(path, "--ctx-size", "256", "--kv-memory", "16M", "--kv-type", kv, threads=2)
+        try:
+            samples, _ = parse_metrics(srv.metrics())
+            info = [k for k in samples if k.startswith("vllm:cache_config_info")]
+            assert len(info) == 1 and f'cache_dtype="{kv}"' in info[0], info
+            held[kv] = samples["tandem_kv_tokens_total"]
+            assert held[kv] == samples["tandem_kv_blocks_total"] * 16
+            client = srv.client()
+            r = client.completions.create(model=client.models.list().data[0].id, prompt="The GNU General Public License is",
+                                                max_tokens=12, temperature=0)
+            assert r.usage.completion_tokens == 12 and r.choices[0].text.strip()
+        finally:
+            assert srv.stop() == 0
+        assert f"KV cache {kv}, {int(held[kv])} tokens" in srv.log_text()
+    # 34 and 18 bytes per 32 elements against 64.
+    assert held["q8_0"] >= 1.85 * held["f16"]
+    assert held["q4_0"] >= 3.5 * held["f16"]
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--kv-type", "q5_1"], "q5_1"),
+    (["--cache-type-v", "int8"], "--cache-type-v"),
+    (["--kv-rotation", "sometimes"], "--kv-rotation"),
+    (["--cache-type-k", "q8_0"], "8 elements"),  # stories260K's heads are too small for 32-blocks
+])
+def test_bad_cache_types_stop_at_start_up(args, says):
+    r = subprocess.run([CLI, "serve", "-m", STORIES, "--port", "0", "-t", "1", *args], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0
+    assert says in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "terminate called" not in r.stderr
