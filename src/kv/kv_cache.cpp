@@ -64,7 +64,8 @@ void store_key(KvType type, const float* x, std::byte* region, int32_t slot, int
     }
     case KvType::kQ8_0: {
       // llama.cpp's quantizer on the row, then its bytes scattered.
-      std::vector<BlockQ8_0> q(size_t(n) / kQK);
+      thread_local std::vector<BlockQ8_0> q;
+      q.resize(size_t(n) / kQK);
       quantize_row(GgmlType::Q8_0, x, q.data(), n);
       auto* vals = reinterpret_cast<int8_t*>(region) + slot;
       auto* scales = reinterpret_cast<uint16_t*>(region + size_t(n) * bs) + slot;
@@ -75,7 +76,8 @@ void store_key(KvType type, const float* x, std::byte* region, int32_t slot, int
       return;
     }
     case KvType::kQ4_0: {
-      std::vector<BlockQ4_0> q(size_t(n) / kQK);
+      thread_local std::vector<BlockQ4_0> q;
+      q.resize(size_t(n) / kQK);
       quantize_row(GgmlType::Q4_0, x, q.data(), n);
       auto* vals = reinterpret_cast<uint8_t*>(region) + slot;
       auto* scales = reinterpret_cast<uint16_t*>(region + size_t(n) / 2 * bs) + slot;
