@@ -142,9 +142,32 @@ TD_FN void qk_rows(const ChunkJob& job, int32_t r0, const KeyVectors<T>& keys, i
   static_assert(NK <= 4, "the tail cases above cover 1..3 vectors");
 }
 
+// Lanes d .. d + W of a value row as floats (PART: the first n only, the
+// rest zero). A quantized row (VT q8_0 / q4_0: llama.cpp's blocks, addressed
+// as bytes) is converted and scaled by its group's scale; d is then a
+// multiple of W inside one group, so PART never applies to it.
+template <KvType VT, bool PART, typename T>
+TD_FN typename Ops::V value_vector(const T* row, int32_t d, int32_t n) {
+  if constexpr (kv_type_quantized(VT)) {
+    constexpr int32_t BB = VT == KvType::kQ4_0 ? 18 : 34;  // bytes of one group
+    const int32_t o = d % kKvGroup;
+    const uint8_t* blk = row + d / kKvGroup * BB;
+    uint16_t h;
+    std::memcpy(&h, blk, 2);
+    typename Ops::V x;
+    if constexpr (VT == KvType::kQ4_0)
+      x = o < 16 ? Ops::load_q4_lo(blk + 2 + o) : Ops::load_q4_hi(blk + 2 + o - 16);
+    else
+      x = Ops::load_i8(reinterpret_cast<const int8_t*>(blk + 2 + o));
+    return Ops::mul(x, Ops::bcast_h(h));
+  } else {
+    return PART ? Ops::load_part(row + d, n) : Ops::load(row + d);
+  }
+}
+
 // acc_out[r][d0 .. d0 + D*W) = sum over keys j in [a, b) of p[r][j] * v[j][..],
 // in key order. PART: one vector of `n` (< W) lanes instead (D must be 1).
-template <int R, int D, bool PART, typename T>
+template <int R, int D, bool PART, KvType VT, typename T>
 TD_FN void pv_tile(const T* const* v, int32_t a, int32_t b, const float* const* p, float* const* out, int32_t d0,
                    int32_t n) {
   using V = typename Ops::V;
@@ -155,7 +178,7 @@ TD_FN void pv_tile(const T* const* v, int32_t a, int32_t b, const float* const* 
     V w[R];
     for (int r = 0; r < R; ++r) w[r] = Ops::bcast(p[r][j]);
     for (int i = 0; i < D; ++i) {
-      const V x = PART ? Ops::load_part(v[j] + d0, n) : Ops::load(v[j] + d0 + i * Ops::W);
+      const V x = value_vector<VT, PART>(v[j], d0 + i * Ops::W, n);
       for (int r = 0; r < R; ++r) acc[r][i] = Ops::fma(w[r], x, acc[r][i]);
     }
   }
@@ -168,51 +191,14 @@ TD_FN void pv_tile(const T* const* v, int32_t a, int32_t b, const float* const* 
     }
 }
 
-// The same over quantized value rows (Q4: block_q4_0 runs, else
-// block_q8_0), d0 .. d0 + D*W inside the row: each vector converted and
-// scaled by its group's scale, then summed as above.
-template <int R, int D, bool Q4>
-TD_FN void pv_tile_q(const uint8_t* const* v, int32_t a, int32_t b, const float* const* p, float* const* out,
-                     int32_t d0) {
-  using V = typename Ops::V;
-  constexpr int32_t BB = Q4 ? 18 : 34;  // bytes of one group
-  V acc[R][D];
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < D; ++i) acc[r][i] = Ops::zero();
-  for (int32_t j = a; j < b; ++j) {
-    V w[R];
-    for (int r = 0; r < R; ++r) w[r] = Ops::bcast(p[r][j]);
-    for (int i = 0; i < D; ++i) {
-      const int32_t d = d0 + i * Ops::W, o = d % kKvGroup;
-      const uint8_t* blk = v[j] + d / kKvGroup * BB;
-      uint16_t h;
-      std::memcpy(&h, blk, 2);
-      V x;
-      if constexpr (Q4)
-        x = o < 16 ? Ops::load_q4_lo(blk + 2 + o) : Ops::load_q4_hi(blk + 2 + o - 16);
-      else
-        x = Ops::load_i8(reinterpret_cast<const int8_t*>(blk + 2 + o));
-      x = Ops::mul(x, Ops::bcast_h(h));
-      for (int r = 0; r < R; ++r) acc[r][i] = Ops::fma(w[r], x, acc[r][i]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < D; ++i) Ops::store(out[r] + d0 + i * Ops::W, acc[r][i]);
-}
-
 template <int R, KvType VT, typename T>
 TD_FN void pv_rows(const T* const* v, int32_t a, int32_t b, const float* const* p, float* const* out, int32_t hdv) {
   int32_t d = 0;
-  if constexpr (kv_type_quantized(VT)) {
-    // hdv is a multiple of 32, and so of W (attention_kv.h).
-    constexpr bool Q4 = VT == KvType::kQ4_0;
-    for (; d + Ops::PD * Ops::W <= hdv; d += Ops::PD * Ops::W) pv_tile_q<R, Ops::PD, Q4>(v, a, b, p, out, d);
-    for (; d < hdv; d += Ops::W) pv_tile_q<R, 1, Q4>(v, a, b, p, out, d);
-  } else {
-    for (; d + Ops::PD * Ops::W <= hdv; d += Ops::PD * Ops::W) pv_tile<R, Ops::PD, false>(v, a, b, p, out, d, 0);
-    for (; d + Ops::W <= hdv; d += Ops::W) pv_tile<R, 1, false>(v, a, b, p, out, d, 0);
-    if (d < hdv) pv_tile<R, 1, true>(v, a, b, p, out, d, hdv - d);
-  }
+  for (; d + Ops::PD * Ops::W <= hdv; d += Ops::PD * Ops::W) pv_tile<R, Ops::PD, false, VT>(v, a, b, p, out, d, 0);
+  for (; d + Ops::W <= hdv; d += Ops::W) pv_tile<R, 1, false, VT>(v, a, b, p, out, d, 0);
+  // Quantized heads are multiples of 32 elements, and so of W (attention_kv.h).
+  if constexpr (!kv_type_quantized(VT))
+    if (d < hdv) pv_tile<R, 1, true, VT>(v, a, b, p, out, d, hdv - d);
 }
 
 // Turns row r's scores in [a, b) into exp(score - max) in place, zeroes

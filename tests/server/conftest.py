@@ -1,10 +1,9 @@
 """Session fixtures: one stories260K server for most tests, one Gemma 3 270M
 server for chat (skipped when the model is not installed, failed on CI)."""
-import os
 
 import pytest
 
-from harness import STORIES, Server, gemma_path
+from harness import STORIES, Server, require_gemma
 
 
 @pytest.fixture(scope="session")
@@ -18,11 +17,7 @@ def stories():
 
 @pytest.fixture(scope="session")
 def gemma():
-    path = gemma_path()
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("Gemma 3 270M is not installed (scripts/setup.sh)")
-        pytest.skip("Gemma 3 270M is not installed; run scripts/setup.sh")
+    path = require_gemma()
     srv = Server(path, "--ctx-size", "1024", "--model-alias", "gemma-test", threads=2)
     yield srv
     rc = srv.stop()

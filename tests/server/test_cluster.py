@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO, STORIES, Server, free_port, gemma_path, parse_metrics
+from harness import REPO, STORIES, Server, free_port, parse_metrics, require_gemma
 
 ROUTER = os.environ.get("VLLM_ROUTER") or str(REPO / ".venv" / "bin" / "vllm-router")
 ARTIFACTS = REPO / "build" / "test-artifacts"
@@ -250,11 +250,7 @@ def test_cluster_script_serves_completions_and_chat(policy):
     """scripts/cluster.sh as a user runs it: the openai client, chat streaming
     included, through the router; Ctrl-C stops every process it started."""
     import openai
-    model = gemma_path()
-    if model is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("Gemma 3 270M is not installed (scripts/setup.sh)")
-        pytest.skip("Gemma 3 270M is not installed; run scripts/setup.sh")
+    model = require_gemma()
     env = dict(os.environ, TANDEM_CLI=os.environ.get("TANDEM_CLI", str(REPO / "build" / "tandem")),
                VLLM_ROUTER=ROUTER)
     proc = subprocess.Popen([str(REPO / "scripts" / "cluster.sh"), "-m", model, "--replicas", "2", "--policy",

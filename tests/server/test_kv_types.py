@@ -2,25 +2,15 @@
 tokens the pool holds, a compressed pool holds more tokens in the same memory and
 serves requests, and a type the model or the flags cannot take stops the server
 at start-up with the reason."""
-import os
 import subprocess
 
 import pytest
 
-from harness import CLI, STORIES, gemma_path, parse_metrics, start_server
-
-
-def need_gemma():
-    path = gemma_path()
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("Gemma 3 270M is not installed (scripts/setup.sh)")
-        pytest.skip("Gemma 3 270M is not installed; run scripts/setup.sh")
-    return path
+from harness import CLI, STORIES, parse_metrics, require_gemma, start_server
 
 
 def test_quantized_pool_holds_more_tokens_and_serves():
-    path = need_gemma()
+    path = require_gemma()
     held = {}
     for kv in ("f16", "q8_0", "q4_0"):
         srv = start_server(path, "--ctx-size", "256", "--kv-memory", "16M", "--kv-type", kv, threads=2)

@@ -8,9 +8,7 @@ import re
 import select
 import time
 
-import pytest
-
-from harness import CLI, gemma_path
+from harness import CLI, require_gemma
 
 MESSAGE = "Tell me three facts about the moon, one per line, and keep each fact short."
 
@@ -34,11 +32,7 @@ def read_until(fd, pattern, timeout, seen=b""):
 
 
 def test_gemma_terminal_chat_prefills_while_typing():
-    path = gemma_path()
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("Gemma 3 270M is not installed (scripts/setup.sh)")
-        pytest.skip("Gemma 3 270M is not installed; run scripts/setup.sh")
+    path = require_gemma()
     pid, fd = pty.fork()
     if pid == 0:
         os.execv(CLI, [CLI, "run", "-m", path, "--chat", "-n", "16", "--temp", "0", "-t", "2", "-c", "1024"])
