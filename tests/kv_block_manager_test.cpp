@@ -37,11 +37,13 @@ struct Seq {
 };
 
 // The block manager plus a stand-in for the KV storage: slot (block, i) holds
-// the tokens [0, pos] whose K/V would be there.
+// the tokens [0, pos] whose K/V would be there, after a mark of the group
+// that wrote it (-1 for group 0, -2 for the first windowed group...).
 class Harness {
  public:
-  Harness(int32_t n_blocks, int32_t block_size, bool caching = true)
-      : bm(n_blocks, block_size, caching), kv(size_t(n_blocks), std::vector<Tokens>(size_t(block_size))) {
+  Harness(int32_t n_blocks, int32_t block_size, bool caching = true, int32_t n_windowed = 0, int32_t window = 0)
+      : bm(n_blocks, block_size, caching, n_windowed, window),
+        kv(size_t(n_blocks), std::vector<Tokens>(size_t(block_size))) {
     bm.set_copy_block([this](int32_t src, int32_t dst) {
       ++copies;
       last_copy = {src, dst};
@@ -63,8 +65,17 @@ class Harness {
     verify_reads(s);
     const int32_t bs = bm.block_size();
     for (int32_t p = s.b.n_computed; p < end; ++p)
-      kv[size_t(s.b.table[size_t(p / bs)])][size_t(p % bs)] = Tokens(s.tokens.begin(), s.tokens.begin() + p + 1);
+      for (int32_t g = 0; g <= bm.n_windowed(); ++g)
+        kv[size_t(page(s, g, p / bs))][size_t(p % bs)] = content(s.tokens, g, p);
     bm.commit(s.b, s.tokens, end);
+  }
+  static Tokens content(const Tokens& tokens, int32_t g, int32_t p) {
+    Tokens t{-1 - g};
+    t.insert(t.end(), tokens.begin(), tokens.begin() + p + 1);
+    return t;
+  }
+  static int32_t page(const Seq& s, int32_t g, int32_t i) {
+    return g == 0 ? s.b.table[size_t(i)] : s.b.windowed[size_t(g - 1)].table[size_t(i)];
   }
   void compute_all(Seq& s) { compute(s, int32_t(s.tokens.size())); }
 
@@ -73,14 +84,18 @@ class Harness {
     compute_all(s);
   }
 
-  // Every computed position reads the K/V of exactly its own prefix.
+  // Every computed position reads the K/V of exactly its own prefix, in
+  // every group; a windowed group from the next query's window on.
   void verify_reads(const Seq& s) const {
     const int32_t bs = bm.block_size();
-    for (int32_t p = 0; p < s.b.n_computed; ++p) {
-      const Tokens& got = kv[size_t(s.b.table[size_t(p / bs)])][size_t(p % bs)];
-      ASSERT_TRUE(std::equal(got.begin(), got.end(), s.tokens.begin(), s.tokens.begin() + p + 1) &&
-                  got.size() == size_t(p + 1))
-          << "position " << p << " reads K/V of another prefix";
+    for (int32_t g = 0; g <= bm.n_windowed(); ++g) {
+      const int32_t from = g == 0 ? 0 : std::max(0, s.b.n_computed - bm.window() + 1);
+      for (int32_t p = from; p < s.b.n_computed; ++p) {
+        const int32_t b = page(s, g, p / bs);
+        ASSERT_GE(b, 0) << "group " << g << " position " << p << " has no block";
+        ASSERT_EQ(kv[size_t(b)][size_t(p % bs)], content(s.tokens, g, p))
+            << "group " << g << " position " << p << " reads K/V of another prefix";
+      }
     }
   }
 
@@ -93,6 +108,12 @@ class Harness {
   int32_t ref_holders(int32_t block, std::initializer_list<const Seq*> seqs) const {
     int32_t n = 0;
     for (const Seq* s : seqs) n += int32_t(std::count(s->b.table.begin(), s->b.table.end(), block));
+    return n;
+  }
+  // Blocks the sequence holds in each windowed group.
+  static int32_t windowed_held(const Seq& s) {
+    int32_t n = 0;
+    for (const auto& w : s.b.windowed) n += int32_t(std::count_if(w.table.begin(), w.table.end(), [](int32_t b) { return b >= 0; }));
     return n;
   }
 
@@ -416,6 +437,37 @@ TEST(KvBlockManager, RejectsMisuse) {
   EXPECT_EQ(h.bm.stats().used, 0);
 }
 
+TEST(KvBlockManager, WindowedGroupsGiveBackPassedBlocksAndHitInEveryGroup) {
+  Harness h(64, 4, true, 2, 8);  // two windowed groups; a query sees 8 positions
+  Seq a = h.admit(range_tokens(1, 21));
+  EXPECT_EQ(Harness::windowed_held(a), 0);  // windowed groups grow as positions are written
+  h.compute(a, 12);
+  // Position 12 reads 5..12: blocks 1 and 2 of each windowed group; block 0 went back.
+  EXPECT_EQ(a.b.windowed[0].table, (std::vector<int32_t>{-1, a.b.windowed[0].table[1], a.b.windowed[0].table[2]}));
+  h.compute_all(a);  // 21 positions: 13..20 are read next, blocks 3..5
+  for (const auto& w : a.b.windowed) {
+    ASSERT_EQ(w.table.size(), 6u);
+    EXPECT_EQ(std::count(w.table.begin(), w.table.end(), -1), 3);
+  }
+  EXPECT_EQ(h.bm.stats().used, 6 + 2 * 3);
+  h.check({&a});
+  // The same prompt again: every group's blocks are still cached, so the
+  // hit covers all five whole blocks, though the windowed ones went back
+  // long ago; only those inside the window are held again.
+  const Tokens prompt = a.tokens;
+  h.bm.free(a.b);
+  Seq b = h.admit(concat(prompt, {99}));
+  EXPECT_EQ(b.b.n_computed, 20);
+  EXPECT_EQ(Harness::windowed_held(b), 2 * 2);  // blocks 3 and 4: positions 13..19
+  h.compute_all(b);
+  h.check({&b});
+  h.bm.free(b.b);
+  // A pool without room for a window of the windowed groups refuses the prompt.
+  Harness tight(6 + 2 * 2, 4, true, 2, 8);
+  EXPECT_FALSE(tight.bm.can_allocate(range_tokens(1, 24)));
+  EXPECT_TRUE(Harness(6 + 2 * 3, 4, true, 2, 8).bm.can_allocate(range_tokens(1, 24)));
+}
+
 // ---- randomized stress ----
 
 // What a router subscribed to the KV events knows: content hash -> (parent, tokens).
@@ -465,11 +517,13 @@ struct StressConfig {
   bool caching;
   uint32_t seed;
   int events_from = -1;  // the operation at which KV events start (-1: never)
+  int32_t n_windowed = 0, window = 0;
+  bool swap = false;  // preempted sequences keep their K/V outside the pool (restore)
 };
 
 void stress(const StressConfig& cfg) {
-  const int32_t n_blocks = 40;
-  Harness h(n_blocks, cfg.block_size, cfg.caching);
+  const int32_t n_blocks = 40 + 16 * cfg.n_windowed;
+  Harness h(n_blocks, cfg.block_size, cfg.caching, cfg.n_windowed, cfg.window);
   h.bm.set_hash_for_testing(cfg.hash_mask, 0x5eed0000ULL + cfg.seed);
   std::mt19937 rng(cfg.seed);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -484,7 +538,15 @@ void stress(const StressConfig& cfg) {
   }
   std::vector<Seq> live;
   std::vector<Tokens> preempted;
-  int admitted = 0, refused = 0, forks = 0, preemptions = 0;
+  // Swapped out: tokens, computed positions, and the saved slots of group 0's
+  // blocks then each windowed group's from its window on (as the scheduler lays them out).
+  struct Swapped {
+    Tokens tokens;
+    int32_t computed;
+    std::vector<std::vector<Tokens>> pages;
+  };
+  std::vector<Swapped> swapped;
+  int admitted = 0, refused = 0, forks = 0, preemptions = 0, restored = 0, given_back = 0;
 
   auto check_all = [&] {
     std::vector<BlockManager::LiveSeq> view;
@@ -508,6 +570,37 @@ void stress(const StressConfig& cfg) {
     return true;
   };
 
+  auto swap_in = [&] {
+    Swapped w = std::move(swapped.back());
+    swapped.pop_back();
+    if (!h.bm.can_allocate(w.tokens)) {
+      swapped.push_back(std::move(w));
+      return;
+    }
+    Seq s;
+    s.tokens = w.tokens;
+    h.bm.allocate(s.b, s.tokens);
+    const int32_t done = std::max(s.b.n_computed, w.computed);
+    if (h.bm.restore_cost(s.b, done) > h.bm.n_free()) {
+      h.bm.free(s.b);
+      swapped.push_back(std::move(w));
+      return;
+    }
+    h.bm.restore(s.b, done);
+    const int32_t bs = h.bm.block_size(), n = h.bm.blocks_for(w.computed), kept = h.bm.first_kept_block(w.computed);
+    const int32_t first = s.b.n_computed / bs;
+    size_t at = 0;
+    for (int32_t g = 0; g <= h.bm.n_windowed(); ++g) {
+      const int32_t from = g == 0 ? 0 : kept;
+      for (int32_t i = from; i < n; ++i, ++at)
+        if (i >= first) h.kv[size_t(Harness::page(s, g, i))] = w.pages[at];
+    }
+    h.bm.commit(s.b, s.tokens, done);
+    h.verify_reads(s);
+    live.push_back(std::move(s));
+    ++restored;
+  };
+
   EventReplay router;
   for (int op = 0; op < 4000; ++op) {
     if (op == cfg.events_from) h.bm.record_events();
@@ -519,6 +612,8 @@ void stress(const StressConfig& cfg) {
       try_admit(prompt);
     } else if (kind < 25 && !preempted.empty() && live.size() < 10) {
       if (try_admit(preempted.back())) preempted.pop_back();
+    } else if (kind < 25 && !swapped.empty() && live.size() < 10) {
+      swap_in();
     } else if (kind < 80 && !live.empty()) {
       Seq& s = live[size_t(uniform(0, int(live.size()) - 1))];
       int32_t end;
@@ -530,13 +625,22 @@ void stress(const StressConfig& cfg) {
       }
       if (h.bm.can_append(s.b, end)) {
         h.compute(s, end);
+        for (const auto& w : s.b.windowed) given_back += !w.table.empty() && w.table[0] < 0;
       } else {
         const SeqBlocks before = s.b;
         EXPECT_THROW(h.bm.append(s.b, end), Error);
         EXPECT_EQ(s.b.table, before.table);
-        // Preempt by recompute: keep the tokens, drop the blocks.
+        // Preempt: keep the tokens (and, swapping, the K/V), drop the blocks.
+        if (cfg.swap && s.b.n_computed > 0) {
+          Swapped w{s.tokens, s.b.n_computed, {}};
+          const int32_t n = h.bm.blocks_for(w.computed), kept = h.bm.first_kept_block(w.computed);
+          for (int32_t g = 0; g <= h.bm.n_windowed(); ++g)
+            for (int32_t i = g == 0 ? 0 : kept; i < n; ++i) w.pages.push_back(h.kv[size_t(Harness::page(s, g, i))]);
+          swapped.push_back(std::move(w));
+        } else {
+          preempted.push_back(s.tokens);
+        }
         h.bm.free(s.b);
-        preempted.push_back(s.tokens);
         s = std::move(live.back());
         live.pop_back();
         ++preemptions;
@@ -575,6 +679,8 @@ void stress(const StressConfig& cfg) {
   if (cfg.caching) {
     EXPECT_GT(st.hit_tokens, 100u);
   }
+  if (cfg.swap) EXPECT_GT(restored, 5);
+  if (cfg.n_windowed > 0) EXPECT_GT(given_back, 100);
   if (cfg.events_from >= 0) {
     EXPECT_GT(router.stored, 20);
     EXPECT_GT(router.removed, 10);
@@ -595,6 +701,12 @@ TEST(KvBlockManager, StressCachingOff) { stress({4, ~uint64_t(0), false, 4}); }
 TEST(KvBlockManager, StressEventsFromTheStart) { stress({4, ~uint64_t(0), true, 5, 0}); }
 TEST(KvBlockManager, StressEventsFromMidway) { stress({3, ~uint64_t(0), true, 6, 1500}); }
 TEST(KvBlockManager, StressEventsCollidingHashes) { stress({4, 3, true, 7, 0}); }
+// Windowed groups: pages behind the window go back as sequences grow, every
+// position a query still reads is there, hits hold in every group, and
+// swapped sequences come back with their window.
+TEST(KvBlockManager, StressWindowedGroups) { stress({4, ~uint64_t(0), true, 8, -1, 2, 6}); }
+TEST(KvBlockManager, StressWindowedGroupsSwapped) { stress({3, ~uint64_t(0), true, 9, -1, 3, 5, true}); }
+TEST(KvBlockManager, StressWindowedGroupsEvents) { stress({4, ~uint64_t(0), true, 10, 0, 1, 9, true}); }
 
 TEST(KvBlockManager, EventsNameContentAlikeOnEveryReplica) {
   // Two managers (different seeds, different block ids): the same prompt

@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <set>
 #include <vector>
 
 #include "core/error.h"
@@ -187,6 +188,76 @@ TEST(KvCache, BlockCopiesAndSwapsAreExact) {
     EXPECT_THROW(c.copy_block(0, 5), Error);
     EXPECT_THROW(c.save_block(-1, saved.data()), Error);
   }
+}
+
+// Gemma 3's pattern: five sliding-window layers, then one global one.
+std::vector<bool> gemma_windows(int32_t n_layer) {
+  std::vector<bool> w(static_cast<size_t>(n_layer), false);
+  for (int32_t l = 0; l < n_layer; ++l) w[size_t(l)] = l % 6 < 5;
+  return w;
+}
+
+TEST(KvCache, PagingGroupsWindowedLayersAsManyAsTheGlobalOnes) {
+  // 270M: 18 layers, 3 global: pages of 3 layers, 5 windowed groups.
+  const KvPaging p = kv_paging(gemma_windows(18), 512);
+  EXPECT_EQ(p.layers_per_page, 3);
+  EXPECT_EQ(p.n_groups, 6);
+  EXPECT_EQ(p.window, 512);
+  for (int32_t l = 0; l < 18; ++l) EXPECT_EQ(p.group[l] == 0, l % 6 == 5) << l;
+  // Each (group, slot) holds one layer.
+  std::set<std::pair<int32_t, int32_t>> places;
+  for (int32_t l = 0; l < 18; ++l) EXPECT_TRUE(places.insert({p.group[l], p.slot[l]}).second) << l;
+  // 1B: 26 layers, 4 global, 22 windowed: six groups of 4, the last one half used.
+  const KvPaging q = kv_paging(gemma_windows(26), 512);
+  EXPECT_EQ(q.layers_per_page, 4);
+  EXPECT_EQ(q.n_groups, 7);
+  // Without a window, or without both kinds, one group of every layer.
+  EXPECT_EQ(kv_paging(gemma_windows(18), 0).n_groups, 1);
+  EXPECT_EQ(kv_paging(std::vector<bool>(4, true), 512).n_groups, 1);
+  EXPECT_EQ(kv_paging(std::vector<bool>(4, false), 512).layers_per_page, 4);
+}
+
+// A paged cache: each layer reads and writes its own group's pages, a page
+// holds its group's layers only, and page copies and swaps carry all of them.
+TEST(KvCache, PagedLayersLiveOnTheirGroupsPages) {
+  const KvShape shape{6, 2 * 32, 2 * 32, 2};
+  const KvPaging paging = kv_paging(gemma_windows(6), 8);  // layers 0-4 windowed, 5 global
+  ASSERT_EQ(paging.layers_per_page, 1);
+  ASSERT_EQ(paging.n_groups, 6);
+  KvCache c(shape, 12, 16, kv_format(KvType::kF16, KvType::kF16), paging);
+  EXPECT_EQ(c.block_bytes(), KvCache::bytes_per_token(shape, KvFormat{}) / 6 * 16);
+  EXPECT_EQ(c.bytes(), c.block_bytes() * 12);
+  SeqKv s;
+  ASSERT_TRUE(s.reserve(c, 20));  // two blocks in each of six groups
+  ASSERT_EQ(s.windowed.size(), 5u);
+  EXPECT_EQ(c.n_free(), 0);
+  std::vector<float> k(64), v(64), rk(64), rv(64);
+  for (int32_t l = 0; l < 6; ++l) {
+    std::fill(k.begin(), k.end(), float(l + 1));
+    std::fill(v.begin(), v.end(), float(-l - 1));
+    c.write(l, s.table(c.group(l))[1], 3, k.data(), v.data());
+  }
+  for (int32_t l = 0; l < 6; ++l) {
+    c.read(l, s.table(c.group(l))[1], 3, rk.data(), rv.data());
+    EXPECT_EQ(rk[0], float(l + 1)) << l;
+    EXPECT_EQ(rv[63], float(-l - 1)) << l;
+    const KvLayerView view = c.layer_view(l, s.table(c.group(l)));
+    EXPECT_EQ(f16_to_f32(*view.value<uint16_t>(16 + 3, 1)), float(-l - 1)) << l;
+  }
+  // Layer 2's page copied into layer 3's second page: layer 3 reads layer 2's values there.
+  c.copy_block(s.table(c.group(2))[1], s.table(c.group(3))[0]);
+  c.read(3, s.table(c.group(3))[0], 3, rk.data(), rv.data());
+  EXPECT_EQ(rk[5], 3.0f);
+  std::vector<std::byte> saved(c.block_bytes());
+  c.save_block(s.table(c.group(5))[1], saved.data());
+  c.load_block(s.table(c.group(0))[0], saved.data());
+  c.read(0, s.table(c.group(0))[0], 3, rk.data(), rv.data());
+  EXPECT_EQ(rk[0], 6.0f);
+  s.release(c);
+  EXPECT_EQ(c.n_free(), 12);
+  KvPaging broken = paging;
+  broken.slot[2] = 1;  // outside a page of one layer
+  EXPECT_THROW(KvCache(shape, 4, 16, KvFormat{}, broken), Error);
 }
 
 TEST(KvCache, TypeNamesParse) {

@@ -227,5 +227,91 @@ TEST_F(Gemma3, QuantizedCachesPageSwapAndShare) {
   }
 }
 
+// Sliding-window layers on pages of their own give back the blocks their
+// window (512 positions) has passed: a long prompt holds far fewer blocks,
+// and greedy output is the same as with every block kept (--swa-full),
+// through the prefix cache, and through preemption with swap or recompute.
+TEST_F(Gemma3, SlidingWindowLayersGiveBackBlocksAndKeepTheOutput) {
+  TANDEM_REQUIRE_GEMMA(path);
+  ASSERT_EQ(model_->config().sliding_window, 512);
+  const std::vector<int32_t> text =
+      model_->tokenizer().encode(test::read_file(test::testdata_path("perplexity/stories.txt")), true, false);
+  const int32_t n = test::quick() ? 600 : 700;
+  ASSERT_GT(static_cast<int32_t>(text.size()), n + 100);
+  auto prompt_at = [&](int32_t from) {
+    std::vector<int32_t> p{text[0]};  // BOS
+    p.insert(p.end(), text.begin() + 1 + from, text.begin() + from + n);
+    return p;
+  };
+  auto tokens_of = [](const std::vector<RequestEvent>& evs) {
+    std::vector<int32_t> t;
+    for (const auto& ev : evs) t.insert(t.end(), ev.tokens.begin(), ev.tokens.end());
+    return t;
+  };
+  RequestParams greedy;
+  greedy.sampling.temperature = 0;
+  greedy.max_tokens = 12;
+  // Blocks held while the sequence decodes (the gauges as of the step
+  // after its second token).
+  auto held_after_prefill = [&](Engine& e, const std::vector<int32_t>& prompt, std::vector<int32_t>& out) {
+    std::vector<RequestEvent> evs;
+    e.submit(prompt, greedy, [&](const RequestEvent& ev) { evs.push_back(ev); });
+    int64_t held = -1;
+    for (int i = 0; i < 100000 && e.step(); ++i)
+      if (held < 0 && tokens_of(evs).size() >= 2) held = e.metrics().kv_blocks_used;
+    out = tokens_of(evs);
+    return held;
+  };
+  const EngineConfig base{.threads = 2, .max_context = 1024};
+  EngineConfig full_cfg = base;
+  full_cfg.kv_cache.swa_full = true;
+  Engine full(*model_, full_cfg), windowed(*model_, base);
+  EXPECT_EQ(full.metrics().kv_window, 0);
+  EXPECT_EQ(windowed.metrics().kv_window, 512);
+  // The same pool in bytes: six groups of three layers against one of eighteen.
+  EXPECT_EQ(windowed.kv_bytes(), full.kv_bytes());
+  EXPECT_EQ(windowed.metrics().kv_tokens_total, full.metrics().kv_tokens_total);
+  std::vector<int32_t> want, got;
+  const int64_t held_full = held_after_prefill(full, prompt_at(0), want);
+  const int64_t held_windowed = held_after_prefill(windowed, prompt_at(0), got);
+  ASSERT_EQ(want.size(), 12u);
+  EXPECT_EQ(got, want);
+  // Full: a block of all 18 layers per 16 positions. Windowed: as many
+  // blocks of the 3 global layers, and each of the 5 windowed groups' blocks
+  // from the one holding position n - 511 on: 209 against 264 layer-blocks of 3 at 700 tokens.
+  const int64_t blocks = (n + 1 + 15) / 16;
+  EXPECT_EQ(held_full, blocks);
+  EXPECT_EQ(held_windowed, blocks + 5 * (blocks - (n + 1 - 511) / 16));
+  // Again, from the prefix cache: the windowed groups' blocks are still cached.
+  const uint64_t hits_before = windowed.metrics().prefix_cache_hit_tokens;
+  held_after_prefill(windowed, prompt_at(0), got);
+  EXPECT_EQ(got, want);
+  EXPECT_GE(windowed.metrics().prefix_cache_hit_tokens - hits_before, uint64_t(n - 16));
+  windowed.check_invariants();
+  if (test::quick()) return;
+
+  // Three prompts into a pool for about two: preemption, then swap or recompute.
+  std::vector<std::vector<int32_t>> prompts = {prompt_at(0), prompt_at(40), prompt_at(80)};
+  std::vector<std::vector<int32_t>> alone;
+  for (const auto& p : prompts) {
+    held_after_prefill(full, p, got);
+    alone.push_back(got);
+  }
+  for (int64_t swap : {int64_t{0}, int64_t{64} << 20}) {
+    SCOPED_TRACE(swap);
+    Engine e(*model_, EngineConfig{.threads = 2, .max_context = 768, .kv_tokens = 1100, .max_seqs = 3,
+                                   .prefix_caching = false, .swap_bytes = swap});
+    std::vector<std::vector<RequestEvent>> evs(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i)
+      e.submit(prompts[i], greedy, [&evs, i](const RequestEvent& ev) { evs[i].push_back(ev); });
+    for (int i = 0; i < 100000 && e.step(); ++i) e.check_invariants();
+    const MetricsSnapshot m = e.metrics();
+    EXPECT_GT(m.preemptions, 0u);
+    EXPECT_EQ(m.swap_outs > 0, swap > 0);
+    EXPECT_EQ(m.kv_blocks_used, 0);
+    for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(tokens_of(evs[i]), alone[i]) << i;
+  }
+}
+
 }  // namespace
 }  // namespace tandem

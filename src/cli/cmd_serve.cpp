@@ -128,10 +128,12 @@ int serve(const ServeOpts& o) {
   std::fprintf(stderr, "tandem serve: %s on http://%s:%d (context %d, max %d sequences%s)\n",
                srv.model_id().c_str(), o.host.c_str(), srv.port(), ec.max_context, ec.max_seqs,
                o.api_key.empty() ? "" : ", API key required");
-  std::fprintf(stderr, "tandem serve: KV cache %s, %lld tokens in %.1f MiB\n",
-               kv_format_name(kv_format(ec.kv_cache)).c_str(),
-               static_cast<long long>(engine.metrics().kv_blocks_total) * ec.block_size,
-               static_cast<double>(engine.kv_bytes()) / (1024.0 * 1024.0));
+  const MetricsSnapshot km = engine.metrics();
+  const std::string window =
+      km.kv_window > 0 ? fmt::format(" (sliding-window layers keep {} positions)", km.kv_window) : "";
+  std::fprintf(stderr, "tandem serve: KV cache %s, %lld tokens in %.1f MiB%s\n",
+               kv_format_name(kv_format(ec.kv_cache)).c_str(), static_cast<long long>(km.kv_tokens_total),
+               static_cast<double>(engine.kv_bytes()) / (1024.0 * 1024.0), window.c_str());
   if (!srv.kv_events_endpoint().empty())
     std::fprintf(stderr, "tandem serve: KV events on %s%s%s\n", srv.kv_events_endpoint().c_str(),
                  srv.kv_events_replay_endpoint().empty() ? "" : ", replay on ",

@@ -142,6 +142,9 @@ void add_kv_cache_options(CLI::App* cmd, KvCacheFlags& f) {
   cmd->add_option("--kv-rotation", f.rotation,
                   "Hadamard rotation of quantized heads: auto (q4_0 ones), off, all (every quantized one)")
       ->capture_default_str();
+  cmd->add_flag("--swa-full", f.swa_full,
+                "Sliding-window layers keep every KV block (by default they give back the ones their window has "
+                "passed)");
 }
 
 KvCacheTypes kv_cache_types(const KvCacheFlags& f) {
@@ -154,6 +157,7 @@ KvCacheTypes kv_cache_types(const KvCacheFlags& f) {
     }
   };
   KvCacheTypes t{one(f.k, "--cache-type-k"), one(f.v, "--cache-type-v")};
+  t.swa_full = f.swa_full;
   try {
     t.rotation = parse_kv_rotation(f.rotation);
   } catch (const Error& e) {

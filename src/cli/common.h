@@ -42,8 +42,10 @@ void add_spec_options(CLI::App* cmd, SpecFlags& f);
 // --cache-type-k T, --cache-type-v T (llama.cpp's names) and --kv-type T
 // (both; the specific flags win): f16, f32, q8_0, q4_0 (kv/kv_cache.h).
 // --kv-rotation auto|off|all: which quantized parts are Hadamard-rotated.
+// --swa-full: sliding-window layers keep every block.
 struct KvCacheFlags {
   std::string k, v, both, rotation = "auto";
+  bool swa_full = false;
 };
 void add_kv_cache_options(CLI::App* cmd, KvCacheFlags& f);
 // f16 where nothing is given. Throws kInvalidArgument naming an unknown type

@@ -242,6 +242,8 @@ CudaExecutor::CudaExecutor(Model& m, const KvPlan& plan) : model_(m), cfg_(m.con
   if (plan.format.k != plan.format.v || kv_type_quantized(plan.format.k))
     fail(ErrorKind::kUnsupported, "the CUDA backend stores K and V as f16 or f32, not KV cache type {}",
          kv_format_name(plan.format));
+  if (plan.paging.n_groups > 1)
+    fail(ErrorKind::kUnsupported, "the CUDA backend keeps every layer's blocks (run it with --swa-full)");
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {

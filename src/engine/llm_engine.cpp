@@ -61,6 +61,7 @@ struct Engine::Impl {
   struct Session {
     std::vector<int32_t> tokens;  // whose K/V was computed
     std::vector<BlockRef> whole;  // the published blocks of its whole blocks
+    std::vector<std::vector<BlockRef>> whole_windowed;  // the same per windowed group
     SeqBlocks tail;               // one pinned block: the copy of the partly filled one
     std::shared_ptr<const std::vector<float>> logits;  // after `tokens`, when its request computed them
     double last_used = 0;
@@ -179,6 +180,11 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   const KvShape shape = m.kv_shape();
   const KvFormat kv_fmt = kv_format(c.kv_cache);
   const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(shape, kv_fmt));
+  // Sliding-window layers on pages of their own, given back as the window
+  // passes them; every size below is in tokens that hold all layers.
+  const KvPaging paging = c.kv_cache.swa_full || c.device != "cpu" ? kv_paging(shape.n_layer)
+                                                           : kv_paging(mc.layer_is_swa, mc.sliding_window);
+  const int64_t groups = paging.n_groups;
   if (c.swap_bytes < 0) fail(ErrorKind::kInvalidArgument, "swap space must be >= 0 bytes, got {}", c.swap_bytes);
   // The pool and the swap space are committed as they fill, so the kernel
   // accepts sizes beyond the machine's memory and the OOM killer settles it
@@ -192,27 +198,38 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
     tokens = std::min<int64_t>(int64_t{c.max_seqs} * max_context, kDefaultKvCapBytes / per_token);
     if (avail) tokens = std::min<int64_t>(tokens, static_cast<int64_t>(*avail / 2) / per_token);
   }
-  const int64_t n_blocks = tokens / c.block_size;
-  if (n_blocks < (max_context + c.block_size - 1) / c.block_size)
+  // A block of every group is one token block of every layer (the padding
+  // of a last, partly filled group aside).
+  const int64_t n_blocks = tokens / c.block_size * groups;
+  const int64_t ctx_blocks = (max_context + c.block_size - 1) / c.block_size;
+  // A windowed group holds a window and the prompt chunk being written.
+  const bool latency = c.policy == SchedulePolicy::kLatency;
+  const int32_t batch_tokens = c.max_batch_tokens > 0 ? c.max_batch_tokens : (latency ? 256 : 1024);
+  const int32_t chunk = latency ? std::min(batch_tokens, 128) : batch_tokens;
+  const int64_t one_context =
+      ctx_blocks +
+      (groups - 1) * ((std::min<int64_t>(max_context, int64_t{paging.window} + chunk) + c.block_size - 1) / c.block_size + 1);
+  if (n_blocks < std::min(one_context, ctx_blocks * groups))
     fail(sized_by_default ? ErrorKind::kResource : ErrorKind::kInvalidArgument,
          "the KV pool ({} tokens{}) cannot hold one full context of {} tokens", tokens,
          sized_by_default ? ", half the memory available" : "", max_context);
   if (n_blocks > INT32_MAX) fail(ErrorKind::kInvalidArgument, "KV pool of {} blocks is too large", n_blocks);
-  const uint64_t pool_bytes = static_cast<uint64_t>(n_blocks) * c.block_size * per_token;
+  const uint64_t pool_bytes = static_cast<uint64_t>(n_blocks) * c.block_size *
+                              KvCache::layer_bytes_per_token(shape, kv_fmt) * uint64_t(paging.layers_per_page);
   if (avail && pool_bytes + static_cast<uint64_t>(c.swap_bytes) > *avail)
     fail(ErrorKind::kResource,
          "the KV pool ({} MiB) and swap space ({} MiB) need more than the {} MiB of memory available; ask for less",
          pool_bytes >> 20, c.swap_bytes >> 20, *avail >> 20);
-  const KvPlan plan{shape, static_cast<int32_t>(n_blocks), c.block_size, kv_fmt};
+  const KvPlan plan{shape, static_cast<int32_t>(n_blocks), c.block_size, kv_fmt, paging};
   if (c.device == "cpu") exec = make_cpu_executor(m, plan, pool);
   else if (c.device == "cuda") exec = make_cuda_executor(m, plan);
   else fail(ErrorKind::kInvalidArgument, "unknown device '{}' (cpu or cuda)", c.device);
-  blocks = std::make_unique<BlockManager>(static_cast<int32_t>(n_blocks), c.block_size, c.prefix_caching);
+  blocks = std::make_unique<BlockManager>(static_cast<int32_t>(n_blocks), c.block_size, c.prefix_caching,
+                                          paging.n_windowed(), paging.window);
   blocks->set_copy_block([this](int32_t src, int32_t dst) { exec->copy_block(src, dst); });  // copy-on-write
   SchedulerConfig sc;
-  const bool latency = c.policy == SchedulePolicy::kLatency;
-  sc.max_batch_tokens = c.max_batch_tokens > 0 ? c.max_batch_tokens : (latency ? 256 : 1024);
-  sc.prefill_chunk = latency ? std::min(sc.max_batch_tokens, 128) : sc.max_batch_tokens;
+  sc.max_batch_tokens = batch_tokens;
+  sc.prefill_chunk = chunk;
   sc.shortest_prompt_first = latency;
   sc.max_seqs = c.max_seqs;
   sc.max_context = max_context;
@@ -238,6 +255,8 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
     pacer = std::make_unique<PrefillPacer>(pc);
   }
   metrics.kv_blocks_total = n_blocks;
+  metrics.kv_tokens_total = n_blocks * c.block_size / groups;
+  metrics.kv_window = paging.window;
   metrics.prefix_caching = c.prefix_caching;
 
   if (c.spec.max_draft < 1 || c.spec.ngram_min < 1 || c.spec.ngram_max < c.spec.ngram_min)
@@ -268,8 +287,14 @@ void Engine::Impl::calibrate_spec() {
   const std::vector<int32_t> ids(static_cast<size_t>(top), model.tokenizer().bos_id() >= 0 ? model.tokenizer().bos_id() : 0);
   if (!blocks->can_allocate(ids, false)) return;  // a pool this small learns from its steps alone
   blocks->allocate(sb, ids, false);
+  if (!blocks->can_append(sb, top)) {  // windowed groups' pages
+    blocks->free(sb);
+    return;
+  }
+  blocks->append(sb, top);
   SeqKv sk;
   sk.blocks = sb.table;
+  for (const auto& w : sb.windowed) sk.windowed.push_back(w.table);
   SeqKv* one[] = {&sk};
   Batch b;
   for (int32_t rows : sizes) {
@@ -499,6 +524,8 @@ bool Engine::Impl::step() {
     const int32_t n_tok = static_cast<int32_t>(s->tokens.size());
     const int32_t score_from = s->wants_prompt_logits() ? s->score_next : s->n_prompt;
     seq_kv[i].blocks = s->blocks.table;
+    seq_kv[i].windowed.resize(s->blocks.windowed.size());
+    for (size_t g = 0; g < s->blocks.windowed.size(); ++g) seq_kv[i].windowed[g] = s->blocks.windowed[g].table;
     seq_kv[i].n_tokens = start;
     seq_kv_ptrs[i] = &seq_kv[i];
     for (int32_t j = 0; j < n; ++j) {
@@ -769,11 +796,24 @@ void Engine::Impl::resume_session(Sequence& s) {
   int32_t r = 0;
   while (r < limit && s.tokens[start + r] == ss.tokens[start + r]) ++r;
   if (r <= 0) return;
-  int32_t src = -1;
-  if (h < static_cast<int32_t>(ss.whole.size()) && blocks->holds(ss.whole[h])) src = ss.whole[h].block;
-  else if (h == static_cast<int32_t>(ss.tokens.size()) / bs && !ss.tail.table.empty()) src = ss.tail.table[0];
-  if (src < 0) return;
-  exec->copy_block(src, s.blocks.table[h]);
+  // The session's version of block h in every group: its published whole
+  // block, or the pinned copy of its partly filled last one.
+  std::vector<int32_t> src;  // group 0, then the windowed groups
+  const int32_t nw = blocks->n_windowed();
+  if (h < static_cast<int32_t>(ss.whole.size()) && blocks->holds(ss.whole[h])) {
+    src.push_back(ss.whole[h].block);
+    for (int32_t g = 0; g < nw; ++g)
+      if (blocks->holds(ss.whole_windowed[g][h])) src.push_back(ss.whole_windowed[g][h].block);
+  } else if (h == static_cast<int32_t>(ss.tokens.size()) / bs && !ss.tail.table.empty()) {
+    src.push_back(ss.tail.table[0]);
+    for (const auto& w : ss.tail.windowed) src.push_back(w.table[0]);
+  }
+  if (static_cast<int32_t>(src.size()) != 1 + nw) return;
+  // The windowed groups' tables end at the hits: block h is their next one.
+  if (!blocks->can_append(s.blocks, start + r)) return;
+  blocks->append(s.blocks, start + r);
+  exec->copy_block(src[0], s.blocks.table[h]);
+  for (int32_t g = 0; g < nw; ++g) exec->copy_block(src[1 + g], s.blocks.windowed[g].table[h]);
   blocks->commit(s.blocks, s.tokens, start + r);
   if (start + r == s.n_prompt) {
     s.start_logits = ss.logits;
@@ -807,12 +847,22 @@ void Engine::Impl::save_session(Sequence& s) {
   Session& ss = sessions[s.req->params.session];
   ss.tokens.assign(s.tokens.begin(), s.tokens.begin() + n);
   ss.whole.assign(s.blocks.prefix.begin(), s.blocks.prefix.begin() + std::min<size_t>(s.blocks.prefix.size(), n / bs));
+  ss.whole_windowed.clear();
+  for (const auto& w : s.blocks.windowed)
+    ss.whole_windowed.emplace_back(w.prefix.begin(), w.prefix.begin() + std::min<size_t>(w.prefix.size(), n / bs));
   ss.last_used = steps.now();
   ss.logits = n == static_cast<int32_t>(s.tokens.size()) ? std::move(finishing_logits) : nullptr;
-  if (n % bs != 0 && blocks->n_free() > 0) {
-    const std::vector<int32_t> slots(static_cast<size_t>(bs), 0);
+  const std::vector<int32_t> slots(static_cast<size_t>(bs), 0);
+  if (n % bs != 0 && blocks->can_allocate(slots, false)) {
     blocks->allocate(ss.tail, slots, false);
-    exec->copy_block(s.blocks.table[n / bs], ss.tail.table[0]);
+    if (blocks->can_append(ss.tail, bs)) {
+      blocks->append(ss.tail, bs);  // a page in each windowed group too
+      exec->copy_block(s.blocks.table[n / bs], ss.tail.table[0]);
+      for (size_t g = 0; g < ss.tail.windowed.size(); ++g)
+        exec->copy_block(s.blocks.windowed[g].table[n / bs], ss.tail.windowed[g].table[0]);
+    } else {
+      blocks->free(ss.tail);
+    }
   }
   while (static_cast<int32_t>(sessions.size()) > cfg.max_sessions) {
     auto oldest = sessions.begin();

@@ -32,6 +32,9 @@ struct MetricsSnapshot {
   int64_t running = 0, waiting = 0, swapped = 0;
   int64_t sessions = 0;  // progressive prefill sessions kept
   int64_t kv_blocks_used = 0, kv_blocks_free = 0, kv_blocks_cached = 0, kv_blocks_total = 0;
+  // Positions the pool holds with every layer's K/V (blocks x block size / groups).
+  int64_t kv_tokens_total = 0;
+  int32_t kv_window = 0;  // > 0: sliding-window layers keep this many positions
   int64_t kv_blocks_published = 0;  // in the prefix cache's index, used or free
   bool prefix_caching = true;
   // counters

@@ -79,15 +79,20 @@ void Scheduler::preempt(Sequence* seq) {
 bool Scheduler::swap_out(Sequence& s) {
   const int32_t computed = s.n_computed();
   if (swap_.bytes == 0 || computed == 0) return false;
-  const int32_t n = blocks_.blocks_for(computed);
-  const size_t bytes = size_t(n) * swap_.block_bytes;
+  // Group 0's blocks, then each windowed group's from its window on.
+  const int32_t n = blocks_.blocks_for(computed), kept = blocks_.first_kept_block(computed);
+  const int32_t n_pages = n + blocks_.n_windowed() * (n - kept);
+  const size_t bytes = size_t(n_pages) * swap_.block_bytes;
   if (bytes > swap_.bytes - swap_used_) return false;
   try {
     s.swapped_kv.resize(bytes);
   } catch (const std::bad_alloc&) {
     return false;  // the host is out of memory too: recompute instead
   }
-  for (int32_t i = 0; i < n; ++i) swap_.save(s.blocks.table[i], s.swapped_kv.data() + size_t(i) * swap_.block_bytes);
+  std::byte* out = s.swapped_kv.data();
+  for (int32_t i = 0; i < n; ++i, out += swap_.block_bytes) swap_.save(s.blocks.table[i], out);
+  for (const WindowedBlocks& w : s.blocks.windowed)
+    for (int32_t i = kept; i < n; ++i, out += swap_.block_bytes) swap_.save(w.table[i], out);
   s.swapped_computed = computed;
   swap_used_ += bytes;
   ++swap_outs_;
@@ -104,9 +109,23 @@ bool Scheduler::swap_in(Sequence& s) {
   // Leading blocks still in the prefix cache are shared again as they are;
   // the table from the first writable block on gets the saved K/V.
   blocks_.allocate(s.blocks, s.tokens, use_cache);
-  for (int32_t i = s.n_computed() / blocks_.block_size(); i < blocks_.blocks_for(s.swapped_computed); ++i)
-    swap_.load(s.blocks.table[i], s.swapped_kv.data() + size_t(i) * swap_.block_bytes);
-  blocks_.commit(s.blocks, s.tokens, std::max(s.n_computed(), s.swapped_computed));
+  const int32_t saved = s.swapped_computed, done = std::max(s.n_computed(), saved);
+  if (blocks_.restore_cost(s.blocks, done) > blocks_.n_free()) {
+    blocks_.free(s.blocks);  // the windowed groups' pages do not fit yet
+    return false;
+  }
+  blocks_.restore(s.blocks, done);
+  // Blocks from the first writable one on get the saved K/V (laid out as swap_out wrote it).
+  const int32_t n = blocks_.blocks_for(saved), kept = blocks_.first_kept_block(saved);
+  const int32_t first = s.n_computed() / blocks_.block_size();
+  const std::byte* in = s.swapped_kv.data();
+  for (int32_t i = first; i < n; ++i) swap_.load(s.blocks.table[i], in + size_t(i) * swap_.block_bytes);
+  in += size_t(n) * swap_.block_bytes;
+  for (const WindowedBlocks& w : s.blocks.windowed) {
+    for (int32_t i = std::max(first, kept); i < n; ++i) swap_.load(w.table[i], in + size_t(i - kept) * swap_.block_bytes);
+    in += size_t(n - kept) * swap_.block_bytes;
+  }
+  blocks_.commit(s.blocks, s.tokens, done);
   swap_used_ -= s.swapped_kv.size();
   std::vector<std::byte>().swap(s.swapped_kv);
   s.swapped_computed = 0;

@@ -26,11 +26,15 @@ uint64_t fmix64(uint64_t k) {
 
 }  // namespace
 
-BlockManager::BlockManager(int32_t n_blocks, int32_t block_size, bool enable_prefix_caching)
-    : block_size_(block_size), prefix_caching_(enable_prefix_caching) {
+BlockManager::BlockManager(int32_t n_blocks, int32_t block_size, bool enable_prefix_caching, int32_t n_windowed,
+                           int32_t window)
+    : block_size_(block_size), prefix_caching_(enable_prefix_caching), n_windowed_(n_windowed), window_(window) {
   if (n_blocks <= 0 || block_size <= 0)
     fail(ErrorKind::kInvalidArgument, "block manager needs a positive block count and size (got {} blocks of {})",
          n_blocks, block_size);
+  if (n_windowed < 0 || (n_windowed > 0 && window <= 0))
+    fail(ErrorKind::kInvalidArgument, "block manager: {} windowed groups need a positive window (got {})", n_windowed,
+         window);
   // A per-process seed keeps a client from crafting prompts whose keys collide
   // with another's (which would only cost cache hits, as hits compare keys exactly).
   std::random_device rd;
@@ -61,23 +65,41 @@ int32_t BlockManager::find(BlockRef parent, std::span<const int32_t> tokens, uin
   return b;
 }
 
+std::vector<int32_t> BlockManager::walk(int32_t g, std::span<const int32_t> tokens, size_t most) const {
+  std::vector<int32_t> hits;
+  const size_t bs = size_t(block_size_);
+  BlockRef parent = root(g);
+  for (size_t i = 0; i < most && (i + 1) * bs <= tokens.size(); ++i) {
+    auto t = tokens.subspan(i * bs, bs);
+    const int32_t b = find(parent, t, key_hash(parent, t));
+    if (b < 0) break;
+    hits.push_back(b);
+    parent = {b, blocks_[b].epoch};
+  }
+  return hits;
+}
+
 BlockManager::Plan BlockManager::plan(std::span<const int32_t> tokens, bool use_cache) const {
   Plan p;
   const size_t bs = size_t(block_size_);
+  p.windowed_hits.resize(size_t(n_windowed_));
   if (prefix_caching_ && use_cache) {
-    BlockRef parent;
-    for (size_t i = 0; (i + 1) * bs <= tokens.size(); ++i) {
-      auto t = tokens.subspan(i * bs, bs);
-      const int32_t b = find(parent, t, key_hash(parent, t));
-      if (b < 0) break;
-      p.hits.push_back(b);
-      parent = {b, blocks_[b].epoch};
+    p.hits = walk(0, tokens, SIZE_MAX);
+    // A hit needs its K/V in every group.
+    for (int32_t g = 0; g < n_windowed_ && !p.hits.empty(); ++g) {
+      p.windowed_hits[g] = walk(g + 1, tokens, p.hits.size());
+      p.hits.resize(p.windowed_hits[g].size());
     }
+    for (auto& w : p.windowed_hits) w.resize(p.hits.size());
   }
   auto need = [&](bool full_hit) {
     int32_t n = blocks_for(int64_t(tokens.size())) - static_cast<int32_t>(p.hits.size());
     for (int32_t b : p.hits) n += blocks_[b].ref == 0;  // revived from the cached free list
-    return n + full_hit;
+    // Windowed groups take their hits inside the window and nothing more.
+    const int32_t computed = static_cast<int32_t>(p.hits.size() * bs) - full_hit;
+    for (const auto& w : p.windowed_hits)
+      for (size_t i = size_t(first_kept_block(std::max(0, computed))); i < w.size(); ++i) n += blocks_[w[i]].ref == 0;
+    return n + (full_hit ? 1 + n_windowed_ : 0);
   };
   p.full_hit = !tokens.empty() && p.hits.size() * bs == tokens.size();
   p.need = need(p.full_hit);
@@ -85,14 +107,23 @@ BlockManager::Plan BlockManager::plan(std::span<const int32_t> tokens, bool use_
     // No room (or no way) to copy the last block: recompute all of it instead,
     // so a prompt that fits the pool is never refused for being cached.
     p.hits.pop_back();
+    for (auto& w : p.windowed_hits) w.pop_back();
     p.full_hit = false;
     p.need = need(false);
   }
   return p;
 }
 
+int64_t BlockManager::headroom(const Plan& p, size_t n_tokens) const {
+  if (n_windowed_ == 0) return 0;
+  const int64_t left = int64_t(n_tokens) - int64_t(p.hits.size()) * block_size_;
+  return int64_t(n_windowed_) * blocks_for(std::min<int64_t>(left, int64_t{window_} + block_size_));
+}
+
 bool BlockManager::can_allocate(std::span<const int32_t> tokens, bool use_cache) const {
-  return !tokens.empty() && plan(tokens, use_cache).need <= n_free();
+  if (tokens.empty()) return false;
+  const Plan p = plan(tokens, use_cache);
+  return p.need + headroom(p, tokens.size()) <= n_free();
 }
 
 void BlockManager::allocate(SeqBlocks& s, std::span<const int32_t> tokens, bool use_cache) {
@@ -101,28 +132,42 @@ void BlockManager::allocate(SeqBlocks& s, std::span<const int32_t> tokens, bool 
          s.n_tokens);
   if (tokens.empty()) fail(ErrorKind::kInvalidArgument, "allocate: the token list is empty");
   const Plan p = plan(tokens, use_cache);
-  if (p.need > n_free())
-    fail(ErrorKind::kResource, "KV cache full: {} tokens need {} more blocks, {} free", tokens.size(), p.need,
-         n_free());
+  if (p.need + headroom(p, tokens.size()) > n_free())
+    fail(ErrorKind::kResource, "KV cache full: {} tokens need {} more blocks, {} free", tokens.size(),
+         p.need + headroom(p, tokens.size()), n_free());
 
   s = SeqBlocks{};
+  s.windowed.resize(size_t(n_windowed_));
+  const int32_t n_cached = static_cast<int32_t>(p.hits.size()) * block_size_ - (p.full_hit ? 1 : 0);
   // Hits first, so that taking fresh blocks cannot evict one of them.
   for (int32_t b : p.hits) {
     acquire(b);
     s.table.push_back(b);
     s.prefix.push_back({b, blocks_[b].epoch});
   }
+  // A windowed group holds only its hits inside the window.
+  const size_t kept = size_t(first_kept_block(std::max(0, n_cached)));
+  for (int32_t g = 0; g < n_windowed_; ++g) {
+    WindowedBlocks& w = s.windowed[g];
+    for (size_t i = 0; i < p.windowed_hits[g].size(); ++i) {
+      const int32_t b = p.windowed_hits[g][i];
+      if (i >= kept) acquire(b);
+      w.table.push_back(i >= kept ? b : -1);
+      w.prefix.push_back({b, blocks_[b].epoch});
+    }
+  }
   const int32_t n_table = blocks_for(int64_t(tokens.size()));
   while (static_cast<int32_t>(s.table.size()) < n_table) s.table.push_back(take_free());
   s.n_tokens = static_cast<int32_t>(tokens.size());
-  s.n_cached_tokens = static_cast<int32_t>(p.hits.size()) * block_size_;
+  s.n_cached_tokens = n_cached;
   if (p.full_hit) {
     // The engine needs the last token's logits, so it recomputes that token,
     // writing its K/V: into a private copy of the cached block.
-    --s.n_cached_tokens;
     s.prefix.pop_back();
+    for (auto& w : s.windowed) w.prefix.pop_back();
     try {
-      copy_on_write(s, s.table.size() - 1);
+      copy_on_write(s.table, s.table.size() - 1);
+      for (auto& w : s.windowed) copy_on_write(w.table, w.table.size() - 1);
     } catch (...) {
       free(s);
       throw;
@@ -143,6 +188,14 @@ int32_t BlockManager::append_cost(const SeqBlocks& s, int32_t end) const {
     const Block& b = blocks_[s.table[i]];
     cost += b.ref > 1 || b.published;
   }
+  for (const WindowedBlocks& w : s.windowed) {
+    const int64_t n_w = int64_t(w.table.size());
+    cost += std::max<int64_t>(0, want - n_w);
+    for (int64_t i = s.n_computed / block_size_; i < std::min(want, n_w); ++i) {
+      const Block& b = blocks_[w.table[i]];
+      cost += b.ref > 1 || b.published;
+    }
+  }
   return static_cast<int32_t>(std::min<int64_t>(cost, INT32_MAX));
 }
 
@@ -156,15 +209,40 @@ void BlockManager::append(SeqBlocks& s, int32_t end) {
   const size_t want = size_t(blocks_for(end));
   const size_t first = size_t(s.n_computed / block_size_);
   const size_t last = std::min(want, s.table.size());
-  for (size_t i = first; i < last; ++i) {
-    const Block& b = blocks_[s.table[i]];
-    if (b.ref > 1 || b.published) {
-      if (!copy_block_) fail(ErrorKind::kInvalidArgument, "append: writing a shared block needs a block copy callback");
-      copy_on_write(s, i);
+  auto own = [&](std::vector<int32_t>& table, size_t last) {
+    for (size_t i = first; i < last; ++i) {
+      const Block& b = blocks_[table[i]];
+      if (b.ref > 1 || b.published) {
+        if (!copy_block_) fail(ErrorKind::kInvalidArgument, "append: writing a shared block needs a block copy callback");
+        copy_on_write(table, i);
+      }
     }
-  }
-  while (s.table.size() < want) s.table.push_back(take_free());
+    while (table.size() < want) table.push_back(take_free());
+  };
+  own(s.table, last);
+  for (WindowedBlocks& w : s.windowed) own(w.table, std::min(want, w.table.size()));
   s.n_tokens = std::max(s.n_tokens, end);
+}
+
+int32_t BlockManager::restore_cost(const SeqBlocks& s, int32_t n) const {
+  const size_t kept = size_t(first_kept_block(n)), want = size_t(blocks_for(n));
+  int64_t cost = 0;
+  for (const WindowedBlocks& w : s.windowed)
+    for (size_t i = std::max(kept, w.table.size()); i < want; ++i) ++cost;
+  return static_cast<int32_t>(std::min<int64_t>(cost, INT32_MAX));
+}
+
+void BlockManager::restore(SeqBlocks& s, int32_t n) {
+  check_seq_shape(s, "restore");
+  if (n < s.n_computed || n > s.n_tokens)
+    fail(ErrorKind::kInvalidArgument, "restore: {} positions of a sequence with {} slots and {} computed", n,
+         s.n_tokens, s.n_computed);
+  const int32_t cost = restore_cost(s, n);
+  if (cost > n_free())
+    fail(ErrorKind::kResource, "KV cache full: restoring {} positions needs {} blocks, {} free", n, cost, n_free());
+  const size_t kept = size_t(first_kept_block(n)), want = size_t(blocks_for(n));
+  for (WindowedBlocks& w : s.windowed)
+    while (w.table.size() < want) w.table.push_back(w.table.size() >= kept ? take_free() : -1);
 }
 
 void BlockManager::commit(SeqBlocks& s, std::span<const int32_t> tokens, int32_t n_computed) {
@@ -173,32 +251,59 @@ void BlockManager::commit(SeqBlocks& s, std::span<const int32_t> tokens, int32_t
          "commit: {} computed tokens for a sequence with {} slots, {} already computed and {} tokens", n_computed,
          s.n_tokens, s.n_computed, tokens.size());
   check_seq_shape(s, "commit");
+  for (const WindowedBlocks& w : s.windowed)
+    if (int64_t(w.table.size()) < blocks_for(n_computed))
+      fail(ErrorKind::kInvalidArgument, "commit: {} computed tokens, but a windowed group has {} blocks", n_computed,
+           w.table.size());
   s.n_computed = n_computed;
+  publish_done(s.table, s.prefix, 0, tokens, n_computed);
+  for (int32_t g = 0; g < n_windowed_; ++g)
+    publish_done(s.windowed[g].table, s.windowed[g].prefix, g + 1, tokens, n_computed);
+  drop_passed(s);
+}
+
+void BlockManager::publish_done(std::vector<int32_t>& table, std::vector<BlockRef>& prefix, int32_t g,
+                                std::span<const int32_t> tokens, int32_t n_computed) {
   const size_t bs = size_t(block_size_);
   const size_t n_full = size_t(n_computed) / bs;
-  while (s.prefix.size() < n_full) {
-    const size_t i = s.prefix.size();
+  while (prefix.size() < n_full) {
+    const size_t i = prefix.size();
     BlockRef ref;  // none: this content is not reachable through the cache
-    const BlockRef parent = i == 0 ? BlockRef{} : s.prefix[i - 1];
-    if (prefix_caching_ && (i == 0 || is_current(parent))) {
+    const BlockRef parent = i == 0 ? root(g) : prefix[i - 1];
+    // A page already given back (its window passed in this same commit, or
+    // before it was ever published) is not published.
+    if (prefix_caching_ && (i == 0 || is_current(parent)) && table[i] >= 0) {
       auto t = tokens.subspan(i * bs, bs);
       const uint64_t h = key_hash(parent, t);
       const int32_t found = find(parent, t, h);
       if (found >= 0) {
         ref = {found, blocks_[found].epoch};  // ours (a hit) or a concurrent duplicate
-      } else if (!index_.contains(h) && !blocks_[s.table[i]].published) {
-        publish(s.table[i], parent, t, h);
-        ref = {s.table[i], blocks_[s.table[i]].epoch};
+      } else if (!index_.contains(h) && !blocks_[table[i]].published) {
+        publish(table[i], parent, t, h, g > 0);
+        ref = {table[i], blocks_[table[i]].epoch};
       }
       // else a different key holds this hash: the block stays private.
     }
-    s.prefix.push_back(ref);
+    prefix.push_back(ref);
   }
+}
+
+void BlockManager::drop_passed(SeqBlocks& s) {
+  const size_t kept = size_t(first_kept_block(s.n_computed));
+  for (WindowedBlocks& w : s.windowed)
+    for (size_t i = 0; i < std::min(kept, w.table.size()); ++i)
+      if (w.table[i] >= 0) {
+        release(w.table[i]);
+        w.table[i] = -1;
+      }
 }
 
 SeqBlocks BlockManager::fork(const SeqBlocks& s) {
   check_seq_shape(s, "fork");
   for (int32_t b : s.table) acquire(b);
+  for (const WindowedBlocks& w : s.windowed)
+    for (int32_t b : w.table)
+      if (b >= 0) acquire(b);
   return s;
 }
 
@@ -212,6 +317,11 @@ void BlockManager::truncate(SeqBlocks& s, int32_t n_tokens) {
     release(s.table.back());
     s.table.pop_back();
   }
+  for (WindowedBlocks& w : s.windowed)
+    while (w.table.size() > keep) {
+      if (w.table.back() >= 0) release(w.table.back());
+      w.table.pop_back();
+    }
   s.n_tokens = n_tokens;
 }
 
@@ -223,6 +333,14 @@ void BlockManager::rollback(SeqBlocks& s, int32_t n) {
   for (size_t i = whole; i < s.prefix.size(); ++i)
     if (s.prefix[i].block >= 0 || blocks_[s.table[i]].published)
       fail(ErrorKind::kInvalidArgument, "rollback: block {} of the sequence is published", i);
+  if (!s.windowed.empty() && first_kept_block(s.n_computed) > 0)
+    fail(ErrorKind::kInvalidArgument, "rollback: a windowed group has given back pages the positions need");
+  for (WindowedBlocks& w : s.windowed) {
+    for (size_t i = whole; i < w.prefix.size(); ++i)
+      if (w.prefix[i].block >= 0 || (w.table[i] >= 0 && blocks_[w.table[i]].published))
+        fail(ErrorKind::kInvalidArgument, "rollback: block {} of a windowed group is published", i);
+    w.prefix.resize(std::min(w.prefix.size(), whole));
+  }
   s.prefix.resize(std::min(s.prefix.size(), whole));
   s.n_computed = n;
   truncate(s, n);
@@ -232,6 +350,9 @@ void BlockManager::free(SeqBlocks& s) {
   check_seq_shape(s, "free");
   // Tail first: the cached list then evicts a prefix's later blocks before
   // its earlier ones, which every longer match depends on.
+  for (auto wt = s.windowed.rbegin(); wt != s.windowed.rend(); ++wt)
+    for (auto it = wt->table.rbegin(); it != wt->table.rend(); ++it)
+      if (*it >= 0) release(*it);
   for (auto it = s.table.rbegin(); it != s.table.rend(); ++it) release(*it);
   s = SeqBlocks{};
 }
@@ -262,7 +383,7 @@ void BlockManager::record_events(std::string_view hash_seed) {
   // Blocks published before now are announced as if just stored, parents first.
   std::vector<int32_t> order;
   for (int32_t b = 0; b < n_blocks(); ++b)
-    if (blocks_[b].published) order.push_back(b);
+    if (blocks_[b].published && !blocks_[b].windowed) order.push_back(b);
   std::vector<bool> done(blocks_.size());
   for (size_t k = 0; k < order.size(); ++k) {
     // Walk up to the first ancestor not yet announced; announce down from there.
@@ -277,6 +398,7 @@ void BlockManager::record_events(std::string_view hash_seed) {
       const bool has_parent = is_current(blk.parent);
       const uint64_t parent = has_parent ? blocks_[blk.parent.block].content : 0;
       blocks_[*it].content = content_hash(has_parent, parent, stored_tokens(*it));
+      blocks_[*it].announced = true;
       done[*it] = true;
       if (content_refs_[blocks_[*it].content]++ == 0) {
         auto t = stored_tokens(*it);
@@ -350,8 +472,8 @@ void BlockManager::release(int32_t b) {
   }
 }
 
-void BlockManager::copy_on_write(SeqBlocks& s, size_t index) {
-  const int32_t old = s.table[index];
+void BlockManager::copy_on_write(std::vector<int32_t>& table, size_t index) {
+  const int32_t old = table[index];
   const int32_t fresh = take_free();
   try {
     copy_block_(old, fresh);
@@ -359,18 +481,21 @@ void BlockManager::copy_on_write(SeqBlocks& s, size_t index) {
     release(fresh);
     throw;
   }
-  s.table[index] = fresh;
+  table[index] = fresh;
   release(old);
 }
 
-void BlockManager::publish(int32_t b, BlockRef parent, std::span<const int32_t> tokens, uint64_t hash) {
+void BlockManager::publish(int32_t b, BlockRef parent, std::span<const int32_t> tokens, uint64_t hash,
+                           bool windowed) {
   Block& blk = blocks_[b];
   std::copy(tokens.begin(), tokens.end(), key_tokens_.begin() + ptrdiff_t(b) * block_size_);
   blk.published = true;
   blk.hash = hash;
   blk.parent = parent;
+  blk.windowed = windowed;
   index_[hash] = b;
-  if (!recording_) return;
+  if (!recording_ || windowed) return;
+  blk.announced = true;
   // The parent is current when a block is published (commit checks it).
   const bool has_parent = parent.block >= 0;
   const uint64_t parent_content = has_parent ? blocks_[parent.block].content : 0;
@@ -386,7 +511,8 @@ void BlockManager::unpublish(int32_t b, bool quiet) {
   index_.erase(blk.hash);
   blk.published = false;
   blk.parent = {};
-  if (!recording_ || quiet) return;
+  const bool announced = std::exchange(blk.announced, false);
+  if (!recording_ || quiet || !announced) return;
   auto it = content_refs_.find(blk.content);
   if (it != content_refs_.end() && --it->second == 0) {
     content_refs_.erase(it);
@@ -432,6 +558,17 @@ void BlockManager::check_seq_shape(const SeqBlocks& s, const char* what) const {
   for (int32_t b : s.table)
     if (b < 0 || b >= n_blocks() || blocks_[b].ref <= 0)
       fail(ErrorKind::kInvalidArgument, "{}: block {} is not in use", what, b);
+  if (s.windowed.size() != (s.table.empty() ? s.windowed.size() : size_t(n_windowed_)))
+    fail(ErrorKind::kInvalidArgument, "{}: the sequence has {} windowed tables, the pool {} groups", what,
+         s.windowed.size(), n_windowed_);
+  for (const WindowedBlocks& w : s.windowed) {
+    if (w.table.size() > s.table.size() || w.prefix.size() > w.table.size())
+      fail(ErrorKind::kInvalidArgument, "{}: a windowed table of {} blocks for {} tokens", what, w.table.size(),
+           s.n_tokens);
+    for (int32_t b : w.table)
+      if (b < -1 || b >= n_blocks() || (b >= 0 && blocks_[b].ref <= 0))
+        fail(ErrorKind::kInvalidArgument, "{}: block {} is not in use", what, b);
+  }
 }
 
 // ---- invariants ----
@@ -485,7 +622,7 @@ void BlockManager::check_invariants() const {
   if (recording_) {  // each content hash counted once per published block holding it
     std::unordered_map<uint64_t, int32_t> refs;
     for (int32_t b = 0; b < n; ++b)
-      if (blocks_[b].published) ++refs[blocks_[b].content];
+      if (blocks_[b].published && !blocks_[b].windowed) ++refs[blocks_[b].content];
     if (refs != content_refs_) broken("content hash counts differ from the published blocks");
   }
 }
@@ -529,6 +666,32 @@ void BlockManager::check_invariants(std::span<const LiveSeq> live) const {
       if (!same_tokens(b, tokens, i)) broken(fmt::format("sequence {} prefix block {}: tokens differ", k, i));
       if (blocks_[b].parent != (i == 0 ? BlockRef{} : s.prefix[i - 1]))
         broken(fmt::format("sequence {} prefix block {}: another parent", k, i));
+    }
+    if (!s.table.empty() && s.windowed.size() != size_t(n_windowed_))
+      broken(fmt::format("sequence {} has {} windowed tables for {} groups", k, s.windowed.size(), n_windowed_));
+    const size_t kept = size_t(first_kept_block(s.n_computed));
+    for (size_t g = 0; g < s.windowed.size(); ++g) {
+      const WindowedBlocks& w = s.windowed[g];
+      if (w.prefix.size() != s.prefix.size() || w.table.size() > s.table.size() ||
+          (s.n_computed > 0 && int64_t(w.table.size()) < blocks_for(s.n_computed)))
+        broken(fmt::format("sequence {} group {}: {} blocks and {} prefix entries for {} computed of {} tokens", k,
+                           g + 1, w.table.size(), w.prefix.size(), s.n_computed, s.n_tokens));
+      for (size_t i = 0; i < w.table.size(); ++i) {
+        const int32_t b = w.table[i];
+        if ((i < kept) != (b < 0))
+          broken(fmt::format("sequence {} group {} block {}: {} though the window starts at block {}", k, g + 1, i,
+                             b < 0 ? "given back" : "held", kept));
+        if (b < 0) continue;
+        if (b >= n || stamp[b] == k + 1) broken(fmt::format("sequence {} holds block {} twice or out of range", k, b));
+        stamp[b] = k + 1;
+        ++holders[b];
+        const Block& blk = blocks_[b];
+        if (!blk.published) continue;
+        if (i >= w.prefix.size()) broken(fmt::format("sequence {} holds published block {} beyond its computed tokens", k, b));
+        if (!same_tokens(b, tokens, i)) broken(fmt::format("sequence {} group {} block {}: cached tokens differ", k, g + 1, b));
+        if (blk.parent != (i == 0 ? root(int32_t(g) + 1) : w.prefix[i - 1]))
+          broken(fmt::format("sequence {} group {} block {}: published under another prefix", k, g + 1, b));
+      }
     }
   }
   for (int32_t b = 0; b < n; ++b)

@@ -39,8 +39,18 @@
 //   free(s): drops s's references; published blocks stay cached for reuse.
 // Free blocks without cached content are reused first; then cached blocks,
 // least recently freed first (a sequence's tail before its head).
+//
+// Windowed groups (kv/kv_cache.h, KvPaging). A model whose sliding-window
+// layers sit on pages of their own has, per sequence, one more table per
+// windowed group. Those tables grow with the positions written (append), not
+// with the prompt at allocate, and commit gives back every page the window
+// has passed: a query at p reads positions (p - window, p], and no later
+// query is earlier than n_computed. Their pages are published and found like
+// group 0's, each group chaining its own blocks; a prefix hit is as long as
+// it is in every group. Only group 0's blocks make KV events.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -58,6 +68,12 @@ struct BlockRef {
   bool operator==(const BlockRef&) const = default;
 };
 
+// One windowed group's share of a sequence.
+struct WindowedBlocks {
+  std::vector<int32_t> table;   // covers [0, table.size() * block_size); -1: given back
+  std::vector<BlockRef> prefix; // as SeqBlocks::prefix, for this group's blocks
+};
+
 // One sequence's share of the pool.
 struct SeqBlocks {
   std::vector<int32_t> table;   // block ids in position order; covers [0, n_tokens)
@@ -68,6 +84,7 @@ struct SeqBlocks {
   // published block holding the same content under the same prefix, which
   // need not be table[i] (a concurrent duplicate), or none.
   std::vector<BlockRef> prefix;
+  std::vector<WindowedBlocks> windowed;  // one per windowed group once allocated
 };
 
 struct BlockStats {
@@ -101,8 +118,10 @@ using CopyBlockFn = std::function<void(int32_t src, int32_t dst)>;
 
 class BlockManager {
  public:
-  // Throws kInvalidArgument unless both counts are positive.
-  BlockManager(int32_t n_blocks, int32_t block_size, bool enable_prefix_caching = true);
+  // Throws kInvalidArgument unless both counts are positive (and the
+  // window, with windowed groups).
+  BlockManager(int32_t n_blocks, int32_t block_size, bool enable_prefix_caching = true, int32_t n_windowed = 0,
+               int32_t window = 0);
 
   // Needed before a write into a shared block (after fork). Without it, and
   // when the pool has no block to spare, a fully cached prompt recomputes its
@@ -111,6 +130,13 @@ class BlockManager {
 
   int32_t n_blocks() const { return static_cast<int32_t>(blocks_.size()); }
   int32_t block_size() const { return block_size_; }
+  int32_t n_windowed() const { return n_windowed_; }
+  int32_t window() const { return window_; }
+  // The first block a windowed group still needs once positions
+  // [0, n_computed) are written.
+  int32_t first_kept_block(int32_t n_computed) const {
+    return std::max(0, n_computed - window_ + 1) / block_size_;
+  }
   bool prefix_caching() const { return prefix_caching_; }
   int32_t n_free() const { return static_cast<int32_t>(plain_free_.size()) + n_cached_free_; }
   int32_t blocks_for(int64_t n_tokens) const {
@@ -118,7 +144,9 @@ class BlockManager {
   }
 
   // Whether allocate(tokens) would succeed now, including the private copy a
-  // fully cached prompt needs for its last token.
+  // fully cached prompt needs for its last token. With windowed groups, also
+  // whether a window's worth of their pages is free, so that an admitted
+  // prompt can make progress (allocate asks the same).
   // use_cache = false: no prefix-cache hits (every position is computed
   // again; the blocks are still published as they complete).
   bool can_allocate(std::span<const int32_t> tokens, bool use_cache = true) const;
@@ -132,6 +160,14 @@ class BlockManager {
   // Makes positions [s.n_computed, end) writable by `s` alone. kResource,
   // changing nothing, when the pool is short.
   void append(SeqBlocks& s, int32_t end);
+
+  // Positions [s.n_computed, n) come back from elsewhere (swap space) rather
+  // than from a step: the windowed groups get fresh pages for the blocks of
+  // those positions that a commit of n keeps (-1 before them). restore_cost
+  // is how many it takes; restore throws kResource, changing nothing, when
+  // the pool is short. Group 0 already covers them (allocate).
+  int32_t restore_cost(const SeqBlocks& s, int32_t n) const;
+  void restore(SeqBlocks& s, int32_t n);
 
   // K/V of positions [0, n_computed) of `s` is written; `tokens` holds at
   // least those tokens. Publishes the blocks this completes.
@@ -200,6 +236,8 @@ class BlockManager {
     int32_t ref = 0;
     State state = State::kPlainFree;
     bool published = false;
+    bool windowed = false;   // published by a windowed group (no KV events)
+    bool announced = false;  // counted in content_refs_
     uint64_t epoch = 0;
     uint64_t hash = 0;      // of the key, while published
     uint64_t content = 0;   // content_hash, while published and recording events
@@ -209,11 +247,17 @@ class BlockManager {
   };
   struct Plan {
     std::vector<int32_t> hits;  // published blocks matching the prompt's first full blocks
+    std::vector<std::vector<int32_t>> windowed_hits;  // as many per windowed group
     int32_t need = 0;           // blocks taken from the pool
     bool full_hit = false;      // every token is cached: the last block gets a private copy
   };
 
   uint64_t key_hash(BlockRef parent, std::span<const int32_t> tokens) const;
+  // The parent of a prompt's first block in group g: none for group 0, a
+  // mark per windowed group so that the groups' keys never meet.
+  static BlockRef root(int32_t g) { return g == 0 ? BlockRef{} : BlockRef{-1 - g, 0}; }
+  // Published blocks of group g's chain matching the prompt's first full blocks, at most `most`.
+  std::vector<int32_t> walk(int32_t g, std::span<const int32_t> tokens, size_t most) const;
   std::span<const int32_t> stored_tokens(int32_t b) const {
     return {key_tokens_.data() + size_t(b) * block_size_, size_t(block_size_)};
   }
@@ -223,19 +267,29 @@ class BlockManager {
     return r.block >= 0 && blocks_[r.block].published && blocks_[r.block].epoch == r.epoch;
   }
   Plan plan(std::span<const int32_t> tokens, bool use_cache) const;
+  // Windowed groups' blocks an admission wants free beyond the plan's: a
+  // window's worth (or the prompt's) each, so that the prompt can progress.
+  int64_t headroom(const Plan& p, size_t n_tokens) const;
 
   int32_t take_free();          // precondition: n_free() > 0
   void acquire(int32_t b);      // one more reference to a used or cached-free block
   void release(int32_t b);
-  void publish(int32_t b, BlockRef parent, std::span<const int32_t> tokens, uint64_t hash);
+  void publish(int32_t b, BlockRef parent, std::span<const int32_t> tokens, uint64_t hash, bool windowed = false);
+  // Publishes the blocks of one group's table that positions [0, n_computed) complete.
+  void publish_done(std::vector<int32_t>& table, std::vector<BlockRef>& prefix, int32_t g,
+                    std::span<const int32_t> tokens, int32_t n_computed);
+  // Gives back the windowed groups' pages the window has passed.
+  void drop_passed(SeqBlocks& s);
   void unpublish(int32_t b, bool quiet = false);
-  void copy_on_write(SeqBlocks& s, size_t index);
+  void copy_on_write(std::vector<int32_t>& table, size_t index);
   void lru_push_back(int32_t b);
   void lru_remove(int32_t b);
   void check_seq_shape(const SeqBlocks& s, const char* what) const;
 
   int32_t block_size_;
   bool prefix_caching_;
+  int32_t n_windowed_;
+  int32_t window_;
   uint64_t seed_;
   uint64_t hash_mask_ = ~uint64_t(0);
   CopyBlockFn copy_block_;

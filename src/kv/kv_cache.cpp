@@ -1,10 +1,12 @@
 #include "kv/kv_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <tuple>
 #include <vector>
 #include <cstring>
+#include <utility>
 
 #include "core/cpu_features.h"
 #include "core/error.h"
@@ -206,8 +208,43 @@ void hadamard_rotate(float* x, int32_t n) {
   }
 }
 
-KvCache::KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size, const KvFormat& format)
-    : shape_(shape), n_blocks_(n_blocks), block_size_(block_size), format_(format) {
+KvPaging kv_paging(int32_t n_layer) {
+  KvPaging p;
+  p.layers_per_page = n_layer;
+  p.group.assign(size_t(std::max(0, n_layer)), 0);
+  p.slot.resize(p.group.size());
+  for (int32_t l = 0; l < n_layer; ++l) p.slot[l] = l;
+  return p;
+}
+
+KvPaging kv_paging(const std::vector<bool>& layer_windowed, int32_t window) {
+  const int32_t n_layer = static_cast<int32_t>(layer_windowed.size());
+  const int32_t n_full = static_cast<int32_t>(std::count(layer_windowed.begin(), layer_windowed.end(), false));
+  // Without both kinds (or without a window) one group is all there is.
+  if (window <= 0 || n_full == 0 || n_full == n_layer) return kv_paging(n_layer);
+  KvPaging p;
+  p.layers_per_page = n_full;
+  p.window = window;
+  p.group.resize(size_t(n_layer));
+  p.slot.resize(size_t(n_layer));
+  int32_t full = 0, windowed = 0;
+  for (int32_t l = 0; l < n_layer; ++l) {
+    if (!layer_windowed[l]) {
+      p.group[l] = 0;
+      p.slot[l] = full++;
+    } else {
+      p.group[l] = 1 + windowed / n_full;
+      p.slot[l] = windowed % n_full;
+      ++windowed;
+    }
+  }
+  p.n_groups = 1 + (windowed + n_full - 1) / n_full;
+  return p;
+}
+
+KvCache::KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size, const KvFormat& format, KvPaging paging)
+    : shape_(shape), n_blocks_(n_blocks), block_size_(block_size), format_(format), paging_(std::move(paging)) {
+  if (paging_.layers_per_page == 0) paging_ = kv_paging(shape.n_layer);
   if (n_blocks <= 0 || block_size <= 0)
     fail(ErrorKind::kInvalidArgument, "KV cache needs at least one block (got {} blocks of {})", n_blocks,
          block_size);
@@ -230,10 +267,19 @@ KvCache::KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size, con
       fail(ErrorKind::kInvalidArgument, "KV cache type {} needs blocks of a multiple of 16 slots, not {}",
            kv_type_name(type), block_size);
   }
+  bool covered = paging_.layers_per_page > 0 && paging_.n_groups >= 1 &&
+                 paging_.group.size() == size_t(shape.n_layer) && paging_.slot.size() == size_t(shape.n_layer);
+  for (int32_t l = 0; covered && l < shape.n_layer; ++l)
+    covered = paging_.group[l] >= 0 && paging_.group[l] < paging_.n_groups && paging_.slot[l] >= 0 &&
+              paging_.slot[l] < paging_.layers_per_page;
+  if (!covered)
+    fail(ErrorKind::kInvalidArgument, "KV cache paging does not place each of the {} layers on a page",
+         shape.n_layer);
   const size_t tokens = size_t(n_blocks) * block_size;
+  const size_t lp = size_t(paging_.layers_per_page);
   size_t k_total = 0, v_total = 0;
-  if (__builtin_mul_overflow(tokens, size_t(shape.n_layer) * kv_bytes(format.k, shape.k_width), &k_total) ||
-      __builtin_mul_overflow(tokens, size_t(shape.n_layer) * kv_bytes(format.v, shape.v_width), &v_total))
+  if (__builtin_mul_overflow(tokens, lp * kv_bytes(format.k, shape.k_width), &k_total) ||
+      __builtin_mul_overflow(tokens, lp * kv_bytes(format.v, shape.v_width), &v_total))
     fail(ErrorKind::kResource, "a KV cache of {} tokens x {} layers does not fit in memory", tokens, shape.n_layer);
   // calloc: an unwritten slot reads as zeros, and the OS hands out zeroed
   // pages lazily, so memory is committed as the context fills, not up front.
@@ -266,23 +312,24 @@ void KvCache::write(int32_t layer, int32_t block, int32_t slot, const float* k, 
       hadamard_rotate(tmp.data(), kh);
       kx = tmp.data();
     }
-    store_key(format_.k, kx, k_.get() + k_offset(layer, block, h), slot, kh, block_size_);
+    store_key(format_.k, kx, k_.get() + k_offset(paging_.slot[layer], block, h), slot, kh, block_size_);
     const float* vx = v + h * vh;
     if (format_.rotate_v) {
       tmp.assign(vx, vx + vh);
       hadamard_rotate(tmp.data(), vh);
       vx = tmp.data();
     }
-    store_row(format_.v, vx, v_.get() + v_offset(layer, block, h) + size_t(slot) * kv_bytes(format_.v, vh), vh);
+    store_row(format_.v, vx, v_.get() + v_offset(paging_.slot[layer], block, h) + size_t(slot) * kv_bytes(format_.v, vh),
+              vh);
   }
 }
 
 void KvCache::read(int32_t layer, int32_t block, int32_t slot, float* k, float* v) const {
   const int32_t kh = k_head(), vh = v_head();
   for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
-    load_key(format_.k, k_.get() + k_offset(layer, block, h), slot, k + h * kh, kh, block_size_);
-    load_row(format_.v, v_.get() + v_offset(layer, block, h) + size_t(slot) * kv_bytes(format_.v, vh), v + h * vh,
-             vh);
+    const int32_t j = paging_.slot[layer];
+    load_key(format_.k, k_.get() + k_offset(j, block, h), slot, k + h * kh, kh, block_size_);
+    load_row(format_.v, v_.get() + v_offset(j, block, h) + size_t(slot) * kv_bytes(format_.v, vh), v + h * vh, vh);
   }
 }
 
@@ -304,10 +351,10 @@ void KvCache::check_block(int32_t block) const {
 template <typename F>
 void KvCache::for_each_run(int32_t block, F&& f) const {
   check_block(block);
-  for (int32_t l = 0; l < shape_.n_layer; ++l)
+  for (int32_t j = 0; j < paging_.layers_per_page; ++j)
     for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
-      f(k_.get() + k_offset(l, block, h), k_region());
-      f(v_.get() + v_offset(l, block, h), v_region());
+      f(k_.get() + k_offset(j, block, h), k_region());
+      f(v_.get() + v_offset(j, block, h), v_region());
     }
 }
 
@@ -334,8 +381,8 @@ void KvCache::load_block(int32_t block, const std::byte* in) {
 
 KvLayerView KvCache::layer_view(int32_t layer, const int32_t* blocks) const {
   KvLayerView view;
-  view.keys = k_.get() + k_offset(layer, 0, 0);
-  view.values = v_.get() + v_offset(layer, 0, 0);
+  view.keys = k_.get() + k_offset(paging_.slot[layer], 0, 0);
+  view.values = v_.get() + v_offset(paging_.slot[layer], 0, 0);
   view.k_type = format_.k;
   view.v_type = format_.v;
   view.block_size = block_size_;
@@ -348,16 +395,25 @@ KvLayerView KvCache::layer_view(int32_t layer, const int32_t* blocks) const {
 }
 
 bool SeqKv::reserve(KvCache& cache, int32_t n) {
+  const int32_t groups = cache.paging().n_groups;
+  windowed.resize(size_t(groups - 1));
   const int32_t need = (n + cache.block_size() - 1) / cache.block_size() - static_cast<int32_t>(blocks.size());
   if (need <= 0) return true;
-  if (need > cache.n_free()) return false;
-  for (int32_t i = 0; i < need; ++i) blocks.push_back(cache.allocate());
+  if (int64_t(need) * groups > cache.n_free()) return false;
+  for (int32_t i = 0; i < need; ++i) {
+    blocks.push_back(cache.allocate());
+    for (auto& t : windowed) t.push_back(cache.allocate());
+  }
   return true;
 }
 
 void SeqKv::release(KvCache& cache) {
   for (int32_t b : blocks) cache.release(b);
+  for (auto& t : windowed)
+    for (int32_t b : t)
+      if (b >= 0) cache.release(b);
   blocks.clear();
+  windowed.clear();
   n_tokens = 0;
 }
 

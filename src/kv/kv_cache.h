@@ -43,6 +43,10 @@ KvRotation parse_kv_rotation(std::string_view name);
 struct KvCacheTypes {
   KvType k = KvType::kF16, v = KvType::kF16;
   KvRotation rotation = KvRotation::kAuto;
+  // Sliding-window layers keep every block, as full-attention layers do
+  // (llama.cpp's --swa-full). Off: they give back the blocks their window
+  // has passed (KvPaging); the CUDA backend always keeps them.
+  bool swa_full = false;
 };
 
 // How a cache stores K and V. kv_format() is where the rotation is decided.
@@ -65,24 +69,53 @@ struct KvShape {
   int32_t n_head_kv = 0;
 };
 
+// Which layers share a block. A block id names one page of the pool: the K/V
+// of `layers_per_page` layers for block_size positions. The layers of one
+// group read one block table. Group 0 holds the layers that attend to the
+// whole context; groups 1.. hold sliding-window layers, which only ever read
+// the last `window` positions: their old pages can be given back while the
+// sequence runs on (vLLM's hybrid allocator does the same), so a long
+// context costs about its full-attention layers' memory.
+struct KvPaging {
+  int32_t layers_per_page = 0;  // 0: every layer on one page, one group
+  int32_t n_groups = 1;
+  int32_t window = 0;               // positions the windowed groups' layers see
+  std::vector<int32_t> group, slot;  // per layer: its group and its place on the page
+  int32_t n_windowed() const { return n_groups - 1; }
+};
+// One group of every layer: today's layout, and the layout with
+// --swa-full. Otherwise the windowed layers (layer_windowed[l]) get groups of
+// as many layers as there are full-attention ones (the last one padded).
+KvPaging kv_paging(int32_t n_layer);
+KvPaging kv_paging(const std::vector<bool>& layer_windowed, int32_t window);
+
 class KvCache {
  public:
   // Throws kInvalidArgument for an empty pool or shape, or a quantized type
   // whose groups do not fit the heads (a head size not a multiple of 32) or
   // the kernels (a block size not a multiple of 16); kResource when the pool
   // cannot be allocated.
-  KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size, const KvFormat& format);
+  // Throws kInvalidArgument too for a paging that does not cover the layers.
+  KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size, const KvFormat& format,
+          KvPaging paging = {});
   KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size = 16, KvType type = KvType::kF16)
       : KvCache(shape, n_blocks, block_size, kv_format(type, type)) {}
 
   const KvShape& shape() const { return shape_; }
   const KvFormat& format() const { return format_; }
+  const KvPaging& paging() const { return paging_; }
+  int32_t group(int32_t layer) const { return paging_.group[layer]; }
   int32_t block_size() const { return block_size_; }
   int32_t n_blocks() const { return n_blocks_; }
   int32_t n_free() const { return static_cast<int32_t>(free_.size()); }
-  size_t bytes() const { return bytes_per_token(shape_, format_) * size_t(n_blocks_) * block_size_; }
+  size_t bytes() const { return block_bytes() * size_t(n_blocks_); }
+  // K/V bytes of one position over every layer: what a token costs when all
+  // its pages are held.
   static size_t bytes_per_token(const KvShape& s, const KvFormat& f) {
-    return size_t(s.n_layer) * (kv_bytes(f.k, s.k_width) + kv_bytes(f.v, s.v_width));
+    return size_t(s.n_layer) * layer_bytes_per_token(s, f);
+  }
+  static size_t layer_bytes_per_token(const KvShape& s, const KvFormat& f) {
+    return kv_bytes(f.k, s.k_width) + kv_bytes(f.v, s.v_width);
   }
 
   int32_t allocate();  // -1 when the pool is empty
@@ -101,8 +134,10 @@ class KvCache {
   void rotate_queries(float* q, int32_t n_head, int32_t head_dim) const;
   void unrotate_outputs(float* out, int32_t n_head, int32_t head_dim_v) const;
 
-  // K/V bytes of one block over every layer and head.
-  size_t block_bytes() const { return bytes_per_token(shape_, format_) * size_t(block_size_); }
+  // K/V bytes of one block (page): its layers, every head.
+  size_t block_bytes() const {
+    return layer_bytes_per_token(shape_, format_) * size_t(paging_.layers_per_page) * size_t(block_size_);
+  }
   // Block `dst` gets block `src`'s K/V, bit for bit (copy-on-write).
   void copy_block(int32_t src, int32_t dst);
   // A block's K/V as block_bytes() bytes, and back (swapping a preempted
@@ -125,17 +160,19 @@ class KvCache {
   // Bytes of one head's block of K / V.
   size_t k_region() const { return kv_bytes(format_.k, size_t(block_size_) * k_head()); }
   size_t v_region() const { return kv_bytes(format_.v, size_t(block_size_) * v_head()); }
-  // Byte offsets of head h's block of K / V: [layer][head][block].
-  size_t k_offset(int32_t layer, int32_t block, int32_t h) const {
-    return ((size_t(layer) * shape_.n_head_kv + h) * n_blocks_ + block) * k_region();
+  // Byte offsets of head h's block of K / V for the layer at `slot` of the
+  // page: [slot][head][block].
+  size_t k_offset(int32_t slot, int32_t block, int32_t h) const {
+    return ((size_t(slot) * shape_.n_head_kv + h) * n_blocks_ + block) * k_region();
   }
-  size_t v_offset(int32_t layer, int32_t block, int32_t h) const {
-    return ((size_t(layer) * shape_.n_head_kv + h) * n_blocks_ + block) * v_region();
+  size_t v_offset(int32_t slot, int32_t block, int32_t h) const {
+    return ((size_t(slot) * shape_.n_head_kv + h) * n_blocks_ + block) * v_region();
   }
   KvShape shape_;
   int32_t n_blocks_;
   int32_t block_size_;
   KvFormat format_;
+  KvPaging paging_;
   struct Free {
     void operator()(std::byte* p) const;
   };
@@ -145,11 +182,14 @@ class KvCache {
 
 // One sequence's share of the cache.
 struct SeqKv {
-  std::vector<int32_t> blocks;
+  std::vector<int32_t> blocks;                  // group 0's table
+  std::vector<std::vector<int32_t>> windowed;  // groups 1..'s tables; -1: a page given back
   int32_t n_tokens = 0;  // positions [0, n_tokens) hold valid K/V
 
-  // Makes room for positions up to `n` (exclusive). False when the pool ran out
-  // (nothing is allocated then).
+  const int32_t* table(int32_t group) const { return group == 0 ? blocks.data() : windowed[group - 1].data(); }
+
+  // Makes room for positions up to `n` (exclusive) in every group. False
+  // when the pool ran out (nothing is allocated then).
   bool reserve(KvCache& cache, int32_t n);
   void release(KvCache& cache);
 };

@@ -8,7 +8,7 @@ namespace {
 class CpuExecutor final : public Executor {
  public:
   CpuExecutor(Model& m, const KvPlan& p, ThreadPool& pool)
-      : m_(m), kv_(p.shape, p.n_blocks, p.block_size, p.format), pool_(pool) {}
+      : m_(m), kv_(p.shape, p.n_blocks, p.block_size, p.format, p.paging), pool_(pool) {}
   void forward(const Batch& batch, std::span<SeqKv* const> seqs, std::span<float> logits) override {
     m_.forward(batch, seqs, kv_, pool_, logits);
   }

@@ -38,6 +38,7 @@ struct KvPlan {
   int32_t n_blocks = 0;
   int32_t block_size = 16;
   KvFormat format;
+  KvPaging paging;  // default: one group of every layer
 };
 
 // The model on the pool's threads over a KvCache of the plan's size.

@@ -250,6 +250,16 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
     const SeqKv& sk = *seqs[row.seq];
     if (row.pos < 0 || row.pos >= static_cast<int64_t>(sk.blocks.size()) * kv.block_size())
       fail(ErrorKind::kInvalidArgument, "position {} has no KV block reserved", row.pos);
+    // A windowed group's table may have given back pages its window has
+    // passed, never one this row's attention reads.
+    const KvPaging& pg = kv.paging();
+    if (sk.windowed.size() != size_t(pg.n_windowed()))
+      fail(ErrorKind::kInvalidArgument, "sequence has {} windowed block tables, the cache {} groups of them",
+           sk.windowed.size(), pg.n_windowed());
+    for (const auto& t : sk.windowed)
+      for (int32_t p = std::max(0, row.pos - pg.window + 1) / kv.block_size(); p <= row.pos / kv.block_size(); ++p)
+        if (p >= static_cast<int32_t>(t.size()) || t[p] < 0)
+          fail(ErrorKind::kInvalidArgument, "position {} of a sliding-window layer has no KV block", row.pos);
     if (r > 0 && batch[r - 1].seq == row.seq && batch[r - 1].pos + 1 != row.pos)
       fail(ErrorKind::kInvalidArgument, "rows of sequence {} are not at consecutive positions", row.seq);
   }
@@ -366,12 +376,12 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
       for (int32_t h = 0; h < c.n_head_kv; ++h) rope_apply(rope, cs, sn, k + h * c.head_dim);
 
       const SeqKv& sk = *seqs[row.seq];
-      const int32_t block = sk.blocks[row.pos / kv.block_size()], slot = row.pos % kv.block_size();
+      const int32_t block = sk.table(kv.group(il))[row.pos / kv.block_size()], slot = row.pos % kv.block_size();
       kv.write(il, block, slot, k, v);
     }
   });
 
-  auto view_of = [&](const SeqKv& sk) { return kv.layer_view(il, sk.blocks.data()); };
+  auto view_of = [&](const SeqKv& sk) { return kv.layer_view(il, sk.table(kv.group(il))); };
   s.views.clear();
   s.positions.clear();
   s.decode_rows.clear();

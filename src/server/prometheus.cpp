@@ -144,8 +144,9 @@ std::string render_prometheus(const MetricsSnapshot& m, const ServingInfo& info)
   single(out, "tandem_kv_blocks_cached", "gauge",
          "Free KV blocks still holding a reusable prefix (part of the free count).", m.kv_blocks_cached);
   single(out, "tandem_kv_blocks_total", "gauge", "KV blocks in the pool.", m.kv_blocks_total);
-  single(out, "tandem_kv_tokens_total", "gauge", "Token positions the KV pool holds (blocks x block size).",
-         m.kv_blocks_total * info.block_size);
+  single(out, "tandem_kv_tokens_total", "gauge",
+         "Token positions the KV pool holds with every layer's K/V (more while sliding-window layers give theirs back).",
+         m.kv_tokens_total);
   single(out, "tandem_kv_blocks_published", "gauge",
          "KV blocks in the prefix cache (held or free): what the KV events announce.", m.kv_blocks_published);
   const double ratio = m.prefix_cache_queried_tokens
