@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
-"""How many long sequences a fixed KV memory holds at once, with Gemma 3's
+"""How many long sequences a fixed KV memory holds, with Gemma 3's
 sliding-window layers keeping every block (--swa-full) or giving back the ones
-their window has passed (the default), and the same for llama.cpp.
+their window has passed (the default), and what llama.cpp allocates for the
+same.
 
-Tandem: `tandem serve --kv-memory M --ctx-size C` gets --requests prompts of
-about --prompt-chars characters of real prose at once (the license texts Debian
-ships, each prompt from another offset, so no prefix is shared), each asking
-for a few greedy tokens; /metrics is read every 0.2 s for the most requests
-running at once and the most KV blocks held. llama.cpp (llama-cpp-python, in
-the venv bench/kv_quality.py uses): the KV buffers it allocates for S
-sequences of C tokens, with swa_full on and off, from its load log.
+Tandem: `tandem serve --kv-memory M --ctx-size C` first gets one prompt of
+about --prompt-chars characters of real prose (the license texts Debian ships)
+and /metrics is read every 0.1 s for the most KV blocks it holds (its prompt's
+chunks included): the pool holds pool // that many such sequences whole. Then
+--requests prompts (each from another offset, so no prefix is shared) arrive
+at once: the most running and blocks held, preemptions, wall time, and
+whether the greedy texts are the same both ways. llama.cpp
+(llama-cpp-python, in the venv bench/kv_quality.py uses): the KV buffers it
+allocates for --requests sequences of C tokens, swa_full on and off, from its
+load log.
 
-  bench/kv_window_capacity.py                       # 300 MiB, 8192 context, 10 prompts
+  bench/kv_window_capacity.py                       # 300 MiB, 8192 context, 6 prompts of ~7.8k tokens
   bench/kv_window_capacity.py --no-llama --requests 4
 """
 
@@ -59,56 +63,71 @@ def run_tandem(args: argparse.Namespace, swa_full: bool, prompts: list[str]) -> 
            "--ctx-size", str(args.ctx), "--kv-memory", args.kv_memory, "--max-seqs", str(len(prompts)),
            "--no-prefix-cache"] + (["--swa-full"] if swa_full else [])
     srv = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    start_log = []
     try:
         for line in srv.stderr:
-            start_log.append(line.rstrip())
             if "KV cache" in line:
                 log(line.strip())
-            if " on http://" in line:
                 break
-        peak = {"running": 0.0, "blocks": 0.0}
-        done = threading.Event()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+            model_id = json.loads(r.read())["data"][0]["id"]
 
-        def watch() -> None:
-            while not done.is_set():
-                try:
-                    m = metrics(port)
-                except OSError:
-                    break
-                peak["running"] = max(peak["running"], m.get("tandem_requests_running", 0.0))
-                peak["blocks"] = max(peak["blocks"], m.get("tandem_kv_blocks_used", 0.0))
-                peak["total"] = m.get("tandem_kv_blocks_total", 0.0)
-                time.sleep(0.2)
-
-        results: list[dict] = [{} for _ in prompts]
-
-        def ask(i: int) -> None:
-            body = json.dumps({"model": "m", "prompt": prompts[i], "max_tokens": args.max_tokens,
+        def ask(prompt: str, out: dict) -> None:
+            body = json.dumps({"model": model_id, "prompt": prompt, "max_tokens": args.max_tokens,
                                "temperature": 0}).encode()
             req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                          headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=3600) as r:
-                results[i] = json.loads(r.read())
+            try:
+                with urllib.request.urlopen(req, timeout=3600) as r:
+                    out.update(json.loads(r.read()))
+            except OSError as e:
+                out["error"] = str(e)
 
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        t0 = time.time()
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.time() - t0
-        done.set()
-        watcher.join()
+        def watched(batch: list[str]) -> tuple[list[dict], dict, float]:
+            """Runs the prompts at once; the most requests running and blocks held meanwhile."""
+            peak = {"running": 0.0, "blocks": 0.0, "total": 0.0}
+            done = threading.Event()
+
+            def watch() -> None:
+                while not done.is_set():
+                    try:
+                        m = metrics(port)
+                    except OSError:
+                        break
+                    peak["running"] = max(peak["running"], m.get("tandem_requests_running", 0.0))
+                    peak["blocks"] = max(peak["blocks"], m.get("tandem_kv_blocks_used", 0.0))
+                    peak["total"] = m.get("tandem_kv_blocks_total", 0.0)
+                    time.sleep(0.1)
+
+            results: list[dict] = [{} for _ in batch]
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            t0 = time.time()
+            threads = [threading.Thread(target=ask, args=(p, results[i])) for i, p in enumerate(batch)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.time() - t0
+            done.set()
+            watcher.join()
+            failed = [r["error"] for r in results if "error" in r]
+            if failed:
+                raise SystemExit(f"{len(failed)} requests failed: {failed[0]}")
+            return results, peak, wall
+
+        # One sequence alone: the most blocks it holds (its prompt's chunks
+        # included), and so how many such sequences the pool holds whole.
+        _, alone, _ = watched(prompts[:1])
+        results, peak, wall = watched(prompts)
         m = metrics(port)
     finally:
         srv.terminate()
         srv.wait(timeout=60)
     tokens = [r["usage"]["prompt_tokens"] for r in results]
-    return {"engine": "tandem", "swa_full": swa_full, "peak_running": int(peak["running"]),
-            "peak_blocks": int(peak["blocks"]), "blocks_total": int(peak.get("total", 0)),
+    per_seq = int(alone["blocks"])
+    return {"engine": "tandem", "swa_full": swa_full, "blocks_per_sequence": per_seq,
+            "blocks_total": int(peak["total"]), "sequences_held": int(peak["total"]) // max(1, per_seq),
+            "peak_running": int(peak["running"]), "peak_blocks": int(peak["blocks"]),
             "preemptions": int(m.get("tandem_preemptions_total", 0)), "wall_s": round(wall, 1),
             "prompt_tokens": [min(tokens), max(tokens)], "texts": [r["choices"][0]["text"] for r in results]}
 
@@ -148,8 +167,8 @@ def main() -> int:
     ap.add_argument("--tandem", type=Path, default=REPO / "build/tandem")
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--kv-memory", default="300M")
-    ap.add_argument("--requests", type=int, default=10)
-    ap.add_argument("--prompt-chars", type=int, default=28000)
+    ap.add_argument("--requests", type=int, default=6)
+    ap.add_argument("--prompt-chars", type=int, default=36000)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-llama", action="store_true")
@@ -173,13 +192,19 @@ def main() -> int:
 
     print(f"\n{args.requests} prompts of {rows[0]['prompt_tokens'][0]}-{rows[0]['prompt_tokens'][1]} tokens, "
           f"context {args.ctx}, --kv-memory {args.kv_memory}, {args.model.name}\n")
-    print("| engine | sliding-window layers | sequences at once | KV blocks held (peak / pool) | preemptions | wall s |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| sliding-window layers | blocks (pages) in the pool | most blocks one sequence holds | sequences the "
+          "pool holds whole | all at once: most running, blocks held | preemptions | wall s |")
+    print("|---|---:|---:|---:|---|---:|---:|")
     for r in rows:
         if r["engine"] != "tandem":
             continue
-        print(f"| tandem | {'every block (--swa-full)' if r['swa_full'] else 'last 512 positions'} | "
-              f"{r['peak_running']} | {r['peak_blocks']} / {r['blocks_total']} | {r['preemptions']} | {r['wall_s']} |")
+        print(f"| {'every block (--swa-full)' if r['swa_full'] else 'last 512 positions'} | {r['blocks_total']} | "
+              f"{r['blocks_per_sequence']} | {r['sequences_held']} | {r['peak_running']}, {r['peak_blocks']} | "
+              f"{r['preemptions']} | {r['wall_s']} |")
+    full, win = rows[0], rows[1]
+    share = lambda r: r["blocks_per_sequence"] / max(1, r["blocks_total"])  # noqa: E731  (of the pool's bytes)
+    print(f"\none sequence takes {100 * share(full):.1f}% of the pool with every block, {100 * share(win):.1f}% "
+          f"without: {share(full) / max(1e-9, share(win)):.2f}x the sequences in the same memory")
     same = rows[0]["texts"] == rows[1]["texts"]
     print(f"\ngreedy outputs identical with and without --swa-full: {same}")
     llama = [r for r in rows if r["engine"] == "llama.cpp"]

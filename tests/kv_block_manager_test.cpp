@@ -679,8 +679,12 @@ void stress(const StressConfig& cfg) {
   if (cfg.caching) {
     EXPECT_GT(st.hit_tokens, 100u);
   }
-  if (cfg.swap) EXPECT_GT(restored, 5);
-  if (cfg.n_windowed > 0) EXPECT_GT(given_back, 100);
+  if (cfg.swap) {
+    EXPECT_GT(restored, 5);
+  }
+  if (cfg.n_windowed > 0) {
+    EXPECT_GT(given_back, 100);
+  }
   if (cfg.events_from >= 0) {
     EXPECT_GT(router.stored, 20);
     EXPECT_GT(router.removed, 10);

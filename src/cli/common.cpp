@@ -145,6 +145,12 @@ void add_kv_cache_options(CLI::App* cmd, KvCacheFlags& f) {
   cmd->add_flag("--swa-full", f.swa_full,
                 "Sliding-window layers keep every KV block (by default they give back the ones their window has "
                 "passed)");
+  cmd->add_option("--kv-window", f.window,
+                  "Streaming window: keep the first --kv-sinks positions and the last N of a sequence, evicting the "
+                  "ones between, so generation runs past the context at constant memory (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--kv-sinks", f.sinks, "Positions kept from a sequence's start with --kv-window (attention sinks)")
+      ->capture_default_str();
 }
 
 KvCacheTypes kv_cache_types(const KvCacheFlags& f) {
@@ -158,6 +164,8 @@ KvCacheTypes kv_cache_types(const KvCacheFlags& f) {
   };
   KvCacheTypes t{one(f.k, "--cache-type-k"), one(f.v, "--cache-type-v")};
   t.swa_full = f.swa_full;
+  t.window = f.window;
+  t.sinks = f.sinks;
   try {
     t.rotation = parse_kv_rotation(f.rotation);
   } catch (const Error& e) {

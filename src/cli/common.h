@@ -43,9 +43,11 @@ void add_spec_options(CLI::App* cmd, SpecFlags& f);
 // (both; the specific flags win): f16, f32, q8_0, q4_0 (kv/kv_cache.h).
 // --kv-rotation auto|off|all: which quantized parts are Hadamard-rotated.
 // --swa-full: sliding-window layers keep every block.
+// --kv-window N --kv-sinks S: a streaming window of N positions after S sinks.
 struct KvCacheFlags {
   std::string k, v, both, rotation = "auto";
   bool swa_full = false;
+  int32_t window = 0, sinks = 4;
 };
 void add_kv_cache_options(CLI::App* cmd, KvCacheFlags& f);
 // f16 where nothing is given. Throws kInvalidArgument naming an unknown type

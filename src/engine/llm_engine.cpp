@@ -91,6 +91,7 @@ struct Engine::Impl {
   StepReport report;
   uint64_t preemptions_seen = 0;
   void resume_session(Sequence& s);
+  void stream(Sequence& s);
   // Samples the first token of the sequences `ready` holds, before the step's
   // forward pass. True when there were any.
   bool start_ready();
@@ -182,8 +183,25 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(shape, kv_fmt));
   // Sliding-window layers on pages of their own, given back as the window
   // passes them; every size below is in tokens that hold all layers.
-  const KvPaging paging = c.kv_cache.swa_full || c.device != "cpu" ? kv_paging(shape.n_layer)
-                                                           : kv_paging(mc.layer_is_swa, mc.sliding_window);
+  const KvCacheTypes& kc = c.kv_cache;
+  if (kc.window < 0 || kc.sinks < 0)
+    fail(ErrorKind::kInvalidArgument, "--kv-window and --kv-sinks must be >= 0 (got {} and {})", kc.window, kc.sinks);
+  if (kc.window > 0) {
+    if (kc.window < kc.sinks)
+      fail(ErrorKind::kInvalidArgument, "the streaming window (--kv-window {}) is smaller than its sinks (--kv-sinks {})",
+           kc.window, kc.sinks);
+    if (int64_t{kc.window} + kc.sinks + c.block_size > max_context)
+      fail(ErrorKind::kInvalidArgument,
+           "a streaming window of {} positions and {} sinks needs a context of at least {} tokens, not {}", kc.window,
+           kc.sinks, kc.window + kc.sinks + c.block_size, max_context);
+    if (c.device != "cpu") fail(ErrorKind::kUnsupported, "--kv-window runs on the CPU only (--device {})", c.device);
+    if (c.spec.mode == SpecMode::kDraft)
+      fail(ErrorKind::kInvalidArgument, "--kv-window does not combine with a draft model (--spec draft)");
+  }
+  // A streaming window keeps its own positions in every layer.
+  const KvPaging paging = kc.swa_full || kc.window > 0 || c.device != "cpu"
+                              ? kv_paging(shape.n_layer)
+                              : kv_paging(mc.layer_is_swa, mc.sliding_window);
   const int64_t groups = paging.n_groups;
   if (c.swap_bytes < 0) fail(ErrorKind::kInvalidArgument, "swap space must be >= 0 bytes, got {}", c.swap_bytes);
   // The pool and the swap space are committed as they fill, so the kernel
@@ -227,12 +245,16 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   blocks = std::make_unique<BlockManager>(static_cast<int32_t>(n_blocks), c.block_size, c.prefix_caching,
                                           paging.n_windowed(), paging.window);
   blocks->set_copy_block([this](int32_t src, int32_t dst) { exec->copy_block(src, dst); });  // copy-on-write
+  blocks->set_copy_slots([this](int32_t src, int32_t dst, int32_t from, int32_t to) {
+    exec->copy_slots(src, dst, from, to);
+  });
   SchedulerConfig sc;
   sc.max_batch_tokens = batch_tokens;
   sc.prefill_chunk = chunk;
   sc.shortest_prompt_first = latency;
   sc.max_seqs = c.max_seqs;
   sc.max_context = max_context;
+  sc.stream_limit = kc.window > 0 ? kc.window + kc.sinks + c.block_size : 0;
   // Scoring a prompt keeps a row of logits per position: at most 64 MiB of
   // them a step (64 rows of Gemma 3's 262k vocabulary, 512 of a 32k one).
   sc.max_prompt_logit_rows = static_cast<int32_t>(
@@ -460,7 +482,7 @@ bool Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
     finish(seq, "stop", m.pos != std::string::npos ? "stop" : "json");
   } else if (p.max_tokens >= 0 && seq->n_generated() >= p.max_tokens) {
     finish(seq, "length", "length");
-  } else if (static_cast<int32_t>(seq->tokens.size()) >= max_context) {
+  } else if (seq->slot(static_cast<int32_t>(seq->tokens.size())) >= max_context) {
     finish(seq, "length", "context");
   } else {
     return true;
@@ -487,6 +509,8 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
       child->prompt_lp = seq->prompt_lp;
       child->prompt_top = seq->prompt_top;
       child->blocks = blocks->fork(seq->blocks);
+      child->evicted = seq->evicted;
+      child->sink_keys = seq->sink_keys;
       Sequence* raw = child.get();
       sched->add_running(std::move(child));
       first_token(raw, lg, raw->sampler->sample(std::span<const float>(lg, nv), raw->tokens, raw->json.get()));
@@ -526,7 +550,8 @@ bool Engine::Impl::step() {
     seq_kv[i].blocks = s->blocks.table;
     seq_kv[i].windowed.resize(s->blocks.windowed.size());
     for (size_t g = 0; g < s->blocks.windowed.size(); ++g) seq_kv[i].windowed[g] = s->blocks.windowed[g].table;
-    seq_kv[i].n_tokens = start;
+    seq_kv[i].n_tokens = s->slot(start);
+    seq_kv[i].rope_shift = s->evicted;
     seq_kv_ptrs[i] = &seq_kv[i];
     for (int32_t j = 0; j < n; ++j) {
       const int32_t pos = start + j;
@@ -535,7 +560,7 @@ bool Engine::Impl::step() {
       const bool last = pos + 1 >= n_tok;
       if (pos + 1 == n_tok) last_row[i] = n_logit_rows;
       const int32_t token = pos < n_tok ? s->tokens[pos] : s->draft[pos - n_tok];
-      batch.push_back({token, pos, static_cast<int32_t>(i), score || last});
+      batch.push_back({token, s->slot(pos), static_cast<int32_t>(i), score || last});
       n_logit_rows += score || last;
       if (pos < s->n_prompt) ++n_prompt_rows;
     }
@@ -613,9 +638,11 @@ bool Engine::Impl::step() {
       const Sampled& x = sampled[si++];
       if (x.error) std::rethrow_exception(x.error);
       accept_verified(s, s->n_computed(), x, nv);
+      stream(*s);
       continue;
     }
-    blocks->commit(s->blocks, s->tokens, s->n_computed() + sched_batch[i].n_tokens);
+    blocks->commit(s->blocks, s->tokens, s->blocks.n_computed + sched_batch[i].n_tokens);
+    stream(*s);
     if (last_row[i] < 0) continue;
     const Sampled& x = sampled[si++];
     if (x.error) std::rethrow_exception(x.error);
@@ -655,7 +682,11 @@ void Engine::Impl::plan_drafts() {
     int32_t cap = p.spec_max > 0 ? std::min(p.spec_max, cfg.spec.max_draft) : cfg.spec.max_draft;
     // k drafts can give k + 1 tokens, and their positions must fit the context.
     if (p.max_tokens >= 0) cap = std::min(cap, p.max_tokens - s.n_generated() - 1);
-    cap = std::min(cap, max_context - static_cast<int32_t>(s.tokens.size()));
+    cap = std::min(cap, max_context - s.slot(static_cast<int32_t>(s.tokens.size())));
+    // Nor cross a streaming window's eviction point (the scheduler's stream_limit).
+    if (cfg.kv_cache.window > 0)
+      cap = std::min(cap, cfg.kv_cache.window + cfg.kv_cache.sinks + blocks->block_size() -
+                              s.slot(static_cast<int32_t>(s.tokens.size())));
     if (cap <= 0) return;
     const int32_t a = drafter->available(s, cap);
     if (a <= 0) return;
@@ -705,8 +736,8 @@ void Engine::Impl::accept_verified(Sequence* s, int32_t start, const Sampled& x,
   // the last verified one: their K/V stands; the slots after are given back.
   std::vector<int32_t> fed = s->tokens;
   fed.insert(fed.end(), s->draft.begin(), s->draft.begin() + (m - 1));
-  blocks->commit(s->blocks, fed, start + m);
-  blocks->truncate(s->blocks, start + m);
+  blocks->commit(s->blocks, fed, s->slot(start) + m);
+  blocks->truncate(s->blocks, s->slot(start) + m);
   // Running acceptance: each draft up to the first miss is one observation.
   const int32_t observed = std::min(k, kept + 1);
   for (int32_t j = 0; j < observed; ++j) s->spec.acceptance += 0.1 * ((j < kept ? 1.0 : 0.0) - s->spec.acceptance);
@@ -764,6 +795,31 @@ void Engine::Impl::first_token(Sequence* seq, const float* lg, int32_t token) {
     return;
   }
   accept_token(seq, token, lg);
+}
+
+// A streaming window (--kv-window N --kv-sinks S, StreamingLLM): once a
+// sequence holds a block more than S + N positions, the oldest positions
+// after the first S go, whole blocks of them, and the sinks' keys turn on by
+// as many positions, so that every distance a query sees is the one in the
+// cache. Tried again next step when the pool cannot copy a shared sink block.
+void Engine::Impl::stream(Sequence& s) {
+  const int32_t window = cfg.kv_cache.window, sinks = cfg.kv_cache.sinks, bs = blocks->block_size();
+  const int32_t held = s.blocks.n_computed;
+  if (window <= 0 || held < sinks + window + bs || s.status != SeqStatus::kRunning) return;
+  if (blocks->evict_cost(s.blocks, sinks) > blocks->n_free()) return;
+  SeqKv sk;
+  sk.blocks = s.blocks.table;
+  if (sinks > 0 && s.sink_keys.empty()) {
+    s.sink_keys.resize(size_t(model.config().n_layer) * size_t(sinks) * size_t(model.kv_shape().k_width));
+    exec->read_keys(sk, sinks, s.sink_keys.data());
+  }
+  const int32_t count = (held - sinks - window) / bs * bs;
+  blocks->evict(s.blocks, sinks, count);
+  s.evicted += count;
+  if (sinks > 0) {
+    sk.blocks = s.blocks.table;
+    exec->write_keys(sk, sinks, s.sink_keys.data(), s.evicted);
+  }
 }
 
 void Engine::Impl::resume_session(Sequence& s) {
@@ -841,7 +897,7 @@ bool Engine::Impl::start_ready() {
 
 void Engine::Impl::save_session(Sequence& s) {
   const int32_t n = s.n_computed(), bs = blocks->block_size();
-  if (n <= 0) return;
+  if (n <= 0 || s.evicted > 0) return;  // a streaming window's cache no longer holds the prefix
   auto it = sessions.find(s.req->params.session);
   if (it != sessions.end()) blocks->free(it->second.tail);
   Session& ss = sessions[s.req->params.session];
@@ -956,9 +1012,11 @@ uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params
   if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt is empty");
   for (int32_t t : prompt)
     if (t < 0 || t >= nv) fail(ErrorKind::kInvalidArgument, "prompt token id {} is outside the vocabulary (0..{})", t, nv - 1);
-  // A prompt alone (max_tokens 0: scored, not continued) may fill the context.
-  if (static_cast<int64_t>(prompt.size()) > I.max_context ||
-      (static_cast<int64_t>(prompt.size()) == I.max_context && params.max_tokens != 0))
+  // A prompt alone (max_tokens 0: scored, not continued) may fill the
+  // context; a streaming window slides through any prompt.
+  if (I.cfg.kv_cache.window == 0 &&
+      (static_cast<int64_t>(prompt.size()) > I.max_context ||
+       (static_cast<int64_t>(prompt.size()) == I.max_context && params.max_tokens != 0)))
     fail(ErrorKind::kInvalidArgument,
          "the prompt has {} tokens, which leaves no room in the context of {} tokens", prompt.size(), I.max_context);
   if (params.n < 1 || params.n > kMaxChoices)

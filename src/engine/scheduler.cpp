@@ -73,11 +73,13 @@ void Scheduler::preempt(Sequence* seq) {
     return;
   }
   blocks_.free(s->blocks);  // recompute: prompt and generated tokens run again as a prefill
+  s->evicted = 0;           // (a streaming window evicts again as it goes)
+  s->sink_keys.clear();
   insert_waiting(std::move(s));
 }
 
 bool Scheduler::swap_out(Sequence& s) {
-  const int32_t computed = s.n_computed();
+  const int32_t computed = s.blocks.n_computed;  // slots
   if (swap_.bytes == 0 || computed == 0) return false;
   // Group 0's blocks, then each windowed group's from its window on.
   const int32_t n = blocks_.blocks_for(computed), kept = blocks_.first_kept_block(computed);
@@ -104,12 +106,16 @@ bool Scheduler::swap_in(Sequence& s) {
   // Blocks for every token, as an admission takes: the next one to compute
   // has its slot, so the sequence does not preempt another at its first step.
   // A prompt still being scored must compute what it has not saved.
-  const bool use_cache = !s.wants_prompt_logits();
-  if (!blocks_.can_allocate(s.tokens, use_cache)) return false;
+  // A sequence whose streaming window evicted positions holds fewer slots
+  // than tokens, and nothing the prefix cache could give.
+  const bool use_cache = !s.wants_prompt_logits() && s.evicted == 0;
+  const std::span<const int32_t> slots = std::span<const int32_t>(s.tokens).first(s.tokens.size() - size_t(s.evicted));
+  if (!blocks_.can_allocate(slots, use_cache)) return false;
   // Leading blocks still in the prefix cache are shared again as they are;
   // the table from the first writable block on gets the saved K/V.
-  blocks_.allocate(s.blocks, s.tokens, use_cache);
-  const int32_t saved = s.swapped_computed, done = std::max(s.n_computed(), saved);
+  blocks_.allocate(s.blocks, slots, use_cache);
+  s.blocks.detached = s.evicted > 0;
+  const int32_t saved = s.swapped_computed, done = std::max(s.blocks.n_computed, saved);
   if (blocks_.restore_cost(s.blocks, done) > blocks_.n_free()) {
     blocks_.free(s.blocks);  // the windowed groups' pages do not fit yet
     return false;
@@ -117,7 +123,7 @@ bool Scheduler::swap_in(Sequence& s) {
   blocks_.restore(s.blocks, done);
   // Blocks from the first writable one on get the saved K/V (laid out as swap_out wrote it).
   const int32_t n = blocks_.blocks_for(saved), kept = blocks_.first_kept_block(saved);
-  const int32_t first = s.n_computed() / blocks_.block_size();
+  const int32_t first = s.blocks.n_computed / blocks_.block_size();
   const std::byte* in = s.swapped_kv.data();
   for (int32_t i = first; i < n; ++i) swap_.load(s.blocks.table[i], in + size_t(i) * swap_.block_bytes);
   in += size_t(n) * swap_.block_bytes;
@@ -136,6 +142,7 @@ bool Scheduler::swap_in(Sequence& s) {
 // sequence that comes last in scheduling order (possibly `needy` itself) while
 // blocks are short. False when `needy` was the victim.
 bool Scheduler::make_room(Sequence* needy, int32_t end, std::vector<ScheduledSeq>& batch) {
+  end = needy->slot(end);
   while (!blocks_.can_append(needy->blocks, end)) {
     Sequence* victim = nullptr;
     for (auto& s : running_)
@@ -167,7 +174,7 @@ std::vector<ScheduledSeq> Scheduler::schedule(int32_t prefill_budget) {
     if (budget <= 0) break;
     if (s->status != SeqStatus::kRunning) continue;  // preempted by an earlier one
     int32_t rows = 1 + static_cast<int32_t>(s->draft.size());
-    if (rows - 1 > spare || !blocks_.can_append(s->blocks, s->n_computed() + rows)) {
+    if (rows - 1 > spare || !blocks_.can_append(s->blocks, s->slot(s->n_computed() + rows))) {
       s->draft.clear();
       rows = 1;
     }
@@ -192,8 +199,13 @@ std::vector<ScheduledSeq> Scheduler::schedule(int32_t prefill_budget) {
     } else {
       // A prompt being scored (prompt_logprobs) computes every position.
       const bool use_cache = !s->wants_prompt_logits();
-      if (!blocks_.can_allocate(s->tokens, use_cache)) break;
-      blocks_.allocate(s->blocks, s->tokens, use_cache);  // n_computed = prompt tokens found in the prefix cache
+      // A context's worth, or up to a streaming window's eviction point: such
+      // a sequence (recomputed after a preemption, or a long prompt) grows its
+      // table as it goes, and never holds more.
+      const size_t most = cfg_.stream_limit > 0 ? size_t(cfg_.stream_limit) : size_t(cfg_.max_context);
+      const auto head = std::span<const int32_t>(s->tokens).first(std::min(s->tokens.size(), most));
+      if (!blocks_.can_allocate(head, use_cache)) break;
+      blocks_.allocate(s->blocks, head, use_cache);  // n_computed = prompt tokens found in the prefix cache
       if (on_admit_ && use_cache) on_admit_(*s);
       if (s->n_generated() == 0) s->n_cached_prompt = s->n_computed();
     }
@@ -227,8 +239,10 @@ std::vector<ScheduledSeq> Scheduler::schedule(int32_t prefill_budget) {
     const bool scored = s->wants_prompt_logits();
     // Rows before the first scored one need no logits and cost none of them.
     const int32_t free_rows = scored ? std::max(0, s->score_next - 1 - (s->n_computed() + give[i])) : 0;
+    const int32_t stream_room =
+        cfg_.stream_limit > 0 ? std::max(1, cfg_.stream_limit - s->blocks.n_computed) - give[i] : INT32_MAX;
     const int32_t n = std::min({s->n_uncomputed() - give[i], cfg_.prefill_chunk - give[i], left, most,
-                                scored ? free_rows + logit_rows : INT32_MAX});
+                                scored ? free_rows + logit_rows : INT32_MAX, stream_room});
     if (n > 0) {
       give[i] += n;
       left -= n;

@@ -49,6 +49,10 @@ struct SchedulerConfig {
   // Prompt rows per step that may ask for logits to score the prompt
   // (prompt_logprobs): each one is a vocabulary of floats.
   int32_t max_prompt_logit_rows = 512;
+  // A streaming window's eviction point (sinks + window + a block; 0: none):
+  // a prompt chunk ends there, so that each row sees what it would see
+  // computed one at a time, as the window slides token by token.
+  int32_t stream_limit = 0;
 };
 
 struct ScheduledSeq {

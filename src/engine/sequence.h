@@ -74,8 +74,16 @@ struct Sequence {
   int32_t preemptions = 0;
 
   int32_t n_generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
-  int32_t n_computed() const { return blocks.n_computed; }
-  int32_t n_uncomputed() const { return static_cast<int32_t>(tokens.size()) - blocks.n_computed; }
+  // A streaming window (--kv-window): positions evicted after the sinks, so
+  // that position p past them sits in cache slot p - evicted; and the sinks'
+  // keys as first computed, which each eviction turns on from (rounding
+  // never accumulates).
+  int32_t evicted = 0;
+  std::vector<float> sink_keys;
+
+  int32_t n_computed() const { return blocks.n_computed + evicted; }
+  int32_t n_uncomputed() const { return static_cast<int32_t>(tokens.size()) - n_computed(); }
+  int32_t slot(int32_t pos) const { return pos - evicted; }  // for positions past the sinks
   int32_t priority() const { return req->params.priority; }
   // Whether prompt positions still need their logprobs computed.
   bool wants_prompt_logits() const {

@@ -256,6 +256,10 @@ void BlockManager::commit(SeqBlocks& s, std::span<const int32_t> tokens, int32_t
       fail(ErrorKind::kInvalidArgument, "commit: {} computed tokens, but a windowed group has {} blocks", n_computed,
            w.table.size());
   s.n_computed = n_computed;
+  if (s.detached) {
+    s.prefix.resize(size_t(n_computed / block_size_));
+    return;
+  }
   publish_done(s.table, s.prefix, 0, tokens, n_computed);
   for (int32_t g = 0; g < n_windowed_; ++g)
     publish_done(s.windowed[g].table, s.windowed[g].prefix, g + 1, tokens, n_computed);
@@ -296,6 +300,46 @@ void BlockManager::drop_passed(SeqBlocks& s) {
         release(w.table[i]);
         w.table[i] = -1;
       }
+}
+
+int32_t BlockManager::evict_cost(const SeqBlocks& s, int32_t from) const {
+  int32_t cost = 0;
+  for (int32_t i = 0; i < blocks_for(from) && i < int32_t(s.table.size()); ++i) {
+    const Block& b = blocks_[s.table[i]];
+    cost += b.ref > 1 || b.published;
+  }
+  return cost;
+}
+
+void BlockManager::evict(SeqBlocks& s, int32_t from, int32_t count) {
+  check_seq_shape(s, "evict");
+  const int32_t bs = block_size_;
+  if (n_windowed_ > 0 || from < 0 || count <= 0 || count % bs != 0 || from + count > s.n_computed)
+    fail(ErrorKind::kInvalidArgument, "evict: {} positions after {} of a sequence with {} computed (blocks of {})",
+         count, from, s.n_computed, bs);
+  const size_t b0 = size_t(from / bs), k = size_t(count / bs);
+  const int32_t off = from % bs;
+  if (off != 0 && !copy_slots_) fail(ErrorKind::kInvalidArgument, "evict: needs a slot copy callback");
+  if (evict_cost(s, from) > n_free())
+    fail(ErrorKind::kResource, "KV cache full: evicting needs {} blocks, {} free", evict_cost(s, from), n_free());
+  for (size_t i = 0; i < size_t(blocks_for(from)); ++i) {
+    const Block& b = blocks_[s.table[i]];
+    if (b.ref > 1 || b.published) copy_on_write(s.table, i);
+  }
+  // With the kept head ending inside block b0, the positions after the gap
+  // that land in b0 come from block b0 + k (the same slots: count is whole blocks).
+  size_t first = b0;
+  if (off != 0) {
+    copy_slots_(s.table[b0 + k], s.table[b0], off, bs);
+    first = b0 + 1;
+  }
+  for (size_t i = first; i < first + k; ++i) release(s.table[i]);
+  s.table.erase(s.table.begin() + ptrdiff_t(first), s.table.begin() + ptrdiff_t(first + k));
+  s.n_tokens -= count;
+  s.n_computed -= count;
+  s.n_cached_tokens = std::min(s.n_cached_tokens, s.n_computed);
+  s.detached = true;
+  s.prefix.assign(size_t(s.n_computed / bs), BlockRef{});
 }
 
 SeqBlocks BlockManager::fork(const SeqBlocks& s) {
@@ -654,7 +698,7 @@ void BlockManager::check_invariants(std::span<const LiveSeq> live) const {
       stamp[b] = k + 1;
       ++holders[b];
       const Block& blk = blocks_[b];
-      if (!blk.published) continue;
+      if (!blk.published || s.detached) continue;  // a detached table's positions moved
       if (i >= s.prefix.size()) broken(fmt::format("sequence {} holds published block {} beyond its computed tokens", k, b));
       if (!same_tokens(b, tokens, i)) broken(fmt::format("sequence {} block {}: cached tokens differ", k, b));
       if (blk.parent != (i == 0 ? BlockRef{} : s.prefix[i - 1]))

@@ -85,6 +85,10 @@ struct SeqBlocks {
   // need not be table[i] (a concurrent duplicate), or none.
   std::vector<BlockRef> prefix;
   std::vector<WindowedBlocks> windowed;  // one per windowed group once allocated
+  // A streaming window evicted positions: slots no longer hold the K/V of
+  // the tokens at their index, so nothing more is published or checked
+  // against tokens (its prefix entries are none).
+  bool detached = false;
 };
 
 struct BlockStats {
@@ -115,6 +119,8 @@ struct KvCacheEvent {
 
 // Copies the K/V of every layer of block `src` into block `dst`.
 using CopyBlockFn = std::function<void(int32_t src, int32_t dst)>;
+// Copies slots [from, to) of block `src` into the same slots of `dst`.
+using CopySlotsFn = std::function<void(int32_t src, int32_t dst, int32_t from, int32_t to)>;
 
 class BlockManager {
  public:
@@ -127,6 +133,8 @@ class BlockManager {
   // when the pool has no block to spare, a fully cached prompt recomputes its
   // whole last block instead of copying it.
   void set_copy_block(CopyBlockFn fn) { copy_block_ = std::move(fn); }
+  // Needed by evict() when the kept head ends inside a block.
+  void set_copy_slots(CopySlotsFn fn) { copy_slots_ = std::move(fn); }
 
   int32_t n_blocks() const { return static_cast<int32_t>(blocks_.size()); }
   int32_t block_size() const { return block_size_; }
@@ -181,6 +189,15 @@ class BlockManager {
   // the slots after it: for a cache whose content is never published (a
   // draft model's). Throws kInvalidArgument if a block it drops is published.
   void rollback(SeqBlocks& s, int32_t n);
+
+  // A streaming window: forgets computed positions [from, from + count)
+  // (count a multiple of the block size) and moves the ones after them down
+  // by count; the blocks before `from` become private (their keys are
+  // rewritten next) and the sequence detached. evict_cost is the blocks it
+  // takes from the pool first (copies of shared head blocks); evict throws
+  // kResource, changing nothing, when they are short. No windowed groups.
+  int32_t evict_cost(const SeqBlocks& s, int32_t from) const;
+  void evict(SeqBlocks& s, int32_t from, int32_t count);
 
   SeqBlocks fork(const SeqBlocks& s);
   // Releases every block of `s` and leaves it empty; freeing an empty one is a no-op.
@@ -293,6 +310,7 @@ class BlockManager {
   uint64_t seed_;
   uint64_t hash_mask_ = ~uint64_t(0);
   CopyBlockFn copy_block_;
+  CopySlotsFn copy_slots_;
   std::vector<Block> blocks_;
   std::vector<int32_t> key_tokens_;  // block_size tokens per block, valid while published
   std::vector<int32_t> plain_free_;  // stack

@@ -333,6 +333,30 @@ void KvCache::read(int32_t layer, int32_t block, int32_t slot, float* k, float* 
   }
 }
 
+void KvCache::read_key(int32_t layer, int32_t block, int32_t slot, float* k) const {
+  check_block(block);
+  const int32_t kh = k_head();
+  for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
+    load_key(format_.k, k_.get() + k_offset(paging_.slot[layer], block, h), slot, k + h * kh, kh, block_size_);
+    if (format_.rotate_k) hadamard_rotate(k + h * kh, kh);  // H is its own inverse
+  }
+}
+
+void KvCache::write_key(int32_t layer, int32_t block, int32_t slot, const float* k) {
+  check_block(block);
+  const int32_t kh = k_head();
+  thread_local std::vector<float> tmp;
+  for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
+    const float* kx = k + h * kh;
+    if (format_.rotate_k) {
+      tmp.assign(kx, kx + kh);
+      hadamard_rotate(tmp.data(), kh);
+      kx = tmp.data();
+    }
+    store_key(format_.k, kx, k_.get() + k_offset(paging_.slot[layer], block, h), slot, kh, block_size_);
+  }
+}
+
 void KvCache::rotate_queries(float* q, int32_t n_head, int32_t head_dim) const {
   if (!format_.rotate_k) return;
   for (int32_t h = 0; h < n_head; ++h) hadamard_rotate(q + size_t(h) * head_dim, head_dim);
@@ -363,6 +387,38 @@ void KvCache::copy_block(int32_t src, int32_t dst) {
   // A run of block dst lies (dst - src) runs of its kind after src's.
   const ptrdiff_t blocks_apart = ptrdiff_t(dst) - src;
   for_each_run(src, [&](std::byte* run, size_t n) { std::memcpy(run + blocks_apart * ptrdiff_t(n), run, n); });
+}
+
+void KvCache::copy_slots(int32_t src, int32_t dst, int32_t from, int32_t to) {
+  check_block(src);
+  check_block(dst);
+  if (from < 0 || to > block_size_ || from >= to) return;
+  // K: rows of block_size elements (transposed), each row's slots apart; a
+  // quantized K's scale rows (f16) after its value rows. V: one row per slot.
+  const int32_t kh = k_head(), vh = v_head();
+  struct Rows {
+    int32_t n;
+    size_t elem;
+  };
+  std::vector<Rows> k_rows;
+  switch (format_.k) {
+    case KvType::kF32: k_rows = {{kh, 4}}; break;
+    case KvType::kF16: k_rows = {{kh, 2}}; break;
+    case KvType::kQ8_0: k_rows = {{kh, 1}, {kh / kKvGroup, 2}}; break;
+    case KvType::kQ4_0: k_rows = {{kh / 2, 1}, {kh / kKvGroup, 2}}; break;
+  }
+  const size_t v_row = kv_bytes(format_.v, vh);
+  for (int32_t j = 0; j < paging_.layers_per_page; ++j)
+    for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
+      const std::byte* ks = k_.get() + k_offset(j, src, h);
+      std::byte* kd = k_.get() + k_offset(j, dst, h);
+      size_t at = 0;
+      for (const Rows& r : k_rows)
+        for (int32_t i = 0; i < r.n; ++i, at += r.elem * block_size_)
+          std::memcpy(kd + at + from * r.elem, ks + at + from * r.elem, size_t(to - from) * r.elem);
+      std::memcpy(v_.get() + v_offset(j, dst, h) + from * v_row, v_.get() + v_offset(j, src, h) + from * v_row,
+                  size_t(to - from) * v_row);
+    }
 }
 
 void KvCache::save_block(int32_t block, std::byte* out) const {

@@ -47,6 +47,10 @@ struct KvCacheTypes {
   // (llama.cpp's --swa-full). Off: they give back the blocks their window
   // has passed (KvPaging); the CUDA backend always keeps them.
   bool swa_full = false;
+  // A streaming window (StreamingLLM): > 0 keeps the first `sinks` positions
+  // and the last `window` of a sequence and evicts the ones between, so it
+  // runs past the context at constant memory (engine/llm_engine.cpp, stream).
+  int32_t window = 0, sinks = 4;
 };
 
 // How a cache stores K and V. kv_format() is where the rotation is decided.
@@ -128,6 +132,12 @@ class KvCache {
   // what attention reads, for tests and tools.
   void read(int32_t layer, int32_t block, int32_t slot, float* k, float* v) const;
 
+  // One token's keys alone (k_width floats), in the model's space: read
+  // unrotated where the format rotates, written rotated and converted.
+  // Re-positioning kept keys (a streaming window's sinks) goes through them.
+  void read_key(int32_t layer, int32_t block, int32_t slot, float* k) const;
+  void write_key(int32_t layer, int32_t block, int32_t slot, const float* k);
+
   // Queries (n_head heads of head_dim) into the space the keys are stored
   // in, and attention outputs (n_head heads of head_dim_v) back from the
   // values' space: no-ops unless the format rotates.
@@ -140,6 +150,9 @@ class KvCache {
   }
   // Block `dst` gets block `src`'s K/V, bit for bit (copy-on-write).
   void copy_block(int32_t src, int32_t dst);
+  // Slots [from, to) of block `dst` get those of block `src`, bit for bit,
+  // every layer of the page and head (a streaming window closing a gap).
+  void copy_slots(int32_t src, int32_t dst, int32_t from, int32_t to);
   // A block's K/V as block_bytes() bytes, and back (swapping a preempted
   // sequence out of the pool and in again). kInvalidArgument for a block
   // outside the pool.
@@ -185,6 +198,11 @@ struct SeqKv {
   std::vector<int32_t> blocks;                  // group 0's table
   std::vector<std::vector<int32_t>> windowed;  // groups 1..'s tables; -1: a page given back
   int32_t n_tokens = 0;  // positions [0, n_tokens) hold valid K/V
+  // Positions a streaming window removed after its sinks: a row at cache
+  // position p is rotated as position p + rope_shift (kept keys keep their
+  // rotation; the sinks are rotated on by as much, so every distance is the
+  // one in the cache, as StreamingLLM has it).
+  int32_t rope_shift = 0;
 
   const int32_t* table(int32_t group) const { return group == 0 ? blocks.data() : windowed[group - 1].data(); }
 

@@ -1,5 +1,8 @@
 #include "model/executor.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "core/error.h"
 
 namespace tandem {
@@ -16,6 +19,23 @@ class CpuExecutor final : public Executor {
   size_t block_bytes() const override { return kv_.block_bytes(); }
   void save_block(int32_t block, std::byte* out) override { kv_.save_block(block, out); }
   void load_block(int32_t block, const std::byte* in) override { kv_.load_block(block, in); }
+  void copy_slots(int32_t src, int32_t dst, int32_t from, int32_t to) override { kv_.copy_slots(src, dst, from, to); }
+  void read_keys(const SeqKv& seq, int32_t n, float* out) override {
+    const int32_t w = kv_.shape().k_width, bs = kv_.block_size();
+    for (int32_t l = 0; l < kv_.shape().n_layer; ++l)
+      for (int32_t p = 0; p < n; ++p)
+        kv_.read_key(l, seq.table(kv_.group(l))[p / bs], p % bs, out + (size_t(l) * n + p) * w);
+  }
+  void write_keys(const SeqKv& seq, int32_t n, const float* keys, int32_t delta) override {
+    const int32_t w = kv_.shape().k_width, bs = kv_.block_size();
+    std::vector<float> k(static_cast<size_t>(w));
+    for (int32_t l = 0; l < kv_.shape().n_layer; ++l)
+      for (int32_t p = 0; p < n; ++p) {
+        std::copy_n(keys + (size_t(l) * n + p) * w, w, k.data());
+        m_.rope_shift_key(l, k.data(), delta);
+        kv_.write_key(l, seq.table(kv_.group(l))[p / bs], p % bs, k.data());
+      }
+  }
   size_t kv_bytes() const override { return kv_.bytes(); }
   std::string device() const override { return "cpu"; }
 

@@ -313,6 +313,28 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
   }
 }
 
+namespace {
+
+RopeParams rope_params(const ModelConfig& c, const ModelWeights& w, int32_t il) {
+  const bool swa = c.layer_is_swa[il];
+  RopeParams rope;
+  rope.style = c.rope_style;
+  rope.dims = c.rope_dims;
+  rope.base = swa ? c.rope_base_swa : c.rope_base;
+  rope.scale = swa ? c.rope_scale_swa : c.rope_scale;
+  rope.freq_factors = w.rope_freqs.empty() ? nullptr : w.rope_freqs.data();
+  return rope;
+}
+
+}  // namespace
+
+void Model::rope_shift_key(int32_t il, float* k, int32_t delta) const {
+  const RopeParams rope = rope_params(cfg_, w_, il);
+  std::vector<float> cs(size_t(cfg_.rope_dims / 2)), sn(cs.size());
+  rope_angles(rope, delta, cs.data(), sn.data());
+  for (int32_t h = 0; h < cfg_.n_head_kv; ++h) rope_apply(rope, cs.data(), sn.data(), k + h * cfg_.head_dim);
+}
+
 // Rows [c0, c0 + n) of the batch (normed in s.xn) through one layer's
 // attention, up to its output projection: q, k, v; rope; the KV cache
 // writes; attention (prefill runs of a sequence together, decode rows
@@ -326,12 +348,7 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
   const int64_t QW = int64_t{c.n_head} * c.head_dim, KW = int64_t{c.n_head_kv} * c.head_dim;
   const int64_t VW = int64_t{c.n_head_kv} * c.head_dim_v, OW = int64_t{c.n_head} * c.head_dim_v;
   const bool swa = c.layer_is_swa[il];
-  RopeParams rope;
-  rope.style = c.rope_style;
-  rope.dims = c.rope_dims;
-  rope.base = swa ? c.rope_base_swa : c.rope_base;
-  rope.scale = swa ? c.rope_scale_swa : c.rope_scale;
-  rope.freq_factors = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data();
+  const RopeParams rope = rope_params(c, w_, il);
   const int32_t half = c.rope_dims / 2;
   const AttnShape shape{c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, swa ? c.sliding_window : 0};
   // Sized for the chunk; they only grow, so that a short last chunk does not
@@ -367,7 +384,7 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
       }
       float* cs = s.rope_cos.data() + r * half;
       float* sn = s.rope_sin.data() + r * half;
-      rope_angles(rope, row.pos, cs, sn);
+      rope_angles(rope, row.pos + seqs[row.seq]->rope_shift, cs, sn);
       for (int32_t h = 0; h < c.n_head; ++h) {
         rope_apply(rope, cs, sn, q + h * c.head_dim);
         for (int32_t i = 0; i < c.head_dim; ++i) q[h * c.head_dim + i] *= c.attn_scale;

@@ -89,6 +89,11 @@ class Model {
   void forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
                std::span<float> out);
 
+  // Turns one token's keys of layer il (n_head_kv heads, as the cache
+  // returns them: KvCache::read_key) `delta` positions further on: RoPE is
+  // a rotation, so RoPE(p + delta) = R(delta) RoPE(p).
+  void rope_shift_key(int32_t il, float* k, int32_t delta) const;
+
   // The two phases as the engine calls them.
   // Prefill: the N prompt tokens of one sequence from position seq.n_tokens;
   // returns the last position's logits.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <ctime>
 #include <mutex>
 #include <optional>
@@ -153,6 +154,7 @@ struct Server::Impl final : HttpHandler {
   HttpServer http;
   std::vector<std::string> model_names;  // names a request's "model" may use
   int32_t max_context = 0;
+  int64_t prompt_limit = 0;  // tokens a prompt must stay under: the context, or none with a streaming window
   int64_t created = 0;
   std::atomic<bool> stopping{false};
   // Shared with the engine's sink, which may outlive the server.
@@ -363,7 +365,7 @@ struct Server::Impl final : HttpHandler {
   // A prompt's ids if it leaves room to generate; `which` names it in errors.
   std::vector<int32_t> checked_length(std::vector<int32_t> ids, const char* param, const std::string& which) const {
     if (ids.empty()) throw_invalid(param, fmt::format("{} is empty", which));
-    if (static_cast<int64_t>(ids.size()) >= max_context) throw too_long(param, which, std::to_string(ids.size()));
+    if (static_cast<int64_t>(ids.size()) >= prompt_limit) throw too_long(param, which, std::to_string(ids.size()));
     return ids;
   }
   ApiError too_long(const char* param, const std::string& which, const std::string& count) const {
@@ -376,7 +378,7 @@ struct Server::Impl final : HttpHandler {
   // A text's ids; a text that cannot fit is refused before it is tokenized.
   std::vector<int32_t> text_tokens(const std::string& text, const char* param, const std::string& which) const {
     const int64_t at_least = intake.min_tokens(text.size());
-    if (at_least >= max_context) throw too_long(param, which, fmt::format("at least {}", at_least));
+    if (at_least >= prompt_limit) throw too_long(param, which, fmt::format("at least {}", at_least));
     return checked_length(intake.prompt(text), param, which);
   }
 
@@ -388,7 +390,7 @@ struct Server::Impl final : HttpHandler {
                        "messages");
       size_t bytes = 0;
       for (const ChatMessage& m : r.messages) bytes += m.content.size();
-      if (const int64_t at_least = intake.min_tokens(bytes); at_least >= max_context)
+      if (const int64_t at_least = intake.min_tokens(bytes); at_least >= prompt_limit)
         throw too_long("messages", "the prompt", fmt::format("at least {}", at_least));
       ChatPrompt chat;
       try {
@@ -540,6 +542,7 @@ Server::Server(Engine& engine, ServerConfig cfg) : impl_(std::make_unique<Impl>(
   s.model_names = {s.cfg.model_id, file_name, s.intake.model_path()};
   if (file_name.size() > 5 && file_name.ends_with(".gguf")) s.model_names.push_back(file_name.substr(0, file_name.size() - 5));
   s.max_context = s.cfg.max_context > 0 ? s.cfg.max_context : s.intake.max_context();
+  s.prompt_limit = engine.config().kv_cache.window > 0 ? INT64_MAX : s.max_context;
   engine.set_step_observer([&s](const StepReport& r) { s.timeline.publish(r); });
   if (!s.cfg.kv_events.endpoint.empty()) {
     s.cfg.kv_events.block_size = engine.config().block_size;

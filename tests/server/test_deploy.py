@@ -117,7 +117,7 @@ def test_the_deployment_runs_as_written():
 
         def get(path, body=None):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            conn.request("POST" if body else "GET", path, json.dumps(body) if body else None,
+            conn.request("POST" if body is not None else "GET", path, json.dumps(body) if body is not None else None,
                          {"Content-Type": "application/json"})
             r = conn.getresponse()
             return r.status, r.read().decode()

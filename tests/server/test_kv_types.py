@@ -39,6 +39,8 @@ def test_quantized_pool_holds_more_tokens_and_serves():
     (["--cache-type-v", "int8"], "--cache-type-v"),
     (["--kv-rotation", "sometimes"], "--kv-rotation"),
     (["--cache-type-k", "q8_0"], "8 elements"),  # stories260K's heads are too small for 32-blocks
+    (["--kv-window", "4", "--kv-sinks", "8"], "smaller than its sinks"),
+    (["--ctx-size", "128", "--kv-window", "200"], "needs a context of at least 220"),
 ])
 def test_bad_cache_types_stop_at_start_up(args, says):
     r = subprocess.run([CLI, "serve", "-m", STORIES, "--port", "0", "-t", "1", *args], capture_output=True,
@@ -46,3 +48,22 @@ def test_bad_cache_types_stop_at_start_up(args, says):
     assert r.returncode != 0
     assert says in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and "terminate called" not in r.stderr
+
+
+def test_streaming_window_generates_past_the_context():
+    # stories260K, a context of 128: a window of 32 after 4 sinks keeps going.
+    srv = start_server(STORIES, "--ctx-size", "128", "--kv-window", "32", "--kv-sinks", "4", "--cache-type-k", "f32")
+    try:
+        client = srv.client()
+        r = client.completions.create(model=client.models.list().data[0].id, prompt="Once upon a time",
+                                      max_tokens=400, temperature=0, extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 400 and r.choices[0].finish_reason == "length"
+        # A prompt longer than the context slides through the window too.
+        long = " ".join(["Once upon a time there was a little dog."] * 40)
+        r = client.completions.create(model=client.models.list().data[0].id, prompt=long, max_tokens=20,
+                                      temperature=0, extra_body={"ignore_eos": True})
+        assert r.usage.prompt_tokens > 128 and r.usage.completion_tokens == 20
+        samples, _ = parse_metrics(srv.metrics())
+        assert samples["tandem_kv_blocks_used"] == 0
+    finally:
+        assert srv.stop() == 0
