@@ -156,7 +156,7 @@ def run_llama(args: argparse.Namespace, swa_full: bool) -> dict:
     p = subprocess.run([str(py), "-c", LLAMA_WORKER, str(args.model), str(args.ctx), str(args.requests),
                         "1" if swa_full else "0"], capture_output=True, text=True, timeout=600)
     mib = [float(x) for x in re.findall(r"KV buffer size =\s*([\d.]+) MiB", p.stderr)]
-    cells = re.findall(r"size = (\d+) cells, +(\d+) layers", p.stderr)
+    cells = re.findall(r"\(\s*(\d+) cells,\s+(\d+) layers", p.stderr)
     return {"engine": "llama.cpp", "swa_full": swa_full, "kv_mib": round(sum(mib), 1),
             "caches": [f"{c} cells x {n} layers" for c, n in cells], "ok": "context created" in p.stderr}
 
@@ -172,6 +172,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--llama-only", action="store_true")
     ap.add_argument("--venv", type=Path, default=Path("/tmp/llamacpp-venv"))
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args()
@@ -180,6 +181,11 @@ def main() -> int:
     step = (len(text) - args.prompt_chars) // max(1, args.requests - 1)
     prompts = [text[i * step:i * step + args.prompt_chars] for i in range(args.requests)]
     rows = []
+    if args.llama_only:
+        for swa_full in (True, False):
+            r = run_llama(args, swa_full)
+            print(f"llama.cpp swa_full={swa_full}: {r['kv_mib']} MiB ({'; '.join(r['caches'])})")
+        return 0
     for swa_full in (True, False):
         log(f"tandem, swa_full={swa_full}")
         rows.append(run_tandem(args, swa_full, prompts))

@@ -109,7 +109,10 @@ bool Scheduler::swap_in(Sequence& s) {
   // A sequence whose streaming window evicted positions holds fewer slots
   // than tokens, and nothing the prefix cache could give.
   const bool use_cache = !s.wants_prompt_logits() && s.evicted == 0;
-  const std::span<const int32_t> slots = std::span<const int32_t>(s.tokens).first(s.tokens.size() - size_t(s.evicted));
+  const size_t most = std::max<size_t>(size_t(s.swapped_computed) + 1,
+                                      cfg_.stream_limit > 0 ? size_t(cfg_.stream_limit) : size_t(cfg_.max_context));
+  const std::span<const int32_t> slots =
+      std::span<const int32_t>(s.tokens).first(std::min(s.tokens.size() - size_t(s.evicted), most));
   if (!blocks_.can_allocate(slots, use_cache)) return false;
   // Leading blocks still in the prefix cache are shared again as they are;
   // the table from the first writable block on gets the saved K/V.
