@@ -303,16 +303,10 @@ int32_t KvCache::allocate() {
 void KvCache::release(int32_t block) { free_.push_back(block); }
 
 void KvCache::write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v) {
-  const int32_t kh = k_head(), vh = v_head();
+  write_key(layer, block, slot, k);
+  const int32_t vh = v_head();
   thread_local std::vector<float> tmp;
   for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
-    const float* kx = k + h * kh;
-    if (format_.rotate_k) {
-      tmp.assign(kx, kx + kh);
-      hadamard_rotate(tmp.data(), kh);
-      kx = tmp.data();
-    }
-    store_key(format_.k, kx, k_.get() + k_offset(paging_.slot[layer], block, h), slot, kh, block_size_);
     const float* vx = v + h * vh;
     if (format_.rotate_v) {
       tmp.assign(vx, vx + vh);
