@@ -138,7 +138,7 @@ class CudaExecutor final : public Executor {
 
   void forward(const Batch& batch, std::span<SeqKv* const> seqs, std::span<float> logits) override;
   void copy_block(int32_t src, int32_t dst) override;
-  size_t block_bytes() const override { return KvCache::bytes_per_token(plan_.shape, plan_.type) * plan_.block_size; }
+  size_t block_bytes() const override { return KvCache::bytes_per_token(plan_.shape, plan_.format) * plan_.block_size; }
   void save_block(int32_t block, std::byte* out) override;
   void load_block(int32_t block, const std::byte* in) override;
   void copy_slots(int32_t, int32_t, int32_t, int32_t) override { no_streaming(); }
@@ -332,7 +332,7 @@ CudaExecutor::CudaExecutor(Model& m, const KvPlan& plan) : model_(m), cfg_(m.con
 
   // The KV pool: the CPU KvCache's layout, zeroed as its calloc is.
   const KvShape& s = plan.shape;
-  const size_t esize = kv_bytes(plan.format.k, 1);
+  const size_t esize = tandem::kv_bytes(plan.format.k, 1);
   const size_t per = size_t(plan.n_blocks) * plan.block_size * s.n_layer * esize;
   k_cache_.alloc(per * s.k_width);
   v_cache_.alloc(per * s.v_width);
@@ -709,7 +709,7 @@ void CudaExecutor::run(int32_t R, int32_t Rp, int32_t n_out, int32_t n_tiles) {
   const int64_t VW = int64_t{c.n_head_kv} * c.head_dim_v, OW = int64_t{c.n_head} * c.head_dim_v;
   float* x = x_.get<float>();
   float* o = o_.get<float>();
-  const size_t esize = kv_bytes(plan_.format.k, 1);
+  const size_t esize = tandem::kv_bytes(plan_.format.k, 1);
   const size_t layer_k = size_t(c.n_head_kv) * plan_.n_blocks * plan_.block_size * c.head_dim * esize;
   const size_t layer_v = size_t(c.n_head_kv) * plan_.n_blocks * plan_.block_size * c.head_dim_v * esize;
 
