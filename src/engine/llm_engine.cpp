@@ -637,8 +637,7 @@ bool Engine::Impl::step() {
     if (!s->draft.empty() && last_row[i] >= 0) {
       const Sampled& x = sampled[si++];
       if (x.error) std::rethrow_exception(x.error);
-      accept_verified(s, s->n_computed(), x, nv);
-      stream(*s);
+      accept_verified(s, s->n_computed(), x, nv);  // streams before the tokens may finish it
       continue;
     }
     blocks->commit(s->blocks, s->tokens, s->blocks.n_computed + sched_batch[i].n_tokens);
@@ -738,6 +737,7 @@ void Engine::Impl::accept_verified(Sequence* s, int32_t start, const Sampled& x,
   fed.insert(fed.end(), s->draft.begin(), s->draft.begin() + (m - 1));
   blocks->commit(s->blocks, fed, s->slot(start) + m);
   blocks->truncate(s->blocks, s->slot(start) + m);
+  stream(*s);
   // Running acceptance: each draft up to the first miss is one observation.
   const int32_t observed = std::min(k, kept + 1);
   for (int32_t j = 0; j < observed; ++j) s->spec.acceptance += 0.1 * ((j < kept ? 1.0 : 0.0) - s->spec.acceptance);
