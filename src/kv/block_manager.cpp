@@ -184,17 +184,11 @@ int32_t BlockManager::append_cost(const SeqBlocks& s, int32_t end) const {
   const int64_t n_table = int64_t(s.table.size());
   const int64_t want = blocks_for(end);
   int64_t cost = std::max<int64_t>(0, want - n_table);
-  for (int64_t i = s.n_computed / block_size_; i < std::min(want, n_table); ++i) {
-    const Block& b = blocks_[s.table[i]];
-    cost += b.ref > 1 || b.published;
-  }
+  for (int64_t i = s.n_computed / block_size_; i < std::min(want, n_table); ++i) cost += needs_copy(s.table[i]);
   for (const WindowedBlocks& w : s.windowed) {
     const int64_t n_w = int64_t(w.table.size());
     cost += std::max<int64_t>(0, want - n_w);
-    for (int64_t i = s.n_computed / block_size_; i < std::min(want, n_w); ++i) {
-      const Block& b = blocks_[w.table[i]];
-      cost += b.ref > 1 || b.published;
-    }
+    for (int64_t i = s.n_computed / block_size_; i < std::min(want, n_w); ++i) cost += needs_copy(w.table[i]);
   }
   return static_cast<int32_t>(std::min<int64_t>(cost, INT32_MAX));
 }
@@ -211,11 +205,9 @@ void BlockManager::append(SeqBlocks& s, int32_t end) {
   const size_t last = std::min(want, s.table.size());
   auto own = [&](std::vector<int32_t>& table, size_t last) {
     for (size_t i = first; i < last; ++i) {
-      const Block& b = blocks_[table[i]];
-      if (b.ref > 1 || b.published) {
-        if (!copy_block_) fail(ErrorKind::kInvalidArgument, "append: writing a shared block needs a block copy callback");
-        copy_on_write(table, i);
-      }
+      if (!needs_copy(table[i])) continue;
+      if (!copy_block_) fail(ErrorKind::kInvalidArgument, "append: writing a shared block needs a block copy callback");
+      copy_on_write(table, i);
     }
     while (table.size() < want) table.push_back(take_free());
   };
@@ -227,8 +219,7 @@ void BlockManager::append(SeqBlocks& s, int32_t end) {
 int32_t BlockManager::restore_cost(const SeqBlocks& s, int32_t n) const {
   const size_t kept = size_t(first_kept_block(n)), want = size_t(blocks_for(n));
   int64_t cost = 0;
-  for (const WindowedBlocks& w : s.windowed)
-    for (size_t i = std::max(kept, w.table.size()); i < want; ++i) ++cost;
+  for (const WindowedBlocks& w : s.windowed) cost += int64_t(want) - int64_t(std::min(want, std::max(kept, w.table.size())));
   return static_cast<int32_t>(std::min<int64_t>(cost, INT32_MAX));
 }
 
@@ -304,10 +295,7 @@ void BlockManager::drop_passed(SeqBlocks& s) {
 
 int32_t BlockManager::evict_cost(const SeqBlocks& s, int32_t from) const {
   int32_t cost = 0;
-  for (int32_t i = 0; i < blocks_for(from) && i < int32_t(s.table.size()); ++i) {
-    const Block& b = blocks_[s.table[i]];
-    cost += b.ref > 1 || b.published;
-  }
+  for (int32_t i = 0; i < blocks_for(from) && i < int32_t(s.table.size()); ++i) cost += needs_copy(s.table[i]);
   return cost;
 }
 
@@ -322,10 +310,8 @@ void BlockManager::evict(SeqBlocks& s, int32_t from, int32_t count) {
   if (off != 0 && !copy_slots_) fail(ErrorKind::kInvalidArgument, "evict: needs a slot copy callback");
   if (evict_cost(s, from) > n_free())
     fail(ErrorKind::kResource, "KV cache full: evicting needs {} blocks, {} free", evict_cost(s, from), n_free());
-  for (size_t i = 0; i < size_t(blocks_for(from)); ++i) {
-    const Block& b = blocks_[s.table[i]];
-    if (b.ref > 1 || b.published) copy_on_write(s.table, i);
-  }
+  for (size_t i = 0; i < size_t(blocks_for(from)); ++i)
+    if (needs_copy(s.table[i])) copy_on_write(s.table, i);
   // With the kept head ending inside block b0, the positions after the gap
   // that land in b0 come from block b0 + k (the same slots: count is whole blocks).
   size_t first = b0;
@@ -442,7 +428,6 @@ void BlockManager::record_events(std::string_view hash_seed) {
       const bool has_parent = is_current(blk.parent);
       const uint64_t parent = has_parent ? blocks_[blk.parent.block].content : 0;
       blocks_[*it].content = content_hash(has_parent, parent, stored_tokens(*it));
-      blocks_[*it].announced = true;
       done[*it] = true;
       if (content_refs_[blocks_[*it].content]++ == 0) {
         auto t = stored_tokens(*it);
@@ -539,7 +524,6 @@ void BlockManager::publish(int32_t b, BlockRef parent, std::span<const int32_t> 
   blk.windowed = windowed;
   index_[hash] = b;
   if (!recording_ || windowed) return;
-  blk.announced = true;
   // The parent is current when a block is published (commit checks it).
   const bool has_parent = parent.block >= 0;
   const uint64_t parent_content = has_parent ? blocks_[parent.block].content : 0;
@@ -555,8 +539,9 @@ void BlockManager::unpublish(int32_t b, bool quiet) {
   index_.erase(blk.hash);
   blk.published = false;
   blk.parent = {};
-  const bool announced = std::exchange(blk.announced, false);
-  if (!recording_ || quiet || !announced) return;
+  // Every group 0 block is announced while recording (record_events
+  // announces those published before).
+  if (!recording_ || quiet || blk.windowed) return;
   auto it = content_refs_.find(blk.content);
   if (it != content_refs_.end() && --it->second == 0) {
     content_refs_.erase(it);
@@ -692,50 +677,47 @@ void BlockManager::check_invariants(std::span<const LiveSeq> live) const {
                          s.n_computed, s.n_tokens, tokens.size()));
     if (s.prefix.size() != size_t(s.n_computed) / bs)
       broken(fmt::format("sequence {} has {} prefix entries for {} computed tokens", k, s.prefix.size(), s.n_computed));
-    for (size_t i = 0; i < s.table.size(); ++i) {
-      const int32_t b = s.table[i];
-      if (b < 0 || b >= n || stamp[b] == k + 1) broken(fmt::format("sequence {} holds block {} twice or out of range", k, b));
-      stamp[b] = k + 1;
-      ++holders[b];
-      const Block& blk = blocks_[b];
-      if (!blk.published || s.detached) continue;  // a detached table's positions moved
-      if (i >= s.prefix.size()) broken(fmt::format("sequence {} holds published block {} beyond its computed tokens", k, b));
-      if (!same_tokens(b, tokens, i)) broken(fmt::format("sequence {} block {}: cached tokens differ", k, b));
-      if (blk.parent != (i == 0 ? BlockRef{} : s.prefix[i - 1]))
-        broken(fmt::format("sequence {} block {}: published under another prefix", k, b));
-    }
-    for (size_t i = 0; i < s.prefix.size(); ++i) {
-      if (!is_current(s.prefix[i])) continue;
-      const int32_t b = s.prefix[i].block;
-      if (!same_tokens(b, tokens, i)) broken(fmt::format("sequence {} prefix block {}: tokens differ", k, i));
-      if (blocks_[b].parent != (i == 0 ? BlockRef{} : s.prefix[i - 1]))
-        broken(fmt::format("sequence {} prefix block {}: another parent", k, i));
-    }
+    // One group's table and prefix entries: each block held once, a
+    // windowed group's given back exactly before its window, and published
+    // content (unless the positions moved: detached) under this prefix.
+    auto check_table = [&](const std::vector<int32_t>& table, const std::vector<BlockRef>& prefix, int32_t g,
+                           size_t kept) {
+      for (size_t i = 0; i < table.size(); ++i) {
+        const int32_t b = table[i];
+        if (g > 0 && (i < kept) != (b < 0))
+          broken(fmt::format("sequence {} group {} block {}: {} though the window starts at block {}", k, g, i,
+                             b < 0 ? "given back" : "held", kept));
+        if (g > 0 && b < 0) continue;
+        if (b < 0 || b >= n || stamp[b] == k + 1)
+          broken(fmt::format("sequence {} holds block {} twice or out of range", k, b));
+        stamp[b] = k + 1;
+        ++holders[b];
+        const Block& blk = blocks_[b];
+        if (!blk.published || s.detached) continue;
+        if (i >= prefix.size())
+          broken(fmt::format("sequence {} holds published block {} beyond its computed tokens", k, b));
+        if (!same_tokens(b, tokens, i)) broken(fmt::format("sequence {} group {} block {}: cached tokens differ", k, g, b));
+        if (blk.parent != (i == 0 ? root(g) : prefix[i - 1]))
+          broken(fmt::format("sequence {} group {} block {}: published under another prefix", k, g, b));
+      }
+      for (size_t i = 0; i < prefix.size(); ++i) {
+        if (!is_current(prefix[i])) continue;
+        const int32_t b = prefix[i].block;
+        if (!same_tokens(b, tokens, i)) broken(fmt::format("sequence {} group {} prefix block {}: tokens differ", k, g, i));
+        if (blocks_[b].parent != (i == 0 ? root(g) : prefix[i - 1]))
+          broken(fmt::format("sequence {} group {} prefix block {}: another parent", k, g, i));
+      }
+    };
+    check_table(s.table, s.prefix, 0, 0);
     if (!s.table.empty() && s.windowed.size() != size_t(n_windowed_))
       broken(fmt::format("sequence {} has {} windowed tables for {} groups", k, s.windowed.size(), n_windowed_));
-    const size_t kept = size_t(first_kept_block(s.n_computed));
     for (size_t g = 0; g < s.windowed.size(); ++g) {
       const WindowedBlocks& w = s.windowed[g];
       if (w.prefix.size() != s.prefix.size() || w.table.size() > s.table.size() ||
           (s.n_computed > 0 && int64_t(w.table.size()) < blocks_for(s.n_computed)))
         broken(fmt::format("sequence {} group {}: {} blocks and {} prefix entries for {} computed of {} tokens", k,
                            g + 1, w.table.size(), w.prefix.size(), s.n_computed, s.n_tokens));
-      for (size_t i = 0; i < w.table.size(); ++i) {
-        const int32_t b = w.table[i];
-        if ((i < kept) != (b < 0))
-          broken(fmt::format("sequence {} group {} block {}: {} though the window starts at block {}", k, g + 1, i,
-                             b < 0 ? "given back" : "held", kept));
-        if (b < 0) continue;
-        if (b >= n || stamp[b] == k + 1) broken(fmt::format("sequence {} holds block {} twice or out of range", k, b));
-        stamp[b] = k + 1;
-        ++holders[b];
-        const Block& blk = blocks_[b];
-        if (!blk.published) continue;
-        if (i >= w.prefix.size()) broken(fmt::format("sequence {} holds published block {} beyond its computed tokens", k, b));
-        if (!same_tokens(b, tokens, i)) broken(fmt::format("sequence {} group {} block {}: cached tokens differ", k, g + 1, b));
-        if (blk.parent != (i == 0 ? root(int32_t(g) + 1) : w.prefix[i - 1]))
-          broken(fmt::format("sequence {} group {} block {}: published under another prefix", k, g + 1, b));
-      }
+      check_table(w.table, w.prefix, int32_t(g) + 1, size_t(first_kept_block(s.n_computed)));
     }
   }
   for (int32_t b = 0; b < n; ++b)

@@ -253,8 +253,7 @@ class BlockManager {
     int32_t ref = 0;
     State state = State::kPlainFree;
     bool published = false;
-    bool windowed = false;   // published by a windowed group (no KV events)
-    bool announced = false;  // counted in content_refs_
+    bool windowed = false;  // published by a windowed group (no KV events)
     uint64_t epoch = 0;
     uint64_t hash = 0;      // of the key, while published
     uint64_t content = 0;   // content_hash, while published and recording events
@@ -299,6 +298,8 @@ class BlockManager {
   void drop_passed(SeqBlocks& s);
   void unpublish(int32_t b, bool quiet = false);
   void copy_on_write(std::vector<int32_t>& table, size_t index);
+  // A block a sequence may not write in place: shared, or published (immutable).
+  bool needs_copy(int32_t b) const { return blocks_[b].ref > 1 || blocks_[b].published; }
   void lru_push_back(int32_t b);
   void lru_remove(int32_t b);
   void check_seq_shape(const SeqBlocks& s, const char* what) const;
