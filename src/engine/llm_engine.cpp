@@ -92,6 +92,8 @@ struct Engine::Impl {
   uint64_t preemptions_seen = 0;
   void resume_session(Sequence& s);
   void stream(Sequence& s);
+  // A streaming window's eviction point: sinks + window + a block (0: none).
+  int32_t stream_limit = 0;
   // Samples the first token of the sequences `ready` holds, before the step's
   // forward pass. True when there were any.
   bool start_ready();
@@ -254,7 +256,8 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   sc.shortest_prompt_first = latency;
   sc.max_seqs = c.max_seqs;
   sc.max_context = max_context;
-  sc.stream_limit = kc.window > 0 ? kc.window + kc.sinks + c.block_size : 0;
+  stream_limit = kc.window > 0 ? kc.window + kc.sinks + c.block_size : 0;
+  sc.stream_limit = stream_limit;
   // Scoring a prompt keeps a row of logits per position: at most 64 MiB of
   // them a step (64 rows of Gemma 3's 262k vocabulary, 512 of a 32k one).
   sc.max_prompt_logit_rows = static_cast<int32_t>(
@@ -682,10 +685,8 @@ void Engine::Impl::plan_drafts() {
     // k drafts can give k + 1 tokens, and their positions must fit the context.
     if (p.max_tokens >= 0) cap = std::min(cap, p.max_tokens - s.n_generated() - 1);
     cap = std::min(cap, max_context - s.slot(static_cast<int32_t>(s.tokens.size())));
-    // Nor cross a streaming window's eviction point (the scheduler's stream_limit).
-    if (cfg.kv_cache.window > 0)
-      cap = std::min(cap, cfg.kv_cache.window + cfg.kv_cache.sinks + blocks->block_size() -
-                              s.slot(static_cast<int32_t>(s.tokens.size())));
+    // Nor cross a streaming window's eviction point.
+    if (stream_limit > 0) cap = std::min(cap, stream_limit - s.slot(static_cast<int32_t>(s.tokens.size())));
     if (cap <= 0) return;
     const int32_t a = drafter->available(s, cap);
     if (a <= 0) return;
@@ -805,7 +806,7 @@ void Engine::Impl::first_token(Sequence* seq, const float* lg, int32_t token) {
 void Engine::Impl::stream(Sequence& s) {
   const int32_t window = cfg.kv_cache.window, sinks = cfg.kv_cache.sinks, bs = blocks->block_size();
   const int32_t held = s.blocks.n_computed;
-  if (window <= 0 || held < sinks + window + bs || s.status != SeqStatus::kRunning) return;
+  if (stream_limit == 0 || held < stream_limit || s.status != SeqStatus::kRunning) return;
   if (blocks->evict_cost(s.blocks, sinks) > blocks->n_free()) return;
   SeqKv sk;
   sk.blocks = s.blocks.table;

@@ -109,8 +109,7 @@ bool Scheduler::swap_in(Sequence& s) {
   // A sequence whose streaming window evicted positions holds fewer slots
   // than tokens, and nothing the prefix cache could give.
   const bool use_cache = !s.wants_prompt_logits() && s.evicted == 0;
-  const size_t most = std::max<size_t>(size_t(s.swapped_computed) + 1,
-                                      cfg_.stream_limit > 0 ? size_t(cfg_.stream_limit) : size_t(cfg_.max_context));
+  const size_t most = std::max<size_t>(size_t(s.swapped_computed) + 1, slots_at_admission());
   const std::span<const int32_t> slots =
       std::span<const int32_t>(s.tokens).first(std::min(s.tokens.size() - size_t(s.evicted), most));
   if (!blocks_.can_allocate(slots, use_cache)) return false;
@@ -205,8 +204,7 @@ std::vector<ScheduledSeq> Scheduler::schedule(int32_t prefill_budget) {
       // A context's worth, or up to a streaming window's eviction point: such
       // a sequence (recomputed after a preemption, or a long prompt) grows its
       // table as it goes, and never holds more.
-      const size_t most = cfg_.stream_limit > 0 ? size_t(cfg_.stream_limit) : size_t(cfg_.max_context);
-      const auto head = std::span<const int32_t>(s->tokens).first(std::min(s->tokens.size(), most));
+      const auto head = std::span<const int32_t>(s->tokens).first(std::min(s->tokens.size(), slots_at_admission()));
       if (!blocks_.can_allocate(head, use_cache)) break;
       blocks_.allocate(s->blocks, head, use_cache);  // n_computed = prompt tokens found in the prefix cache
       if (on_admit_ && use_cache) on_admit_(*s);

@@ -103,6 +103,11 @@ class Scheduler {
   void insert_waiting(std::unique_ptr<Sequence> seq);
   bool swap_out(Sequence& s);  // false when the space is short (nothing changes then)
   bool swap_in(Sequence& s);   // false when the pool is short (nothing changes then)
+  // The most slots a sequence is given when it is admitted: a context, or a
+  // streaming window's eviction point; it grows its table from there.
+  size_t slots_at_admission() const {
+    return cfg_.stream_limit > 0 ? size_t(cfg_.stream_limit) : size_t(cfg_.max_context);
+  }
 
   SchedulerConfig cfg_;
   BlockManager& blocks_;

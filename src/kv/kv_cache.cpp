@@ -302,20 +302,26 @@ int32_t KvCache::allocate() {
 
 void KvCache::release(int32_t block) { free_.push_back(block); }
 
+namespace {
+
+// A head of n elements as stored: itself, or H times it in a per-thread
+// buffer (valid until the next call).
+const float* as_stored(const float* x, int32_t n, bool rotate) {
+  if (!rotate) return x;
+  thread_local std::vector<float> tmp;
+  tmp.assign(x, x + n);
+  hadamard_rotate(tmp.data(), n);
+  return tmp.data();
+}
+
+}  // namespace
+
 void KvCache::write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v) {
   write_key(layer, block, slot, k);
   const int32_t vh = v_head();
-  thread_local std::vector<float> tmp;
-  for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
-    const float* vx = v + h * vh;
-    if (format_.rotate_v) {
-      tmp.assign(vx, vx + vh);
-      hadamard_rotate(tmp.data(), vh);
-      vx = tmp.data();
-    }
-    store_row(format_.v, vx, v_.get() + v_offset(paging_.slot[layer], block, h) + size_t(slot) * kv_bytes(format_.v, vh),
-              vh);
-  }
+  for (int32_t h = 0; h < shape_.n_head_kv; ++h)
+    store_row(format_.v, as_stored(v + h * vh, vh, format_.rotate_v),
+              v_.get() + v_offset(paging_.slot[layer], block, h) + size_t(slot) * kv_bytes(format_.v, vh), vh);
 }
 
 void KvCache::read(int32_t layer, int32_t block, int32_t slot, float* k, float* v) const {
@@ -339,16 +345,9 @@ void KvCache::read_key(int32_t layer, int32_t block, int32_t slot, float* k) con
 void KvCache::write_key(int32_t layer, int32_t block, int32_t slot, const float* k) {
   check_block(block);
   const int32_t kh = k_head();
-  thread_local std::vector<float> tmp;
-  for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
-    const float* kx = k + h * kh;
-    if (format_.rotate_k) {
-      tmp.assign(kx, kx + kh);
-      hadamard_rotate(tmp.data(), kh);
-      kx = tmp.data();
-    }
-    store_key(format_.k, kx, k_.get() + k_offset(paging_.slot[layer], block, h), slot, kh, block_size_);
-  }
+  for (int32_t h = 0; h < shape_.n_head_kv; ++h)
+    store_key(format_.k, as_stored(k + h * kh, kh, format_.rotate_k),
+              k_.get() + k_offset(paging_.slot[layer], block, h), slot, kh, block_size_);
 }
 
 void KvCache::rotate_queries(float* q, int32_t n_head, int32_t head_dim) const {
