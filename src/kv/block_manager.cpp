@@ -132,9 +132,8 @@ void BlockManager::allocate(SeqBlocks& s, std::span<const int32_t> tokens, bool 
          s.n_tokens);
   if (tokens.empty()) fail(ErrorKind::kInvalidArgument, "allocate: the token list is empty");
   const Plan p = plan(tokens, use_cache);
-  if (p.need + headroom(p, tokens.size()) > n_free())
-    fail(ErrorKind::kResource, "KV cache full: {} tokens need {} more blocks, {} free", tokens.size(),
-         p.need + headroom(p, tokens.size()), n_free());
+  if (const int64_t want = p.need + headroom(p, tokens.size()); want > n_free())
+    fail(ErrorKind::kResource, "KV cache full: {} tokens need {} more blocks, {} free", tokens.size(), want, n_free());
 
   s = SeqBlocks{};
   s.windowed.resize(size_t(n_windowed_));
