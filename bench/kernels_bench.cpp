@@ -427,11 +427,13 @@ struct AttnBenchCache {
 // positions each) through all 22 layers (AttnBenchCache). In a real step the
 // weights' stream (1.1 GB) has evicted the K and V since the last one, so
 // each iteration first reads 64 MiB (twice L3) outside the timing. Args: N,
-// B, threads.
+// B, threads, and the cache type of K and V (KvType: 0 f16, 2 q8_0, 3 q4_0).
+// KV GB/s counts the bytes the type stores.
 void BM_AttentionDecode(benchmark::State& state) {
   const int32_t N = static_cast<int32_t>(state.range(0)), B = static_cast<int32_t>(state.range(1));
+  const auto type = static_cast<KvType>(state.range(3));
   std::mt19937 rng(5);
-  AttnBenchCache c(N, B, rng);
+  AttnBenchCache c(N, B, rng, type);
   const AttnShape& s = c.s;
   std::normal_distribution<float> normal;
   std::vector<float> q(size_t(B) * s.n_head * s.head_dim), out(q.size());
@@ -453,11 +455,13 @@ void BM_AttentionDecode(benchmark::State& state) {
   }
   benchmark::DoNotOptimize(out.data());
   benchmark::DoNotOptimize(sink);
-  const double bytes = double(c.kLayers) * B * N * 2 * s.n_head_kv * s.head_dim * 2;
+  const double bytes = double(c.kLayers) * B * N * 2 * s.n_head_kv * kv_bytes(type, s.head_dim);
   state.counters["KV GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate,
                                                  benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_AttentionDecode)->Args({512, 1, 2})->Args({1088, 1, 2})->Args({4096, 1, 2})->Args({128, 16, 2})
+BENCHMARK(BM_AttentionDecode)->Args({512, 1, 2, 0})->Args({1088, 1, 2, 0})->Args({4096, 1, 2, 0})
+    ->Args({128, 16, 2, 0})->Args({2048, 16, 2, 0})->Args({2048, 16, 2, 2})->Args({2048, 16, 2, 3})
+    ->Args({32768, 1, 2, 0})->Args({32768, 1, 2, 2})->Args({32768, 1, 2, 3})
     ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
 
 // Prefill attention of one N-token prompt through the same 22 layers
