@@ -74,19 +74,29 @@ World make_world(const AttnShape& s, KvFormat format, std::vector<int32_t> lens,
 }
 
 // Naive softmax in double over the K/V as stored (f16 values read back
-// exactly), for query (seq, pos, head).
+// exactly), for query (seq, pos, head). Against quantized keys the query is
+// the kernels' int8 one (attn_detail::quantize_query), as llama.cpp's q8_0
+// activations: what it loses is the format's, not a kernel's error.
 std::vector<double> reference(const World& w, int32_t seq, int32_t pos, int32_t h) {
   const AttnShape& s = w.s;
   const int32_t g = h / (s.n_head / s.n_head_kv), bs = w.kv->block_size();
   const int32_t first = s.window > 0 ? std::max(0, pos - s.window + 1) : 0;
   const float* q = w.q[seq].data() + pos * w.qw() + int64_t{h} * s.head_dim;
+  std::vector<double> qv(q, q + s.head_dim);
+  if (kv_type_quantized(w.kv->format().k)) {
+    std::vector<int8_t> qi(s.head_dim);
+    std::vector<float> qd(s.head_dim / kKvGroup);
+    std::vector<int32_t> qs(qd.size());
+    attn_detail::quantize_query(q, s.head_dim, qi.data(), qd.data(), qs.data());
+    for (int32_t i = 0; i < s.head_dim; ++i) qv[i] = double(qd[i / kKvGroup]) * qi[i];
+  }
   std::vector<float> k(w.kv->shape().k_width), v(w.kv->shape().v_width);
   std::vector<double> scores, out(s.head_dim_v, 0.0);
   std::vector<std::vector<double>> vals;
   for (int32_t p = first; p <= pos; ++p) {
     w.kv->read(kLayer, w.blocks[seq][p / bs], p % bs, k.data(), v.data());
     double d = 0;
-    for (int32_t i = 0; i < s.head_dim; ++i) d += double(q[i]) * k[g * s.head_dim + i];
+    for (int32_t i = 0; i < s.head_dim; ++i) d += qv[i] * k[g * s.head_dim + i];
     scores.push_back(d);
     vals.emplace_back(v.begin() + g * s.head_dim_v, v.begin() + (g + 1) * s.head_dim_v);
   }
@@ -134,10 +144,10 @@ std::vector<float> run_decode(KernelLevel level, const World& w, const std::vect
   return out;
 }
 
-// The levels with distinct attention kernels (the VNNI levels share these).
+// The levels with distinct attention kernels (AVX2-VNNI shares AVX2's).
 std::vector<KernelLevel> levels() {
   std::vector<KernelLevel> v;
-  for (KernelLevel l : {KernelLevel::kScalar, KernelLevel::kAvx2, KernelLevel::kAvx512})
+  for (KernelLevel l : {KernelLevel::kScalar, KernelLevel::kAvx2, KernelLevel::kAvx512, KernelLevel::kAvx512Vnni})
     if (cpu_supports_level(l)) v.push_back(l);
   return v;
 }

@@ -18,6 +18,7 @@ namespace {
 
 using attn_detail::ChunkFn;
 using attn_detail::ChunkJob;
+using attn_detail::QuantizedQuery;
 
 // Query rows per prefill work item: enough to reuse each chunk of K/V many
 // times from cache, few enough that the item's scratch stays in L2.
@@ -27,7 +28,8 @@ ChunkFn chunk_fn_for(KernelLevel level) {
   if (!cpu_supports_level(level))
     fail(ErrorKind::kInvalidArgument, "attention: this CPU cannot run kernel level {}", kernel_level_name(level));
   ChunkFn f = nullptr;
-  if (level >= KernelLevel::kAvx512) f = attn_detail::avx512_chunk_fn();
+  if (level >= KernelLevel::kAvx512Vnni) f = attn_detail::avx512_vnni_chunk_fn();
+  if (!f && level >= KernelLevel::kAvx512) f = attn_detail::avx512_chunk_fn();
   if (!f && level >= KernelLevel::kAvx2) f = attn_detail::avx2_chunk_fn();
   if (!f) f = attn_detail::ref_chunk_fn();
   return f;
@@ -70,6 +72,10 @@ struct Scratch {
   std::vector<float> scores, m, l, acc;  // one kernel call
   std::vector<float> M, L, A;            // running state per row
   std::vector<const float*> q, cq;
+  std::vector<QuantizedQuery> qq, cqq;   // q quantized, for quantized keys
+  std::vector<int8_t> q_values;
+  std::vector<float> q_scales;
+  std::vector<int32_t> q_sums;
   std::vector<float*> out;
   std::vector<int32_t> lo, hi, clo, chi, row_of;
   std::vector<uint8_t> started;
@@ -83,9 +89,29 @@ struct Scratch {
       if (v->size() < r * hdv) v->resize(r * hdv);
     q.resize(r);
     cq.resize(r);
+    qq.resize(r);
+    cqq.resize(r);
     out.resize(r);
     for (auto* v : {&lo, &hi, &clo, &chi, &row_of}) v->resize(r);
     started.resize(r);
+  }
+
+  // Rows q[0..n) quantized into qq[0..n) when the keys are quantized (the
+  // kernels' integer Q.K); once per row and call, not per chunk.
+  void quantize_rows(const KvLayerView& kv, int32_t n, int32_t hd) {
+    if (!kv_type_quantized(kv.k_type)) return;
+    const size_t groups = size_t(hd) / kKvGroup;
+    if (q_values.size() < size_t(n) * hd) q_values.resize(size_t(n) * hd);
+    if (q_scales.size() < n * groups) q_scales.resize(n * groups);
+    if (q_sums.size() < n * groups) q_sums.resize(n * groups);
+    for (int32_t r = 0; r < n; ++r) {
+      QuantizedQuery& x = qq[r];
+      x.q = q_values.data() + size_t(r) * hd;
+      x.d = q_scales.data() + r * groups;
+      x.sum = q_sums.data() + r * groups;
+      attn_detail::quantize_query(q[r], hd, q_values.data() + size_t(r) * hd, q_scales.data() + r * groups,
+                                  q_sums.data() + r * groups);
+    }
   }
 };
 
@@ -113,6 +139,37 @@ DecodeSplit& decode_split() {
   return d;
 }
 
+}  // namespace
+
+namespace attn_detail {
+
+void quantize_query(const float* x, int32_t head_dim, int8_t* q, float* d, int32_t* sum) {
+  for (int32_t g = 0; g < head_dim / kKvGroup; ++g) {
+    const float* xg = x + g * kKvGroup;
+    float amax = 0.0f;
+    for (int32_t i = 0; i < kKvGroup; ++i) amax = std::max(amax, std::abs(xg[i]));
+    const float dg = amax / 127.0f, id = dg != 0.0f ? 1.0f / dg : 0.0f;
+    int32_t s = 0;
+    for (int32_t i = 0; i < kKvGroup; ++i) {
+      // Adding and taking away 1.5 * 2^23 rounds |x| < 2^22 to an integer,
+      // ties to even, in two instructions (nearbyint is a libm call on
+      // baseline x86-64). The clamp only guards the group's maximum:
+      // amax * (1 / (amax / 127)) may round to 128.
+      constexpr float kRound = 12582912.0f;
+      const float r = (xg[i] * id + kRound) - kRound;
+      const int32_t v = std::clamp(static_cast<int32_t>(r), -127, 127);
+      q[g * kKvGroup + i] = static_cast<int8_t>(v);
+      s += v;
+    }
+    d[g] = dg;
+    sum[g] = s;
+  }
+}
+
+}  // namespace attn_detail
+
+namespace {
+
 // Rows sc.q[0..n) of KV head g, row r seeing positions [sc.lo[r], sc.hi[r]),
 // rows in position order: every chunk in turn, each folded into the rows
 // that reach it, then the outputs to sc.out.
@@ -130,6 +187,7 @@ void attend_rows(ChunkFn fn, const AttnShape& s, const KvLayerView& kv, int32_t 
   job.head_dim = s.head_dim;
   job.head_dim_v = hdv;
   job.q = sc.cq.data();
+  if (kv_type_quantized(kv.k_type)) job.qq = sc.cqq.data();
   job.lo = sc.clo.data();
   job.hi = sc.chi.data();
   job.scores = sc.scores.data();
@@ -143,6 +201,7 @@ void attend_rows(ChunkFn fn, const AttnShape& s, const KvLayerView& kv, int32_t 
       const int32_t a = std::max(sc.lo[r], cs), b = std::min(sc.hi[r], ce);
       if (a >= b) continue;
       sc.cq[k] = sc.q[r];
+      sc.cqq[k] = sc.qq[r];
       sc.clo[k] = a;
       sc.chi[k] = b;
       sc.row_of[k] = r;
@@ -191,6 +250,7 @@ void attention_prefill_at(KernelLevel level, const AttnShape& s, const KvLayerVi
           sc.lo[r] = first_pos(s, pos);
           sc.hi[r] = pos + 1;
         }
+      sc.quantize_rows(kv, r, s.head_dim);
       attend_rows(fn, s, kv, g, r, sc);
     }
   });
@@ -213,6 +273,7 @@ void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerVie
       sc.lo[j] = first_pos(s, positions[b]);
       sc.hi[j] = positions[b] + 1;
     }
+    sc.quantize_rows(views[b], group, s.head_dim);
     return g;
   };
 
@@ -282,6 +343,7 @@ void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerVie
       const int32_t cs = item.chunk * kAttnChunk;
       for (int32_t j = 0; j < group; ++j) {
         sc.cq[j] = sc.q[j];
+        sc.cqq[j] = sc.qq[j];
         sc.clo[j] = std::max(sc.lo[j], cs);
         sc.chi[j] = std::min(sc.hi[j], cs + kAttnChunk);
       }
@@ -293,6 +355,7 @@ void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerVie
       job.c0 = cs;
       job.n_rows = group;
       job.q = sc.cq.data();
+      if (kv_type_quantized(job.kv->k_type)) job.qq = sc.cqq.data();
       job.lo = sc.clo.data();
       job.hi = sc.chi.data();
       job.scores = sc.scores.data();

@@ -67,6 +67,26 @@ struct Ops {
     return _mm_cvtss_f32(_mm_max_ss(q, _mm_movehdup_ps(q)));
   }
   TD_FN static V exp(V x) { return simd::exp_ps(x); }  // kernels/simd_exp.h
+  // Quantized keys (no VNNI here): pmaddubsw pairs, summed by pmaddwd. Signed
+  // q8_0 keys go in as |k| with their signs moved onto the query bytes, so
+  // no pair can saturate (2 * 128 * 127 < 32768) and no offset is needed.
+  using I = __m256i;
+  using KW = __m256i;
+  struct KS {
+    __m256i abs, sign;
+  };
+  static constexpr int32_t kS8Bias = 0;
+  TD_FN static I ibcast(int32_t x) { return _mm256_set1_epi32(x); }
+  TD_FN static V to_float(I x) { return _mm256_cvtepi32_ps(x); }
+  TD_FN static KW load_words(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  TD_FN static KW nibbles_lo(KW w) { return _mm256_and_si256(w, _mm256_set1_epi8(15)); }
+  TD_FN static KW nibbles_hi(KW w) { return _mm256_and_si256(_mm256_srli_epi16(w, 4), _mm256_set1_epi8(15)); }
+  TD_FN static KS signed_words(KW w) { return {_mm256_abs_epi8(w), w}; }
+  TD_FN static I pairs(I acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+  }
+  TD_FN static I dot_u8(I acc, KW k, int32_t q) { return pairs(acc, k, _mm256_set1_epi32(q)); }
+  TD_FN static I dot_s8(I acc, KS k, int32_t q) { return pairs(acc, k.abs, _mm256_sign_epi8(_mm256_set1_epi32(q), k.sign)); }
 };
 
 #include "kernels/attention_chunk.h"

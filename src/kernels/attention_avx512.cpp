@@ -1,5 +1,6 @@
-// AVX-512 (F/BW/VL) attention kernel: attention_chunk.h over 16-lane
-// vectors, masked loads for row tails, F16C-style conversion of f16 K/V.
+// AVX-512 (F/BW/VL) attention kernels: attention_chunk.h over 16-lane
+// vectors, masked loads for row tails, F16C-style conversion of f16 K/V;
+// a second build of it with VNNI's integer dot products.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -25,7 +26,7 @@ namespace avx512 {
 
 struct Ops {
   using V = __m512;
-  static constexpr int W = 16, QR = 4, QK = 4, QKQ = 2, PR = 4, PD = 4;
+  static constexpr int W = 16, QR = 4, QK = 4, QKQ = 2, PR = 8, PD = 2;
   TD_FN static __mmask16 lanes_below(int32_t n) { return static_cast<__mmask16>((1u << n) - 1); }
   TD_FN static V zero() { return _mm512_setzero_ps(); }
   TD_FN static V bcast(float f) { return _mm512_set1_ps(f); }
@@ -61,6 +62,31 @@ struct Ops {
   TD_FN static V max(V x, V m) { return _mm512_max_ps(x, m); }
   TD_FN static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
   TD_FN static V exp(V x) { return simd::exp_ps(x); }  // kernels/simd_exp.h
+  // Quantized keys without VNNI: pmaddubsw pairs summed by pmaddwd. Signed
+  // q8_0 keys go in as |k| with their signs moved onto the query bytes
+  // (AVX-512 has no psignb: a masked negation), so no pair can saturate
+  // (2 * 128 * 127 < 32768) and no offset is needed.
+  using I = __m512i;
+  using KW = __m512i;
+  struct KS {
+    __m512i abs;
+    __mmask64 negative;
+  };
+  static constexpr int32_t kS8Bias = 0;
+  TD_FN static I ibcast(int32_t x) { return _mm512_set1_epi32(x); }
+  TD_FN static V to_float(I x) { return _mm512_cvtepi32_ps(x); }
+  TD_FN static KW load_words(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  TD_FN static KW nibbles_lo(KW w) { return _mm512_and_si512(w, _mm512_set1_epi8(15)); }
+  TD_FN static KW nibbles_hi(KW w) { return _mm512_and_si512(_mm512_srli_epi16(w, 4), _mm512_set1_epi8(15)); }
+  TD_FN static KS signed_words(KW w) { return {_mm512_abs_epi8(w), _mm512_movepi8_mask(w)}; }
+  TD_FN static I pairs(I acc, __m512i u, __m512i s) {
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+  }
+  TD_FN static I dot_u8(I acc, KW k, int32_t q) { return pairs(acc, k, _mm512_set1_epi32(q)); }
+  TD_FN static I dot_s8(I acc, KS k, int32_t q) {
+    const __m512i qv = _mm512_set1_epi32(q);
+    return pairs(acc, k.abs, _mm512_mask_sub_epi8(qv, k.negative, _mm512_setzero_si512(), qv));
+  }
 };
 
 #include "kernels/attention_chunk.h"
@@ -68,7 +94,28 @@ struct Ops {
 
 }  // namespace avx512
 
+// The same kernel with AVX512-VNNI's vpdpbusd for quantized keys: one
+// instruction per 4 dimensions of 16 keys and a query row. Its unsigned
+// operand takes q8_0 keys offset by 128 (the sign bit flipped).
+namespace avx512_vnni {
+
+#define TD_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) inline
+
+struct Ops : avx512::Ops {
+  using KS = __m512i;
+  static constexpr int32_t kS8Bias = 128;
+  TD_FN static KS signed_words(KW w) { return _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80))); }
+  TD_FN static I dot_u8(I acc, KW k, int32_t q) { return _mm512_dpbusd_epi32(acc, k, _mm512_set1_epi32(q)); }
+  TD_FN static I dot_s8(I acc, KS k, int32_t q) { return _mm512_dpbusd_epi32(acc, k, _mm512_set1_epi32(q)); }
+};
+
+#include "kernels/attention_chunk.h"
+#undef TD_FN
+
+}  // namespace avx512_vnni
+
 ChunkFn avx512_chunk_fn() { return &avx512::chunk_kernel; }
+ChunkFn avx512_vnni_chunk_fn() { return &avx512_vnni::chunk_kernel; }
 
 }  // namespace tandem::attn_detail
 
@@ -76,6 +123,7 @@ ChunkFn avx512_chunk_fn() { return &avx512::chunk_kernel; }
 
 namespace tandem::attn_detail {
 ChunkFn avx512_chunk_fn() { return nullptr; }
+ChunkFn avx512_vnni_chunk_fn() { return nullptr; }
 }  // namespace tandem::attn_detail
 
 #endif

@@ -11,13 +11,19 @@
 // mul(V, V), fma(a, b, c) = a*b+c, reduce(V) (fixed lane order), max(x, m) =
 // lane-wise x > m ? x : m, reduce_max(V), exp(V); tile sizes QR x QK for
 // scores (rows x vectors of W keys), QKQ vectors for quantized keys, and
-// PR x PD for the value sum (rows x vectors).
+// PR x PD for the value sum (rows x vectors). For quantized keys: I (W
+// int32), ibcast(int), to_float(I), KW (W words of 4 bytes) and
+// load_words(p), nibbles_lo / nibbles_hi(KW) (each byte's low / high
+// nibble), dot_u8(I, KW, q) (per lane: + the 4 unsigned bytes times the 4
+// signed bytes of q), KS / signed_words(KW) / dot_s8(I, KS, q) (the same
+// for signed key bytes, each read as key + kS8Bias).
 //
-// Quantized keys are read as stored (int8 or nibbles, attention_kv.h): each
-// score is one FMA chain per group of 32 dimensions, then the groups' sums
-// folded by their scales in order -- again a function of the query and the
-// key alone. Quantized values are converted in registers and scaled before
-// the same value sum.
+// Quantized keys are read as stored (int8 or nibbles, attention_kv.h) and
+// scored against the query quantized to int8 (QuantizedQuery): an exact
+// integer sum per group of 32 dimensions, then the groups' sums folded by
+// their scales in order -- again a function of the query and the key alone.
+// Quantized values are converted in registers and scaled before the same
+// value sum.
 //
 // Why the results do not depend on the tiling: every score is one FMA chain
 // over head_dim in order, d = 0, 1, ..., with the keys in the lanes (the K
@@ -60,46 +66,59 @@ TD_FN void qk_tile(const float* const* q, const T* const* k, int64_t ks, int32_t
     for (int v = 0; v < NK; ++v) Ops::store(s[r] + j0 + v * Ops::W, acc[r][v]);
 }
 
-// The same for quantized keys (T: int8_t for q8_0, uint8_t for q4_0): per
-// group of 32 dimensions an FMA chain over d in order, then the group sums
-// times their scales, groups in order.
-template <int R, int NK, typename T>
-TD_FN void qk_tile_q(const float* const* q, const T* const* k, const uint16_t* const* sc, int64_t ks, int32_t hd,
-                     float* const* s, int32_t j0) {
+// The same for quantized keys: per group of 32 dimensions an exact integer
+// dot product of the key's values with the quantized query (four dimensions
+// per step, QuantizedQuery, attention_kv.h's words), then the groups' sums
+// times the key's and the query's scales, groups in order. The integer
+// operations take one operand unsigned: q4_0 nibbles are stored + 8, and a
+// level may offset q8_0 keys by kS8Bias; the offset times the query's sum
+// starts each group's sum, so every level computes the same integers.
+template <int R, int NK, KvType KT>
+TD_FN void qk_tile_q(const QuantizedQuery* qq, const uint8_t* const* k, const uint16_t* const* sc, int64_t ks,
+                     int32_t hd, float* const* s, int32_t j0) {
   using V = typename Ops::V;
+  using I = typename Ops::I;
+  constexpr int32_t bias = KT == KvType::kQ4_0 ? 8 : Ops::kS8Bias;
+  const int64_t row = 4 * ks;  // bytes from one row of words to the next
   V acc[R][NK];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NK; ++v) acc[r][v] = Ops::zero();
-  for (int32_t g = 0; g < hd; g += kKvGroup) {
-    V part[R][NK];
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < NK; ++v) part[r][v] = Ops::zero();
-    if constexpr (std::is_same_v<T, uint8_t>) {  // q4_0: two dimensions a byte
-      for (int32_t d = g; d < g + kKvGroup; d += 2) {
-        V lo[NK], hi[NK];
+  for (int32_t g = 0; g < hd / kKvGroup; ++g) {
+    I part[R][NK];
+    for (int r = 0; r < R; ++r) {
+      const I start = Ops::ibcast(-bias * qq[r].sum[g]);
+      for (int v = 0; v < NK; ++v) part[r][v] = start;
+    }
+    if constexpr (KT == KvType::kQ4_0) {  // a word: dimensions 8w..8w+3 low, 8w+4..8w+7 high
+      for (int32_t w = 0; w < kKvGroup / 8; ++w) {
+        typename Ops::KW lo[NK], hi[NK];
         for (int v = 0; v < NK; ++v) {
-          const T* p = k[v] + d / 2 * ks;
-          lo[v] = Ops::load_q4_lo(p);
-          hi[v] = Ops::load_q4_hi(p);
+          const typename Ops::KW x = Ops::load_words(k[v] + (g * kKvGroup / 8 + w) * row);
+          lo[v] = Ops::nibbles_lo(x);
+          hi[v] = Ops::nibbles_hi(x);
         }
         for (int r = 0; r < R; ++r) {
-          const V q0 = Ops::bcast(q[r][d]), q1 = Ops::bcast(q[r][d + 1]);
-          for (int v = 0; v < NK; ++v) part[r][v] = Ops::fma(q1, hi[v], Ops::fma(q0, lo[v], part[r][v]));
+          int32_t q0, q1;
+          std::memcpy(&q0, qq[r].q + g * kKvGroup + 8 * w, 4);
+          std::memcpy(&q1, qq[r].q + g * kKvGroup + 8 * w + 4, 4);
+          for (int v = 0; v < NK; ++v) part[r][v] = Ops::dot_u8(Ops::dot_u8(part[r][v], lo[v], q0), hi[v], q1);
         }
       }
     } else {
-      for (int32_t d = g; d < g + kKvGroup; ++d) {
-        V kv[NK];
-        for (int v = 0; v < NK; ++v) kv[v] = Ops::load_i8(k[v] + d * ks);
+      for (int32_t w = 0; w < kKvGroup / 4; ++w) {
+        typename Ops::KS kv[NK];
+        for (int v = 0; v < NK; ++v) kv[v] = Ops::signed_words(Ops::load_words(k[v] + (g * kKvGroup / 4 + w) * row));
         for (int r = 0; r < R; ++r) {
-          const V qd = Ops::bcast(q[r][d]);
-          for (int v = 0; v < NK; ++v) part[r][v] = Ops::fma(qd, kv[v], part[r][v]);
+          int32_t q0;
+          std::memcpy(&q0, qq[r].q + g * kKvGroup + 4 * w, 4);
+          for (int v = 0; v < NK; ++v) part[r][v] = Ops::dot_s8(part[r][v], kv[v], q0);
         }
       }
     }
     for (int v = 0; v < NK; ++v) {
-      const V scale = Ops::load(sc[v] + g / kKvGroup * ks);
-      for (int r = 0; r < R; ++r) acc[r][v] = Ops::fma(scale, part[r][v], acc[r][v]);
+      const V scale = Ops::load(sc[v] + g * ks);
+      for (int r = 0; r < R; ++r)
+        acc[r][v] = Ops::fma(Ops::to_float(part[r][v]), Ops::mul(scale, Ops::bcast(qq[r].d[g])), acc[r][v]);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -107,14 +126,15 @@ TD_FN void qk_tile_q(const float* const* q, const T* const* k, const uint16_t* c
 }
 
 // One tile of NK key vectors at j of either kind.
-template <int R, int NK, bool Q, typename T>
-TD_FN void qk_any(const float* const* q, const KeyVectors<T>& keys, int32_t hd, float* const* s, int32_t j) {
+template <int R, int NK, KvType KT, typename T>
+TD_FN void qk_any(const float* const* q, const QuantizedQuery* qq, const KeyVectors<T>& keys, int32_t hd,
+                  float* const* s, int32_t j) {
   const T* k[NK];
   for (int v = 0; v < NK; ++v) k[v] = keys.at(j + v * Ops::W);
-  if constexpr (Q) {
+  if constexpr (kv_type_quantized(KT)) {
     const uint16_t* sc[NK];
     for (int v = 0; v < NK; ++v) sc[v] = keys.scales[(j + v * Ops::W) / Ops::W];
-    qk_tile_q<R, NK>(q, k, sc, keys.stride, hd, s, j);
+    qk_tile_q<R, NK, KT>(qq, k, sc, keys.stride, hd, s, j);
   } else {
     qk_tile<R, NK>(q, k, keys.stride, hd, s, j);
   }
@@ -122,23 +142,24 @@ TD_FN void qk_any(const float* const* q, const KeyVectors<T>& keys, int32_t hd, 
 
 // Rows [r0, r0 + R) with R <= Ops::QR, over the key vectors that cover
 // [a, b) (chunk-relative).
-template <int R, bool Q, typename T>
+template <int R, KvType KT, typename T>
 TD_FN void qk_rows(const ChunkJob& job, int32_t r0, const KeyVectors<T>& keys, int32_t a, int32_t b) {
-  constexpr int W = Ops::W, NK = Q ? Ops::QKQ : Ops::QK;
+  constexpr int W = Ops::W, NK = kv_type_quantized(KT) ? Ops::QKQ : Ops::QK;
   const int32_t C = kAttnChunk, hd = job.head_dim;
   float* s[R];
   for (int r = 0; r < R; ++r) s[r] = job.scores + size_t(r0 + r) * C;
   const float* const* q = job.q + r0;
+  const QuantizedQuery* qq = job.qq ? job.qq + r0 : nullptr;
   int32_t j = a / W * W;
   const int32_t end = (b + W - 1) / W * W;
-  for (; j + NK * W <= end; j += NK * W) qk_any<R, NK, Q>(q, keys, hd, s, j);
+  for (; j + NK * W <= end; j += NK * W) qk_any<R, NK, KT>(q, qq, keys, hd, s, j);
   const int32_t left = (end - j) / W;
   if constexpr (NK > 1)
-    if (left == 1) qk_any<R, 1, Q>(q, keys, hd, s, j);
+    if (left == 1) qk_any<R, 1, KT>(q, qq, keys, hd, s, j);
   if constexpr (NK > 2)
-    if (left == 2) qk_any<R, 2, Q>(q, keys, hd, s, j);
+    if (left == 2) qk_any<R, 2, KT>(q, qq, keys, hd, s, j);
   if constexpr (NK > 3)
-    if (left == 3) qk_any<R, 3, Q>(q, keys, hd, s, j);
+    if (left == 3) qk_any<R, 3, KT>(q, qq, keys, hd, s, j);
   static_assert(NK <= 4, "the tail cases above cover 1..3 vectors");
 }
 
@@ -201,6 +222,15 @@ TD_FN void pv_rows(const T* const* v, int32_t a, int32_t b, const float* const* 
     if (d < hdv) pv_tile<R, 1, true, VT>(v, a, b, p, out, d, hdv - d);
 }
 
+// pv_rows for n <= R rows.
+template <int R, KvType VT, typename T>
+TD_FN void pv_rows_n(int32_t n, const T* const* v, int32_t a, int32_t b, const float* const* p, float* const* out,
+                     int32_t hdv) {
+  if constexpr (R > 1)
+    if (n < R) return pv_rows_n<R - 1, VT>(n, v, a, b, p, out, hdv);
+  pv_rows<R, VT>(v, a, b, p, out, hdv);
+}
+
 // Turns row r's scores in [a, b) into exp(score - max) in place, zeroes
 // [za, zb) outside [a, b) (the span the value tile will read), and returns
 // the sum. The sum runs over vectors aligned to the chunk start, so it is a
@@ -233,11 +263,12 @@ TD_FN float softmax_row(float* s, int32_t a, int32_t b, int32_t za, int32_t zb, 
 
 template <KvType KT, KvType VT>
 TD_FN void run_chunk(const ChunkJob& job) {
-  using KE = kv_elem_t<KT>;
+  constexpr bool KQ = kv_type_quantized(KT);
+  // Quantized keys are addressed as bytes (attention_kv.h's words).
+  using KE = std::conditional_t<KQ, uint8_t, kv_elem_t<KT>>;
   // Quantized value rows are addressed as bytes (their blocks mix f16 and int8).
   using VE = std::conditional_t<kv_type_quantized(VT), uint8_t, kv_elem_t<VT>>;
-  constexpr bool KQ = kv_type_quantized(KT);
-  static_assert(Ops::QR >= 1 && Ops::QR <= 4 && Ops::PR >= 1 && Ops::PR <= 4, "the row switches below cover 1..4");
+  static_assert(Ops::QR >= 1 && Ops::QR <= 4 && Ops::PR >= 1, "the score row switch below covers 1..4");
   static_assert(kAttnChunk % Ops::W == 0, "softmax vectors must stay inside the chunk");
   const int32_t C = kAttnChunk, c0 = job.c0, n = job.n_rows;
   const KvLayerView& kv = *job.kv;
@@ -246,8 +277,15 @@ TD_FN void run_chunk(const ChunkJob& job) {
     ka = job.lo[r] - c0 < ka ? job.lo[r] - c0 : ka;
     kb = job.hi[r] - c0 > kb ? job.hi[r] - c0 : kb;
   }
+  // Value rows: one block lookup per block, consecutive slots a row apart.
   const VE* vp[kAttnChunk];
-  for (int32_t j = ka; j < kb; ++j) vp[j] = kv.value<VE>(c0 + j, job.kv_head);
+  const size_t v_row = kv_bytes(VT, size_t(kv.v_head)) / sizeof(VE);
+  for (int32_t j = ka; j < kb;) {
+    const VE* row = kv.value<VE>(c0 + j, job.kv_head);
+    const int32_t in_block = kv.block_size - (c0 + j) % kv.block_size;
+    const int32_t end = kb - j < in_block ? kb : j + in_block;
+    for (; j < end; ++j, row += v_row) vp[j] = row;
+  }
   // Key vectors straight from the cache when W consecutive slots of a block
   // hold them (the block size a multiple of W: always for 16-slot blocks,
   // and required of quantized caches); otherwise the chunk's keys are first
@@ -259,8 +297,12 @@ TD_FN void run_chunk(const ChunkJob& job) {
   int64_t stride = kv.block_size;
   if (KQ || kv.block_size % W == 0) {
     for (int32_t j = va; j < vb; j += W) {
-      kbase[j / W] = kv.key_column<KE>(c0 + j, job.kv_head);
-      if constexpr (KQ) kscale[j / W] = kv.key_scales(c0 + j, job.kv_head);
+      if constexpr (KQ) {
+        kbase[j / W] = kv.key_words(c0 + j, job.kv_head);
+        kscale[j / W] = kv.key_scales(c0 + j, job.kv_head);
+      } else {
+        kbase[j / W] = kv.key_column<KE>(c0 + j, job.kv_head);
+      }
     }
   } else if constexpr (!KQ) {
     thread_local std::vector<KE> copy;
@@ -290,10 +332,10 @@ TD_FN void run_chunk(const ChunkJob& job) {
     int32_t a, b;
     tile_range(r0, R, a, b);
     switch (R) {
-      case 1: qk_rows<1, KQ>(job, r0, keys, a, b); break;
-      case 2: if constexpr (Ops::QR >= 2) qk_rows<2, KQ>(job, r0, keys, a, b); break;
-      case 3: if constexpr (Ops::QR >= 3) qk_rows<3, KQ>(job, r0, keys, a, b); break;
-      default: if constexpr (Ops::QR >= 4) qk_rows<Ops::QR, KQ>(job, r0, keys, a, b); break;
+      case 1: qk_rows<1, KT>(job, r0, keys, a, b); break;
+      case 2: if constexpr (Ops::QR >= 2) qk_rows<2, KT>(job, r0, keys, a, b); break;
+      case 3: if constexpr (Ops::QR >= 3) qk_rows<3, KT>(job, r0, keys, a, b); break;
+      default: if constexpr (Ops::QR >= 4) qk_rows<Ops::QR, KT>(job, r0, keys, a, b); break;
     }
   }
 
@@ -309,12 +351,7 @@ TD_FN void run_chunk(const ChunkJob& job) {
       p[r - r0] = s;
       out[r - r0] = job.acc + size_t(r) * job.head_dim_v;
     }
-    switch (R) {
-      case 1: pv_rows<1, VT>(vp, a, b, p, out, job.head_dim_v); break;
-      case 2: if constexpr (Ops::PR >= 2) pv_rows<2, VT>(vp, a, b, p, out, job.head_dim_v); break;
-      case 3: if constexpr (Ops::PR >= 3) pv_rows<3, VT>(vp, a, b, p, out, job.head_dim_v); break;
-      default: if constexpr (Ops::PR >= 4) pv_rows<Ops::PR, VT>(vp, a, b, p, out, job.head_dim_v); break;
-    }
+    pv_rows_n<Ops::PR, VT>(R, vp, a, b, p, out, job.head_dim_v);
   }
 }
 

@@ -11,6 +11,20 @@ namespace tandem {
 
 namespace attn_detail {
 
+// A query row as the integer Q.K of quantized keys reads it: per group of
+// kKvGroup dimensions a scale d and the values round(x / d) in [-127, 127]
+// (llama.cpp's q8_0 activations, with ties to even), and the sum of those
+// values (what the unsigned operand's offset costs, attention_chunk.h).
+struct QuantizedQuery {
+  const int8_t* q = nullptr;   // head_dim values
+  const float* d = nullptr;    // head_dim / kKvGroup scales
+  const int32_t* sum = nullptr;
+};
+
+// The one quantizer of query rows, shared by every level and the tests:
+// head_dim (a multiple of kKvGroup) floats of x into q, d and sum.
+void quantize_query(const float* x, int32_t head_dim, int8_t* q, float* d, int32_t* sum);
+
 // One kernel call: some query rows of one KV head against the keys of one
 // chunk [c0, c0 + kAttnChunk). Row r attends to positions [lo[r], hi[r]),
 // a non-empty range inside the chunk. For each row the kernel produces
@@ -24,6 +38,7 @@ struct ChunkJob {
   int32_t c0 = 0;
   int32_t n_rows = 0;
   const float* const* q = nullptr;  // [n_rows] query rows
+  const QuantizedQuery* qq = nullptr;  // [n_rows] the same, quantized (keys of a quantized type)
   const int32_t* lo = nullptr;
   const int32_t* hi = nullptr;
   float* scores = nullptr;          // scratch, n_rows * kAttnChunk floats
@@ -45,6 +60,7 @@ template <KvType t> using kv_elem_t = typename KvElem<t>::type;
 ChunkFn ref_chunk_fn();
 ChunkFn avx2_chunk_fn();
 ChunkFn avx512_chunk_fn();
+ChunkFn avx512_vnni_chunk_fn();  // the same with vpdpbusd for quantized keys
 
 }  // namespace attn_detail
 }  // namespace tandem

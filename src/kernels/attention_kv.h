@@ -39,11 +39,14 @@ inline size_t kv_bytes(KvType t, size_t n) {
 // Within a block, K is stored transposed and V as rows: attention scores a
 // query against the keys in vector lanes (dimension d of consecutive slots
 // is one load, each score one FMA chain over d), and sums the values with the
-// dimensions in the lanes.
+// dimensions in the lanes. Quantized keys keep four dimensions of a slot
+// together in one 32-bit word, the operand of a 4-way integer dot product
+// (vpdpbusd / pmaddubsw), so a row of words is W keys x 4 dimensions:
 //   K f32/f16: [k_head][slot] elements.
-//   K q8_0:    [k_head][slot] int8, then [k_head / 32][slot] f16 scales.
-//   K q4_0:    [k_head / 2][slot] bytes, dimension 2i in the low nibble and
-//              2i + 1 in the high one (value - 8), then the scales as q8_0.
+//   K q8_0:    [k_head / 4][slot][4] int8, then [k_head / 32][slot] f16 scales.
+//   K q4_0:    [k_head / 8][slot][4] bytes, byte b of word i holding
+//              dimension 8i + b in its low nibble and 8i + 4 + b in its high
+//              one (value + 8), then the scales as q8_0.
 //   V:         [slot] rows of v_head elements; a quantized row is llama.cpp's
 //              block_q8_0 / block_q4_0 run (kernels read them in place).
 struct KvLayerView {
@@ -63,17 +66,21 @@ struct KvLayerView {
     return keys + (size_t(h) * n_blocks + blocks[pos / block_size]) * k_region();
   }
   // Dimension 0 of position pos's key for KV head h; the next row of the
-  // block (dimension 1, or dimensions 2-3 for q4_0) is block_size elements
-  // further on (T: float for f32, uint16_t for f16, int8_t for q8_0,
-  // uint8_t for q4_0).
+  // block (dimension 1) is block_size elements further on (T: float for
+  // f32, uint16_t for f16).
   template <typename T>
   const T* key_column(int32_t pos, int32_t h) const {
     return reinterpret_cast<const T*>(k_block(pos, h)) + pos % block_size;
   }
+  // A quantized key's first word (dimensions 0-3, or 0-3 and 4-7 for q4_0);
+  // the next row of words is 4 * block_size bytes further on.
+  const uint8_t* key_words(int32_t pos, int32_t h) const {
+    return reinterpret_cast<const uint8_t*>(k_block(pos, h)) + size_t(pos % block_size) * 4;
+  }
   // Scale of group 0 of a quantized key; group g is g * block_size further on.
   const uint16_t* key_scales(int32_t pos, int32_t h) const {
-    const size_t rows = k_type == KvType::kQ4_0 ? size_t(k_head) / 2 : size_t(k_head);
-    return reinterpret_cast<const uint16_t*>(k_block(pos, h) + rows * block_size) + pos % block_size;
+    const size_t value_bytes = k_type == KvType::kQ4_0 ? size_t(k_head) / 2 : size_t(k_head);
+    return reinterpret_cast<const uint16_t*>(k_block(pos, h) + value_bytes * block_size) + pos % block_size;
   }
   // Position pos's value row for KV head h.
   template <typename T>

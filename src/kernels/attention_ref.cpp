@@ -40,6 +40,30 @@ struct Ops {
   static V max(V x, V m) { return x > m ? x : m; }
   static float reduce_max(V v) { return v; }
   static V exp(V x) { return std::exp(x); }
+  // Quantized keys: one key's word, byte by byte.
+  using I = int32_t;
+  using KW = uint32_t;
+  using KS = uint32_t;
+  static constexpr int32_t kS8Bias = 0;
+  static I ibcast(int32_t x) { return x; }
+  static V to_float(I x) { return static_cast<float>(x); }
+  static KW load_words(const uint8_t* p) {
+    KW w;
+    std::memcpy(&w, p, 4);
+    return w;
+  }
+  static KW nibbles_lo(KW w) { return w & 0x0F0F0F0Fu; }
+  static KW nibbles_hi(KW w) { return (w >> 4) & 0x0F0F0F0Fu; }
+  static KS signed_words(KW w) { return w; }
+  static int32_t qbyte(int32_t q, int b) { return static_cast<int8_t>(static_cast<uint32_t>(q) >> (8 * b)); }
+  static I dot_u8(I acc, KW k, int32_t q) {
+    for (int b = 0; b < 4; ++b) acc += int32_t((k >> (8 * b)) & 0xFF) * qbyte(q, b);
+    return acc;
+  }
+  static I dot_s8(I acc, KS k, int32_t q) {
+    for (int b = 0; b < 4; ++b) acc += int32_t(static_cast<int8_t>(k >> (8 * b))) * qbyte(q, b);
+    return acc;
+  }
 };
 
 #define TD_FN inline

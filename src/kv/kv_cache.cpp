@@ -65,29 +65,36 @@ void store_key(KvType type, const float* x, std::byte* region, int32_t slot, int
       return;
     }
     case KvType::kQ8_0: {
-      // llama.cpp's quantizer on the row, then its bytes scattered.
+      // llama.cpp's quantizer on the row, then its bytes scattered: four
+      // dimensions to a word, [k_head / 4][slot][4].
       thread_local std::vector<BlockQ8_0> q;
       q.resize(size_t(n) / kQK);
       quantize_row(GgmlType::Q8_0, x, q.data(), n);
-      auto* vals = reinterpret_cast<int8_t*>(region) + slot;
+      auto* vals = reinterpret_cast<int8_t*>(region) + size_t(slot) * 4;
       auto* scales = reinterpret_cast<uint16_t*>(region + size_t(n) * bs) + slot;
       for (size_t g = 0; g < q.size(); ++g) {
         scales[g * bs] = q[g].d;
-        for (int32_t j = 0; j < kQK; ++j) vals[(g * kQK + j) * bs] = q[g].qs[j];
+        for (int32_t j = 0; j < kQK; ++j) {
+          const size_t d = g * kQK + j;
+          vals[d / 4 * 4 * bs + d % 4] = q[g].qs[j];
+        }
       }
       return;
     }
     case KvType::kQ4_0: {
+      // Word i of a slot: byte b holds dimension 8i + b (low nibble) and
+      // 8i + 4 + b (high nibble).
       thread_local std::vector<BlockQ4_0> q;
       q.resize(size_t(n) / kQK);
       quantize_row(GgmlType::Q4_0, x, q.data(), n);
-      auto* vals = reinterpret_cast<uint8_t*>(region) + slot;
+      auto* vals = reinterpret_cast<uint8_t*>(region) + size_t(slot) * 4;
       auto* scales = reinterpret_cast<uint16_t*>(region + size_t(n) / 2 * bs) + slot;
       auto nib = [](const BlockQ4_0& b, int32_t j) { return j < 16 ? b.qs[j] & 15 : b.qs[j - 16] >> 4; };
       for (size_t g = 0; g < q.size(); ++g) {
         scales[g * bs] = q[g].d;
-        for (int32_t j = 0; j < kQK; j += 2)
-          vals[(g * kQK + j) / 2 * bs] = static_cast<uint8_t>(nib(q[g], j) | nib(q[g], j + 1) << 4);
+        for (int32_t j = 0; j < kQK; j += 8)
+          for (int32_t b = 0; b < 4; ++b)
+            vals[(g * kQK + j) / 8 * 4 * bs + b] = static_cast<uint8_t>(nib(q[g], j + b) | nib(q[g], j + 4 + b) << 4);
       }
       return;
     }
@@ -107,17 +114,18 @@ void load_key(KvType type, const std::byte* region, int32_t slot, float* x, int3
       return;
     }
     case KvType::kQ8_0: {
-      const auto* vals = reinterpret_cast<const int8_t*>(region) + slot;
+      const auto* vals = reinterpret_cast<const int8_t*>(region) + size_t(slot) * 4;
       const auto* scales = reinterpret_cast<const uint16_t*>(region + size_t(n) * bs) + slot;
-      for (int32_t i = 0; i < n; ++i) x[i] = f16_to_f32(scales[size_t(i / kQK) * bs]) * vals[size_t(i) * bs];
+      for (int32_t i = 0; i < n; ++i)
+        x[i] = f16_to_f32(scales[size_t(i / kQK) * bs]) * vals[size_t(i / 4) * 4 * bs + i % 4];
       return;
     }
     case KvType::kQ4_0: {
-      const auto* vals = reinterpret_cast<const uint8_t*>(region) + slot;
+      const auto* vals = reinterpret_cast<const uint8_t*>(region) + size_t(slot) * 4;
       const auto* scales = reinterpret_cast<const uint16_t*>(region + size_t(n) / 2 * bs) + slot;
       for (int32_t i = 0; i < n; ++i) {
-        const uint8_t b = vals[size_t(i / 2) * bs];
-        x[i] = f16_to_f32(scales[size_t(i / kQK) * bs]) * ((i % 2 ? b >> 4 : b & 15) - 8);
+        const uint8_t b = vals[size_t(i / 8) * 4 * bs + i % 4];
+        x[i] = f16_to_f32(scales[size_t(i / kQK) * bs]) * ((i % 8 < 4 ? b & 15 : b >> 4) - 8);
       }
       return;
     }
@@ -387,7 +395,8 @@ void KvCache::copy_slots(int32_t src, int32_t dst, int32_t from, int32_t to) {
   check_block(dst);
   if (from < 0 || to > block_size_ || from >= to) return;
   // K: rows of block_size elements (transposed), each row's slots apart; a
-  // quantized K's scale rows (f16) after its value rows. V: one row per slot.
+  // quantized K's rows hold 4-byte words, its scale rows (f16) follow its
+  // value rows. V: one row per slot.
   const int32_t kh = k_head(), vh = v_head();
   struct Rows {
     int32_t n;
@@ -397,8 +406,8 @@ void KvCache::copy_slots(int32_t src, int32_t dst, int32_t from, int32_t to) {
   switch (format_.k) {
     case KvType::kF32: k_rows = {{kh, 4}}; break;
     case KvType::kF16: k_rows = {{kh, 2}}; break;
-    case KvType::kQ8_0: k_rows = {{kh, 1}, {kh / kKvGroup, 2}}; break;
-    case KvType::kQ4_0: k_rows = {{kh / 2, 1}, {kh / kKvGroup, 2}}; break;
+    case KvType::kQ8_0: k_rows = {{kh / 4, 4}, {kh / kKvGroup, 2}}; break;
+    case KvType::kQ4_0: k_rows = {{kh / 8, 4}, {kh / kKvGroup, 2}}; break;
   }
   const size_t v_row = kv_bytes(format_.v, vh);
   for (int32_t j = 0; j < paging_.layers_per_page; ++j)
