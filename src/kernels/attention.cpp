@@ -68,14 +68,37 @@ int32_t first_pos(const AttnShape& s, int32_t pos) { return s.window > 0 ? std::
   for (int32_t d = 0; d < hdv; ++d) out[d] = A[d] / L;
 }
 
+// Query rows quantized for the integer Q.K of quantized keys: the storage
+// and the views the kernels read, rows[r] from the r-th row given.
+struct QuantizedRows {
+  std::vector<int8_t> values;
+  std::vector<float> scales;
+  std::vector<int32_t> sums;
+  std::vector<QuantizedQuery> rows;
+
+  const QuantizedQuery* quantize(const float* const* q, int32_t n, int32_t hd) {
+    const size_t groups = size_t(hd) / kKvGroup;
+    values.resize(std::max(values.size(), size_t(n) * hd));
+    scales.resize(std::max(scales.size(), n * groups));
+    sums.resize(std::max(sums.size(), n * groups));
+    rows.resize(std::max(rows.size(), size_t(n)));
+    for (int32_t r = 0; r < n; ++r) {
+      int8_t* v = values.data() + size_t(r) * hd;
+      float* d = scales.data() + r * groups;
+      int32_t* sum = sums.data() + r * groups;
+      attn_detail::quantize_query(q[r], hd, v, d, sum);
+      rows[r] = {v, d, sum};
+    }
+    return rows.data();
+  }
+};
+
 struct Scratch {
   std::vector<float> scores, m, l, acc;  // one kernel call
   std::vector<float> M, L, A;            // running state per row
   std::vector<const float*> q, cq;
-  std::vector<QuantizedQuery> qq, cqq;   // q quantized, for quantized keys
-  std::vector<int8_t> q_values;
-  std::vector<float> q_scales;
-  std::vector<int32_t> q_sums;
+  QuantizedRows qq;                       // q quantized, for quantized keys
+  std::vector<QuantizedQuery> cqq;
   std::vector<float*> out;
   std::vector<int32_t> lo, hi, clo, chi, row_of;
   std::vector<uint8_t> started;
@@ -89,29 +112,16 @@ struct Scratch {
       if (v->size() < r * hdv) v->resize(r * hdv);
     q.resize(r);
     cq.resize(r);
-    qq.resize(r);
     cqq.resize(r);
     out.resize(r);
     for (auto* v : {&lo, &hi, &clo, &chi, &row_of}) v->resize(r);
     started.resize(r);
   }
 
-  // Rows q[0..n) quantized into qq[0..n) when the keys are quantized (the
-  // kernels' integer Q.K); once per row and call, not per chunk.
-  void quantize_rows(const KvLayerView& kv, int32_t n, int32_t hd) {
-    if (!kv_type_quantized(kv.k_type)) return;
-    const size_t groups = size_t(hd) / kKvGroup;
-    if (q_values.size() < size_t(n) * hd) q_values.resize(size_t(n) * hd);
-    if (q_scales.size() < n * groups) q_scales.resize(n * groups);
-    if (q_sums.size() < n * groups) q_sums.resize(n * groups);
-    for (int32_t r = 0; r < n; ++r) {
-      QuantizedQuery& x = qq[r];
-      x.q = q_values.data() + size_t(r) * hd;
-      x.d = q_scales.data() + r * groups;
-      x.sum = q_sums.data() + r * groups;
-      attn_detail::quantize_query(q[r], hd, q_values.data() + size_t(r) * hd, q_scales.data() + r * groups,
-                                  q_sums.data() + r * groups);
-    }
+  // Rows q[0..n) quantized when kv's keys are (nullptr otherwise): once per
+  // row and call, not per chunk.
+  const QuantizedQuery* quantized(const KvLayerView& kv, int32_t n, int32_t hd) {
+    return kv_type_quantized(kv.k_type) ? qq.quantize(q.data(), n, hd) : nullptr;
   }
 };
 
@@ -129,6 +139,8 @@ struct DecodeSplit {
   std::vector<Item> items;
   std::vector<int64_t> unit_first;
   std::vector<float> part_m, part_l, part_acc;
+  std::vector<const float*> q_rows;  // every unit's query rows, for QuantizedRows
+  QuantizedRows qq;
   // Chunks of each unit still running; whoever finishes the last one folds.
   std::unique_ptr<std::atomic<int32_t>[]> pending;
   int64_t pending_size = 0;
@@ -172,8 +184,10 @@ namespace {
 
 // Rows sc.q[0..n) of KV head g, row r seeing positions [sc.lo[r], sc.hi[r]),
 // rows in position order: every chunk in turn, each folded into the rows
-// that reach it, then the outputs to sc.out.
-void attend_rows(ChunkFn fn, const AttnShape& s, const KvLayerView& kv, int32_t g, int32_t n, Scratch& sc) {
+// that reach it, then the outputs to sc.out. qq: the rows quantized, for
+// quantized keys (Scratch::quantized).
+void attend_rows(ChunkFn fn, const AttnShape& s, const KvLayerView& kv, int32_t g, int32_t n,
+                 const QuantizedQuery* qq, Scratch& sc) {
   const int32_t hdv = s.head_dim_v;
   int32_t p_lo = sc.lo[0], p_hi = sc.hi[0];
   for (int32_t r = 0; r < n; ++r) {
@@ -187,7 +201,7 @@ void attend_rows(ChunkFn fn, const AttnShape& s, const KvLayerView& kv, int32_t 
   job.head_dim = s.head_dim;
   job.head_dim_v = hdv;
   job.q = sc.cq.data();
-  if (kv_type_quantized(kv.k_type)) job.qq = sc.cqq.data();
+  if (qq) job.qq = sc.cqq.data();
   job.lo = sc.clo.data();
   job.hi = sc.chi.data();
   job.scores = sc.scores.data();
@@ -201,7 +215,7 @@ void attend_rows(ChunkFn fn, const AttnShape& s, const KvLayerView& kv, int32_t 
       const int32_t a = std::max(sc.lo[r], cs), b = std::min(sc.hi[r], ce);
       if (a >= b) continue;
       sc.cq[k] = sc.q[r];
-      sc.cqq[k] = sc.qq[r];
+      if (qq) sc.cqq[k] = qq[r];
       sc.clo[k] = a;
       sc.chi[k] = b;
       sc.row_of[k] = r;
@@ -250,8 +264,7 @@ void attention_prefill_at(KernelLevel level, const AttnShape& s, const KvLayerVi
           sc.lo[r] = first_pos(s, pos);
           sc.hi[r] = pos + 1;
         }
-      sc.quantize_rows(kv, r, s.head_dim);
-      attend_rows(fn, s, kv, g, r, sc);
+      attend_rows(fn, s, kv, g, r, sc.quantized(kv, r, s.head_dim), sc);
     }
   });
 }
@@ -273,7 +286,6 @@ void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerVie
       sc.lo[j] = first_pos(s, positions[b]);
       sc.hi[j] = positions[b] + 1;
     }
-    sc.quantize_rows(views[b], group, s.head_dim);
     return g;
   };
 
@@ -291,7 +303,8 @@ void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerVie
       sc.fit(group, hdv);
       for (int64_t u; (u = next.fetch_add(1, std::memory_order_relaxed)) < units;) {
         const int32_t g = unit_rows(u, sc);
-        attend_rows(fn, s, views[u / s.n_head_kv], g, group, sc);
+        const KvLayerView& kv = views[u / s.n_head_kv];
+        attend_rows(fn, s, kv, g, group, sc.quantized(kv, group, s.head_dim), sc);
       }
     };
     if (units == 1)
@@ -333,6 +346,18 @@ void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerVie
     ds.pending[u].store(static_cast<int32_t>(unit_first[u + 1] - unit_first[u]), std::memory_order_relaxed);
   std::atomic<int32_t>* pending = ds.pending.get();
 
+  // Every unit's rows quantized once here, not once per chunk item: row
+  // u * group + j is query head g * group + j of unit u's sequence, so the
+  // rows run through the batch in order.
+  const QuantizedQuery* qq_all = nullptr;
+  if (std::any_of(views, views + n_seqs, [](const KvLayerView& v) { return kv_type_quantized(v.k_type); })) {
+    std::vector<const float*>& rows = ds.q_rows;
+    rows.resize(size_t(units) * group);
+    for (size_t i = 0; i < rows.size(); ++i)
+      rows[i] = q + int64_t(i / s.n_head) * q_stride + int64_t(i % s.n_head) * s.head_dim;
+    qq_all = ds.qq.quantize(rows.data(), static_cast<int32_t>(rows.size()), s.head_dim);
+  }
+
   std::atomic<int64_t> next{0};
   pool.run([&](int, int) {
     Scratch& sc = scratch();
@@ -343,7 +368,6 @@ void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerVie
       const int32_t cs = item.chunk * kAttnChunk;
       for (int32_t j = 0; j < group; ++j) {
         sc.cq[j] = sc.q[j];
-        sc.cqq[j] = sc.qq[j];
         sc.clo[j] = std::max(sc.lo[j], cs);
         sc.chi[j] = std::min(sc.hi[j], cs + kAttnChunk);
       }
@@ -355,7 +379,7 @@ void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerVie
       job.c0 = cs;
       job.n_rows = group;
       job.q = sc.cq.data();
-      if (kv_type_quantized(job.kv->k_type)) job.qq = sc.cqq.data();
+      if (qq_all && kv_type_quantized(job.kv->k_type)) job.qq = qq_all + item.unit * group;
       job.lo = sc.clo.data();
       job.hi = sc.chi.data();
       job.scores = sc.scores.data();
