@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/quant.h"
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
 #include "kernels/attention_impl.h"
@@ -76,10 +77,22 @@ World make_world(const AttnShape& s, KvFormat format, std::vector<int32_t> lens,
 // Naive softmax in double over the K/V as stored (f16 values read back
 // exactly), for query (seq, pos, head). Against quantized keys the query is
 // the kernels' int8 one (attn_detail::quantize_query), as llama.cpp's q8_0
-// activations: what it loses is the format's, not a kernel's error.
-std::vector<double> reference(const World& w, int32_t seq, int32_t pos, int32_t h) {
+// activations: what it loses is the format's, not a kernel's error. Against
+// quantized values the weights are quantized as the kernels define it
+// (attention_chunk.h, quantize_weights): per chunk of kAttnChunk positions
+// p = exp(score - the chunk's max), per group of 32 dimensions and run of
+// kWeightRun positions p times the values' scale to int8 with the run's
+// max / 127 as scale. The kernels compute the same in float, so a product
+// that lies within kTieBand of a rounding tie may round the other way: one
+// step of that weight is allowed per such term (`slack`, per dimension).
+struct Reference {
+  std::vector<double> out, slack;
+};
+constexpr double kTieBand = 0.01;
+
+Reference reference(const World& w, int32_t seq, int32_t pos, int32_t h) {
   const AttnShape& s = w.s;
-  const int32_t g = h / (s.n_head / s.n_head_kv), bs = w.kv->block_size();
+  const int32_t g = h / (s.n_head / s.n_head_kv), bs = w.kv->block_size(), hdv = s.head_dim_v;
   const int32_t first = s.window > 0 ? std::max(0, pos - s.window + 1) : 0;
   const float* q = w.q[seq].data() + pos * w.qw() + int64_t{h} * s.head_dim;
   std::vector<double> qv(q, q + s.head_dim);
@@ -91,32 +104,73 @@ std::vector<double> reference(const World& w, int32_t seq, int32_t pos, int32_t 
     for (int32_t i = 0; i < s.head_dim; ++i) qv[i] = double(qd[i / kKvGroup]) * qi[i];
   }
   std::vector<float> k(w.kv->shape().k_width), v(w.kv->shape().v_width);
-  std::vector<double> scores, out(s.head_dim_v, 0.0);
-  std::vector<std::vector<double>> vals;
+  std::vector<double> scores;
+  std::vector<std::vector<double>> vals, vscale;  // per position: the values, and per group their scale
+  const KvLayerView view = w.view(seq);
+  const bool vq = kv_type_quantized(w.kv->format().v);
   for (int32_t p = first; p <= pos; ++p) {
     w.kv->read(kLayer, w.blocks[seq][p / bs], p % bs, k.data(), v.data());
     double d = 0;
     for (int32_t i = 0; i < s.head_dim; ++i) d += qv[i] * k[g * s.head_dim + i];
     scores.push_back(d);
-    vals.emplace_back(v.begin() + g * s.head_dim_v, v.begin() + (g + 1) * s.head_dim_v);
+    vals.emplace_back(v.begin() + g * hdv, v.begin() + (g + 1) * hdv);
+    std::vector<double> sc(hdv / kKvGroup, 1.0);
+    if (vq)
+      for (size_t i = 0; i < sc.size(); ++i) sc[i] = f16_to_f32(view.value_scales(p, g)[i * bs]);
+    vscale.push_back(std::move(sc));
   }
   const double mx = *std::max_element(scores.begin(), scores.end());
+  Reference ref{std::vector<double>(hdv, 0.0), std::vector<double>(hdv, 0.0)};
   double sum = 0;
-  for (double& x : scores) sum += (x = std::exp(x - mx));
-  for (size_t j = 0; j < scores.size(); ++j)
-    for (int32_t d = 0; d < s.head_dim_v; ++d) out[d] += scores[j] / sum * vals[j][d];
-  return out;
+  for (int32_t c0 = first / kAttnChunk * kAttnChunk; c0 <= pos; c0 += kAttnChunk) {
+    const int32_t a = std::max(first, c0), b = std::min(pos + 1, c0 + kAttnChunk);  // the chunk's positions
+    double m = -INFINITY;
+    for (int32_t p = a; p < b; ++p) m = std::max(m, scores[p - first]);
+    const double to_row = std::exp(m - mx);  // the chunk's partial in the row's scale
+    std::vector<double> wt(b - a);
+    for (int32_t p = a; p < b; ++p) sum += to_row * (wt[p - a] = std::exp(scores[p - first] - m));
+    if (!vq) {
+      for (int32_t p = a; p < b; ++p)
+        for (int32_t d = 0; d < hdv; ++d) ref.out[d] += to_row * wt[p - a] * vals[p - first][d];
+      continue;
+    }
+    for (int32_t gr = 0; gr < hdv / kKvGroup; ++gr)
+      for (int32_t r0 = a / attn_detail::kWeightRun * attn_detail::kWeightRun; r0 < b; r0 += attn_detail::kWeightRun) {
+        const int32_t ra = std::max(a, r0), rb = std::min(b, r0 + attn_detail::kWeightRun);
+        double big = 0;
+        for (int32_t p = ra; p < rb; ++p) big = std::max(big, std::abs(wt[p - a] * vscale[p - first][gr]));
+        if (big == 0) continue;
+        const double step = big / 127;
+        for (int32_t p = ra; p < rb; ++p) {
+          const double x = wt[p - a] * vscale[p - first][gr] / step;
+          const double tie = std::abs(x - std::floor(x) - 0.5);
+          const double qx = std::nearbyint(x) * step;
+          for (int32_t d = gr * kKvGroup; d < (gr + 1) * kKvGroup; ++d) {
+            const double code = vscale[p - first][gr] != 0 ? vals[p - first][d] / vscale[p - first][gr] : 0;
+            ref.out[d] += to_row * qx * code;
+            if (tie < kTieBand) ref.slack[d] += to_row * step * std::abs(code);
+          }
+        }
+      }
+  }
+  for (int32_t d = 0; d < hdv; ++d) {
+    ref.out[d] /= sum;
+    ref.slack[d] /= sum;
+  }
+  return ref;
 }
 
-// Worst |out - ref| over all heads of rows [p0, p1) of a sequence. Values are
-// N(0,1), so this is also the error relative to the values' scale.
+// Worst |out - ref| beyond the reference's slack over all heads of rows
+// [p0, p1) of a sequence. Values are N(0,1), so this is also the error
+// relative to the values' scale.
 double worst_error(const World& w, int32_t seq, int32_t p0, int32_t p1, const std::vector<float>& out) {
   double worst = 0;
   for (int32_t p = p0; p < p1; ++p)
     for (int32_t h = 0; h < w.s.n_head; ++h) {
-      const std::vector<double> ref = reference(w, seq, p, h);
+      const Reference ref = reference(w, seq, p, h);
       const float* o = out.data() + (p - p0) * w.ow() + int64_t{h} * w.s.head_dim_v;
-      for (int32_t d = 0; d < w.s.head_dim_v; ++d) worst = std::max(worst, std::abs(o[d] - ref[d]));
+      for (int32_t d = 0; d < w.s.head_dim_v; ++d)
+        worst = std::max(worst, std::abs(o[d] - ref.out[d]) - ref.slack[d]);
     }
   return worst;
 }

@@ -173,7 +173,16 @@ TEST(KvCache, BlockCopiesAndSwapsAreExact) {
         }
       return all;
     };
-    const auto b1 = slots(1), b3 = slots(3), b4 = slots(4);
+    const auto b1 = slots(1), b2 = slots(2), b3 = slots(3), b4 = slots(4);
+    // Slots [5, 11) of block 1 over block 2's: words of 4 (and 8) slots
+    // split at both ends, the rest of block 2 untouched.
+    c.copy_slots(1, 2, 5, 11);
+    const size_t per_slot = size_t(shape.k_width + shape.v_width);
+    const auto mixed = slots(2);
+    for (size_t i = 0; i < mixed.size(); ++i) {
+      const int32_t slot = static_cast<int32_t>(i / per_slot % 16);
+      ASSERT_EQ(mixed[i], slot >= 5 && slot < 11 ? b1[i] : b2[i]) << kv_type_name(type) << " slot " << slot;
+    }
     c.copy_block(1, 2);
     EXPECT_EQ(slots(2), b1);
     std::vector<std::byte> saved(c.block_bytes());

@@ -224,7 +224,9 @@ void attend_rows(ChunkFn fn, const AttnShape& s, const KvLayerView& kv, int32_t 
     if (k == 0) continue;
     job.c0 = cs;
     job.n_rows = k;
+    job.next_hi = std::min(p_hi, ce + kAttnChunk);
     fn(job);
+    job.warm = true;
     for (int32_t j = 0; j < k; ++j) {
       const int32_t r = sc.row_of[j];
       fold(sc.M[r], sc.L[r], sc.A.data() + size_t(r) * hdv, sc.m[j], sc.l[j], sc.acc.data() + size_t(j) * hdv, hdv,

@@ -26,23 +26,10 @@ namespace avx512 {
 
 struct Ops {
   using V = __m512;
-  static constexpr int W = 16, QR = 4, QK = 4, QKQ = 2, PR = 8, PD = 2;
+  static constexpr int W = 16, QR = 4, QK = 4, QKQ = 2, PR = 8, PD = 2, PRQ = 4, PDQ = 4;
   TD_FN static __mmask16 lanes_below(int32_t n) { return static_cast<__mmask16>((1u << n) - 1); }
   TD_FN static V zero() { return _mm512_setzero_ps(); }
   TD_FN static V bcast(float f) { return _mm512_set1_ps(f); }
-  TD_FN static V bcast_h(uint16_t h) { return _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(h))); }
-  TD_FN static V load_i8(const int8_t* p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  }
-  TD_FN static __m512i bytes32(const uint8_t* p) {
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  TD_FN static V load_q4_lo(const uint8_t* p) {
-    return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(bytes32(p), _mm512_set1_epi32(15)), _mm512_set1_epi32(8)));
-  }
-  TD_FN static V load_q4_hi(const uint8_t* p) {
-    return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(bytes32(p), 4), _mm512_set1_epi32(8)));
-  }
   TD_FN static V load(const float* p) { return _mm512_loadu_ps(p); }
   TD_FN static V load(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -56,14 +43,15 @@ struct Ops {
   TD_FN static V add(V a, V b) { return _mm512_add_ps(a, b); }
   TD_FN static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   TD_FN static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  TD_FN static V abs(V a) { return _mm512_abs_ps(a); }
   TD_FN static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   TD_FN static float reduce(V v) { return _mm512_reduce_add_ps(v); }
   // maxps returns its second operand unless the first is greater (NaN: never).
   TD_FN static V max(V x, V m) { return _mm512_max_ps(x, m); }
   TD_FN static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
   TD_FN static V exp(V x) { return simd::exp_ps(x); }  // kernels/simd_exp.h
-  // Quantized keys without VNNI: pmaddubsw pairs summed by pmaddwd. Signed
-  // q8_0 keys go in as |k| with their signs moved onto the query bytes
+  // Quantized K/V without VNNI: pmaddubsw pairs summed by pmaddwd. Signed
+  // q8_0 bytes go in as |k| with their signs moved onto the query's bytes
   // (AVX-512 has no psignb: a masked negation), so no pair can saturate
   // (2 * 128 * 127 < 32768) and no offset is needed.
   using I = __m512i;
@@ -74,7 +62,13 @@ struct Ops {
   };
   static constexpr int32_t kS8Bias = 0;
   TD_FN static I ibcast(int32_t x) { return _mm512_set1_epi32(x); }
+  TD_FN static I iadd(I a, I b) { return _mm512_add_epi32(a, b); }
+  TD_FN static int32_t ireduce(I x) { return _mm512_reduce_add_epi32(x); }
   TD_FN static V to_float(I x) { return _mm512_cvtepi32_ps(x); }
+  TD_FN static I round_int(V x) { return _mm512_cvtps_epi32(x); }
+  TD_FN static void store_i8(int8_t* p, I x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(x));
+  }
   TD_FN static KW load_words(const uint8_t* p) { return _mm512_loadu_si512(p); }
   TD_FN static KW nibbles_lo(KW w) { return _mm512_and_si512(w, _mm512_set1_epi8(15)); }
   TD_FN static KW nibbles_hi(KW w) { return _mm512_and_si512(_mm512_srli_epi16(w, 4), _mm512_set1_epi8(15)); }
@@ -94,9 +88,10 @@ struct Ops {
 
 }  // namespace avx512
 
-// The same kernel with AVX512-VNNI's vpdpbusd for quantized keys: one
-// instruction per 4 dimensions of 16 keys and a query row. Its unsigned
-// operand takes q8_0 keys offset by 128 (the sign bit flipped).
+// The same kernel with AVX512-VNNI's vpdpbusd for quantized K/V: one
+// instruction per 4 dimensions of 16 keys and a query row, or 4 slots of 16
+// value dimensions and a row's weights. Its unsigned operand takes q8_0
+// bytes offset by 128 (the sign bit flipped).
 namespace avx512_vnni {
 
 #define TD_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) inline

@@ -25,6 +25,11 @@ struct QuantizedQuery {
 // head_dim (a multiple of kKvGroup) floats of x into q, d and sum.
 void quantize_query(const float* x, int32_t head_dim, int8_t* q, float* d, int32_t* sum);
 
+// Positions per scale of the softmax weights quantized against quantized
+// values (attention_chunk.h, quantize_weights), aligned to the chunk.
+inline constexpr int32_t kWeightRun = 32;
+static_assert(kAttnChunk % kWeightRun == 0);
+
 // One kernel call: some query rows of one KV head against the keys of one
 // chunk [c0, c0 + kAttnChunk). Row r attends to positions [lo[r], hi[r]),
 // a non-empty range inside the chunk. For each row the kernel produces
@@ -45,6 +50,8 @@ struct ChunkJob {
   float* m = nullptr;
   float* l = nullptr;
   float* acc = nullptr;             // [n_rows][head_dim_v]
+  int32_t next_hi = 0;  // the next call reads positions [c0 + kAttnChunk, next_hi): worth prefetching
+  bool warm = false;    // the previous call prefetched this one's positions
 };
 using ChunkFn = void (*)(const ChunkJob& job);
 

@@ -39,16 +39,25 @@ inline size_t kv_bytes(KvType t, size_t n) {
 // Within a block, K is stored transposed and V as rows: attention scores a
 // query against the keys in vector lanes (dimension d of consecutive slots
 // is one load, each score one FMA chain over d), and sums the values with the
-// dimensions in the lanes. Quantized keys keep four dimensions of a slot
-// together in one 32-bit word, the operand of a 4-way integer dot product
-// (vpdpbusd / pmaddubsw), so a row of words is W keys x 4 dimensions:
+// dimensions in the lanes. Quantized types keep four elements together in
+// one 32-bit word, the operand of a 4-way integer dot product (vpdpbusd /
+// pmaddubsw): four dimensions of a key, so a row of words is W keys x 4
+// dimensions; four slots of a value dimension, so a row of words is W
+// dimensions (two each for q4_0's nibbles) x 4 slots:
 //   K f32/f16: [k_head][slot] elements.
 //   K q8_0:    [k_head / 4][slot][4] int8, then [k_head / 32][slot] f16 scales.
 //   K q4_0:    [k_head / 8][slot][4] bytes, byte b of word i holding
 //              dimension 8i + b in its low nibble and 8i + 4 + b in its high
 //              one (value + 8), then the scales as q8_0.
-//   V:         [slot] rows of v_head elements; a quantized row is llama.cpp's
-//              block_q8_0 / block_q4_0 run (kernels read them in place).
+//   V f32/f16: [slot][v_head] elements.
+//   V q8_0:    [slot / 4][v_head][4] int8, then [v_head / 32][slot] f16 scales.
+//   V q4_0:    [slot / 4][v_head / 32][16][4] bytes: per group of 32
+//              dimensions 16 words, byte b of word k holding slot 4i + b's
+//              dimension k in its low nibble and k + 16 in its high one
+//              (value + 8), then the scales as q8_0. A byte holds one slot,
+//              so slots written by different threads never share one.
+// The codes and scales are llama.cpp's block_q8_0 / block_q4_0 of the same
+// 32 elements along a head, only placed differently.
 struct KvLayerView {
   const std::byte* keys = nullptr;    // layer base: [head][block] regions of K
   const std::byte* values = nullptr;  // layer base: [head][block] regions of V
@@ -82,12 +91,23 @@ struct KvLayerView {
     const size_t value_bytes = k_type == KvType::kQ4_0 ? size_t(k_head) / 2 : size_t(k_head);
     return reinterpret_cast<const uint16_t*>(k_block(pos, h) + value_bytes * block_size) + pos % block_size;
   }
-  // Position pos's value row for KV head h.
+  // Position pos's value row for KV head h (f32 / f16).
   template <typename T>
   const T* value(int32_t pos, int32_t h) const {
-    const std::byte* row = values + (size_t(h) * n_blocks + blocks[pos / block_size]) * v_region() +
-                           size_t(pos % block_size) * kv_bytes(v_type, v_head);
-    return reinterpret_cast<const T*>(row);
+    return reinterpret_cast<const T*>(v_block(pos, h) + size_t(pos % block_size) * kv_bytes(v_type, v_head));
+  }
+  const std::byte* v_block(int32_t pos, int32_t h) const {
+    return values + (size_t(h) * n_blocks + blocks[pos / block_size]) * v_region();
+  }
+  // Quantized values: the row of words holding pos (pos a multiple of 4),
+  // and pos's scale of group 0 (group g is g * block_size further on).
+  const uint8_t* value_words(int32_t pos, int32_t h) const {
+    const size_t row = v_type == KvType::kQ4_0 ? size_t(v_head) * 2 : size_t(v_head) * 4;
+    return reinterpret_cast<const uint8_t*>(v_block(pos, h)) + size_t(pos % block_size / 4) * row;
+  }
+  const uint16_t* value_scales(int32_t pos, int32_t h) const {
+    const size_t value_bytes = v_type == KvType::kQ4_0 ? size_t(v_head) / 2 : size_t(v_head);
+    return reinterpret_cast<const uint16_t*>(v_block(pos, h) + value_bytes * block_size) + pos % block_size;
   }
 };
 

@@ -16,13 +16,9 @@ namespace ref {
 
 struct Ops {
   using V = float;
-  static constexpr int W = 1, QR = 2, QK = 4, QKQ = 2, PR = 2, PD = 4;
+  static constexpr int W = 1, QR = 2, QK = 4, QKQ = 2, PR = 2, PD = 4, PRQ = 2, PDQ = 4;
   static V zero() { return 0.0f; }
   static V bcast(float f) { return f; }
-  static V bcast_h(uint16_t h) { return f16_to_f32(h); }
-  static V load_i8(const int8_t* p) { return static_cast<float>(*p); }
-  static V load_q4_lo(const uint8_t* p) { return static_cast<float>((*p & 15) - 8); }
-  static V load_q4_hi(const uint8_t* p) { return static_cast<float>((*p >> 4) - 8); }
   static V load(const float* p) { return *p; }
   static V load(const uint16_t* p) { return f16_to_f32(*p); }
   // W == 1 leaves no partial vectors; these exist for the template.
@@ -33,6 +29,7 @@ struct Ops {
   static V add(V a, V b) { return a + b; }
   static V sub(V a, V b) { return a - b; }
   static V mul(V a, V b) { return a * b; }
+  static V abs(V a) { return std::fabs(a); }
   // Whether the compiler fuses this (it cannot for baseline x86-64) does
   // not matter for the invariants: every schedule runs this same code.
   static V fma(V a, V b, V c) { return a * b + c; }
@@ -40,13 +37,18 @@ struct Ops {
   static V max(V x, V m) { return x > m ? x : m; }
   static float reduce_max(V v) { return v; }
   static V exp(V x) { return std::exp(x); }
-  // Quantized keys: one key's word, byte by byte.
+  // Quantized K/V: one word, byte by byte.
   using I = int32_t;
   using KW = uint32_t;
   using KS = uint32_t;
   static constexpr int32_t kS8Bias = 0;
   static I ibcast(int32_t x) { return x; }
+  static I iadd(I a, I b) { return a + b; }
+  static int32_t ireduce(I x) { return x; }
   static V to_float(I x) { return static_cast<float>(x); }
+  // The default rounding mode: to nearest, ties to even, as cvtps2dq.
+  static I round_int(V x) { return static_cast<int32_t>(std::nearbyint(x)); }
+  static void store_i8(int8_t* p, I x) { *p = static_cast<int8_t>(x); }
   static KW load_words(const uint8_t* p) {
     KW w;
     std::memcpy(&w, p, 4);

@@ -132,25 +132,86 @@ void load_key(KvType type, const std::byte* region, int32_t slot, float* x, int3
   }
 }
 
-void store_row(KvType type, const float* x, std::byte* dst, int32_t n) {
+// Quantized V keeps four slots of a dimension together in one 32-bit word
+// (attention_kv.h): the byte of (slot, dimension) in a head's block region of
+// n dimensions, and for q4_0 the nibble's shift (a q4_0 byte holds
+// dimensions d and d + 16 of a group, both of one slot).
+size_t value_byte(KvType type, int32_t slot, int32_t d, int32_t n) {
+  if (type == KvType::kQ4_0) return size_t(slot / 4) * 2 * n + size_t(d / 32) * 64 + size_t(d % 16) * 4 + slot % 4;
+  return size_t(slot / 4) * 4 * n + size_t(d) * 4 + slot % 4;
+}
+int value_shift(KvType type, int32_t d) { return type == KvType::kQ4_0 && d % 32 >= 16 ? 4 : 0; }
+uint16_t* value_scales(KvType type, std::byte* region, int32_t n, int32_t bs) {
+  const size_t value_bytes = type == KvType::kQ4_0 ? size_t(n) * bs / 2 : size_t(n) * bs;
+  return reinterpret_cast<uint16_t*>(region + value_bytes);
+}
+
+// One head's value into its block region, slot `slot` of `bs`: rows of
+// elements for f32 / f16, the slot-word layout for the quantized types
+// (llama.cpp's quantizer on the row, then its codes scattered).
+void store_value(KvType type, const float* x, std::byte* region, int32_t slot, int32_t n, int32_t bs) {
   switch (type) {
-    case KvType::kF32: std::memcpy(dst, x, size_t(n) * sizeof(float)); return;
-    case KvType::kF16: to_f16(x, reinterpret_cast<uint16_t*>(dst), n); return;
-    case KvType::kQ8_0: quantize_row(GgmlType::Q8_0, x, dst, n); return;
-    case KvType::kQ4_0: quantize_row(GgmlType::Q4_0, x, dst, n); return;
+    case KvType::kF32: std::memcpy(region + size_t(slot) * n * 4, x, size_t(n) * sizeof(float)); return;
+    case KvType::kF16: to_f16(x, reinterpret_cast<uint16_t*>(region) + size_t(slot) * n, n); return;
+    case KvType::kQ8_0: {
+      thread_local std::vector<BlockQ8_0> q;
+      q.resize(size_t(n) / kQK);
+      quantize_row(GgmlType::Q8_0, x, q.data(), n);
+      auto* vals = reinterpret_cast<int8_t*>(region);
+      uint16_t* scales = value_scales(type, region, n, bs) + slot;
+      for (size_t g = 0; g < q.size(); ++g) {
+        scales[g * bs] = q[g].d;
+        for (int32_t j = 0; j < kQK; ++j) vals[value_byte(type, slot, int32_t(g) * kQK + j, n)] = q[g].qs[j];
+      }
+      return;
+    }
+    case KvType::kQ4_0: {
+      thread_local std::vector<BlockQ4_0> q;
+      q.resize(size_t(n) / kQK);
+      quantize_row(GgmlType::Q4_0, x, q.data(), n);
+      auto* vals = reinterpret_cast<uint8_t*>(region);
+      uint16_t* scales = value_scales(type, region, n, bs) + slot;
+      for (size_t g = 0; g < q.size(); ++g) {  // llama.cpp's byte j: elements j and j + 16, as here
+        scales[g * bs] = q[g].d;
+        for (int32_t j = 0; j < kQK / 2; ++j) vals[value_byte(type, slot, int32_t(g) * kQK + j, n)] = q[g].qs[j];
+      }
+      return;
+    }
   }
 }
 
-void load_row(KvType type, const std::byte* src, float* x, int32_t n) {
+void load_value(KvType type, const std::byte* region, int32_t slot, float* x, int32_t n, int32_t bs) {
   switch (type) {
-    case KvType::kF32: std::memcpy(x, src, size_t(n) * sizeof(float)); return;
+    case KvType::kF32: std::memcpy(x, region + size_t(slot) * n * 4, size_t(n) * sizeof(float)); return;
     case KvType::kF16: {
-      const auto* h = reinterpret_cast<const uint16_t*>(src);
+      const auto* h = reinterpret_cast<const uint16_t*>(region) + size_t(slot) * n;
       for (int32_t i = 0; i < n; ++i) x[i] = f16_to_f32(h[i]);
       return;
     }
-    case KvType::kQ8_0: dequantize_row(GgmlType::Q8_0, src, x, n); return;
-    case KvType::kQ4_0: dequantize_row(GgmlType::Q4_0, src, x, n); return;
+    case KvType::kQ8_0:
+    case KvType::kQ4_0: {
+      const auto* vals = reinterpret_cast<const uint8_t*>(region);
+      const uint16_t* scales = value_scales(type, const_cast<std::byte*>(region), n, bs) + slot;
+      for (int32_t i = 0; i < n; ++i) {
+        const uint8_t b = vals[value_byte(type, slot, i, n)];
+        const int32_t v = type == KvType::kQ4_0 ? (b >> value_shift(type, i) & 15) - 8 : static_cast<int8_t>(b);
+        x[i] = f16_to_f32(scales[size_t(i / kQK) * bs]) * static_cast<float>(v);
+      }
+      return;
+    }
+  }
+}
+
+// Slots [from, to) of one head's quantized V region, codes and scales.
+void copy_value_slots(KvType type, const std::byte* src, std::byte* dst, int32_t from, int32_t to, int32_t n,
+                      int32_t bs) {
+  const auto* vs = reinterpret_cast<const uint8_t*>(src);
+  auto* vd = reinterpret_cast<uint8_t*>(dst);
+  const uint16_t* ss = value_scales(type, const_cast<std::byte*>(src), n, bs);
+  uint16_t* sd = value_scales(type, dst, n, bs);
+  for (int32_t s = from; s < to; ++s) {
+    for (int32_t d = 0; d < n; ++d) vd[value_byte(type, s, d, n)] = vs[value_byte(type, s, d, n)];
+    for (int32_t g = 0; g < n / kQK; ++g) sd[size_t(g) * bs + s] = ss[size_t(g) * bs + s];
   }
 }
 
@@ -328,8 +389,8 @@ void KvCache::write(int32_t layer, int32_t block, int32_t slot, const float* k, 
   write_key(layer, block, slot, k);
   const int32_t vh = v_head();
   for (int32_t h = 0; h < shape_.n_head_kv; ++h)
-    store_row(format_.v, as_stored(v + h * vh, vh, format_.rotate_v),
-              v_.get() + v_offset(paging_.slot[layer], block, h) + size_t(slot) * kv_bytes(format_.v, vh), vh);
+    store_value(format_.v, as_stored(v + h * vh, vh, format_.rotate_v),
+                v_.get() + v_offset(paging_.slot[layer], block, h), slot, vh, block_size_);
 }
 
 void KvCache::read(int32_t layer, int32_t block, int32_t slot, float* k, float* v) const {
@@ -337,7 +398,7 @@ void KvCache::read(int32_t layer, int32_t block, int32_t slot, float* k, float* 
   for (int32_t h = 0; h < shape_.n_head_kv; ++h) {
     const int32_t j = paging_.slot[layer];
     load_key(format_.k, k_.get() + k_offset(j, block, h), slot, k + h * kh, kh, block_size_);
-    load_row(format_.v, v_.get() + v_offset(j, block, h) + size_t(slot) * kv_bytes(format_.v, vh), v + h * vh, vh);
+    load_value(format_.v, v_.get() + v_offset(j, block, h), slot, v + h * vh, vh, block_size_);
   }
 }
 
@@ -396,7 +457,7 @@ void KvCache::copy_slots(int32_t src, int32_t dst, int32_t from, int32_t to) {
   if (from < 0 || to > block_size_ || from >= to) return;
   // K: rows of block_size elements (transposed), each row's slots apart; a
   // quantized K's rows hold 4-byte words, its scale rows (f16) follow its
-  // value rows. V: one row per slot.
+  // value rows. V: one row per slot, or slot words (quantized).
   const int32_t kh = k_head(), vh = v_head();
   struct Rows {
     int32_t n;
@@ -418,8 +479,12 @@ void KvCache::copy_slots(int32_t src, int32_t dst, int32_t from, int32_t to) {
       for (const Rows& r : k_rows)
         for (int32_t i = 0; i < r.n; ++i, at += r.elem * block_size_)
           std::memcpy(kd + at + from * r.elem, ks + at + from * r.elem, size_t(to - from) * r.elem);
-      std::memcpy(v_.get() + v_offset(j, dst, h) + from * v_row, v_.get() + v_offset(j, src, h) + from * v_row,
-                  size_t(to - from) * v_row);
+      const std::byte* vs = v_.get() + v_offset(j, src, h);
+      std::byte* vd = v_.get() + v_offset(j, dst, h);
+      if (kv_type_quantized(format_.v))
+        copy_value_slots(format_.v, vs, vd, from, to, vh, block_size_);
+      else
+        std::memcpy(vd + from * v_row, vs + from * v_row, size_t(to - from) * v_row);
     }
 }
 
