@@ -57,6 +57,10 @@ def log(msg: str) -> None:
 # ---------------------------------------------------------------- llama.cpp side
 
 
+# ggml's type ids of the KV cache types both engines have (llama_context_params.type_k / type_v).
+GGML_KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
+
+
 def llama_worker(args: argparse.Namespace) -> int:
     """Runs inside the venv: one warm-up and one timed repetition, JSON to stdout."""
     import ctypes
@@ -90,6 +94,7 @@ def llama_worker(args: argparse.Namespace) -> int:
     cp.n_threads_batch = T
     cp.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                           "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[args.flash_attn]
+    cp.type_k = cp.type_v = GGML_KV_TYPES[args.kv_type]
     ctx = L.llama_init_from_model(model, cp)
     if not ctx:
         raise SystemExit("llama.cpp could not create a context")
@@ -292,7 +297,8 @@ def compare(args: argparse.Namespace) -> int:
                 page_in_s = page_in(m)
                 load_before = os.getloadavg()[0]
                 tj = run_json([str(tandem), "bench", "--json", "-m", str(m), "-p", str(P), "-n", str(N),
-                               "--threads", str(args.threads), "--reps", "1", *cache_args])
+                               "--threads", str(args.threads), "--reps", "1", "--kv-type", args.kv_type,
+                               *cache_args])
                 if token_ids is None:
                     token_ids = tj["token_ids"]
                     tokens_file.write_text(json.dumps(token_ids))
@@ -308,7 +314,7 @@ def compare(args: argparse.Namespace) -> int:
                 load_before = os.getloadavg()[0]
                 lj = run_json([str(py), str(Path(__file__).resolve()), "--llama-worker", "--model", str(m),
                                "--tokens", str(tokens_file), "-p", str(P), "-n", str(N), "--threads",
-                               str(args.threads), "--flash-attn", args.flash_attn])
+                               str(args.threads), "--flash-attn", args.flash_attn, "--kv-type", args.kv_type])
                 lj["loadavg_1min_before"] = load_before
                 lj["page_in_s_before"] = page_in_s
                 runs["llama"].append(lj)
@@ -321,7 +327,7 @@ def compare(args: argparse.Namespace) -> int:
         info["llama_log_notes"] = results[0]["runs"]["llama"][0]["log_notes"]
         info["llama_flash_attn_used"] = {Path(r["model"]).name: r["runs"]["llama"][0]["flash_attn_used"]
                                          for r in results}
-    report = {"machine": info, "prompt": P, "gen": N, "rounds": R, "threads": args.threads,
+    report = {"machine": info, "prompt": P, "gen": N, "rounds": R, "threads": args.threads, "kv_type": args.kv_type,
               "flash_attn": args.flash_attn, "repack_cache": args.repack_cache, "results": results}
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=1))
@@ -364,7 +370,8 @@ def speed_table(report: dict, cpu: bool) -> list[str]:
 
 def markdown(report: dict) -> str:
     P, N = report["prompt"], report["gen"]
-    lines = [f"P = {P} prompt tokens, N = {N} decode steps, {report['threads']} threads, "
+    lines = [f"P = {P} prompt tokens, N = {N} decode steps, KV cache {report.get('kv_type', 'f16')}, "
+             f"{report['threads']} threads, "
              f"{report['rounds']} alternating rounds; tok/s as median (min-max); ratio = Tandem / llama.cpp "
              f"(medians); per round = median (min-max) of each round's own Tandem / llama.cpp."
              + (f" Tandem maps its repacked weights from --repack-cache {report['repack_cache']}."
@@ -422,6 +429,8 @@ def main() -> int:
     ap.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="where the synthetic models are written")
     ap.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto",
                     help="llama.cpp flash attention (auto is the library default)")
+    ap.add_argument("--kv-type", choices=sorted(GGML_KV_TYPES), default="f16",
+                    help="K and V cache type for both engines (a quantized V needs llama.cpp's flash attention)")
     ap.add_argument("--json-out", help="also write every run's raw results here")
     ap.add_argument("--repack-cache", help="run Tandem with --repack-cache DIR (the cache is written before "
                     "the rounds, so every round maps it)")
@@ -431,6 +440,10 @@ def main() -> int:
     args = ap.parse_args()
     if args.prompt < 1 or args.gen < 1 or args.rounds < 1 or args.threads < 1:
         ap.error("need -p >= 1, -n >= 1, -r >= 1, --threads >= 1")
+    if args.kv_type != "f16" and args.flash_attn == "off":
+        ap.error(f"--kv-type {args.kv_type} needs llama.cpp's flash attention (--flash-attn on or auto)")
+    if args.kv_type != "f16" and args.flash_attn == "auto":
+        args.flash_attn = "on"
     if args.llama_worker:
         return llama_worker(args)
     return compare(args)
