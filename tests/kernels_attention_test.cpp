@@ -139,7 +139,7 @@ Reference reference(const World& w, int32_t seq, int32_t pos, int32_t h) {
         const int32_t ra = std::max(a, r0), rb = std::min(b, r0 + attn_detail::kWeightRun);
         double big = 0;
         for (int32_t p = ra; p < rb; ++p) big = std::max(big, std::abs(wt[p - a] * vscale[p - first][gr]));
-        if (big == 0) continue;
+        if (big < attn_detail::kMinRunWeight) continue;
         const double step = big / 127;
         for (int32_t p = ra; p < rb; ++p) {
           const double x = wt[p - a] * vscale[p - first][gr] / step;

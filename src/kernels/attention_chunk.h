@@ -266,7 +266,8 @@ TD_FN void quantize_weights(const float* p, const float* vs, int32_t groups, int
       V mx = Ops::zero();
       for (int32_t j = j0; j < j0 + RUN; j += Ops::W)
         mx = Ops::max(Ops::abs(Ops::mul(Ops::load(p + j), Ops::load(d + j))), mx);
-      const float m = Ops::reduce_max(mx);
+      float m = Ops::reduce_max(mx);
+      if (!(m >= kMinRunWeight)) m = 0.0f;  // the run adds nothing (attention_impl.h)
       const V inv = Ops::bcast(m > 0.0f ? 127.0f / m : 0.0f);
       typename Ops::I total = Ops::ibcast(0);
       for (int32_t j = j0; j < j0 + RUN; j += Ops::W) {

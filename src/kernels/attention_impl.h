@@ -29,6 +29,10 @@ void quantize_query(const float* x, int32_t head_dim, int8_t* q, float* d, int32
 // values (attention_chunk.h, quantize_weights), aligned to the chunk.
 inline constexpr int32_t kWeightRun = 32;
 static_assert(kAttnChunk % kWeightRun == 0);
+// A run whose largest weight times value scale is below this adds nothing
+// (127 / max would overflow near FLT_MIN; the chunk's largest weight is 1,
+// so such weights are far below a float sum's resolution).
+inline constexpr float kMinRunWeight = 1e-30f;
 
 // One kernel call: some query rows of one KV head against the keys of one
 // chunk [c0, c0 + kAttnChunk). Row r attends to positions [lo[r], hi[r]),
