@@ -146,37 +146,32 @@ uint16_t* value_scales(KvType type, std::byte* region, int32_t n, int32_t bs) {
   return reinterpret_cast<uint16_t*>(region + value_bytes);
 }
 
+// A quantized value: llama.cpp's quantizer on the row, then its code bytes
+// scattered (a q4_0 block's byte j holds elements j and j + 16, as a q4_0
+// value byte here does).
+template <typename Block>
+void store_value_blocks(KvType type, GgmlType gt, const float* x, std::byte* region, int32_t slot, int32_t n,
+                        int32_t bs) {
+  thread_local std::vector<Block> q;
+  q.resize(size_t(n) / kQK);
+  quantize_row(gt, x, q.data(), n);
+  auto* vals = reinterpret_cast<uint8_t*>(region);
+  uint16_t* scales = value_scales(type, region, n, bs) + slot;
+  for (size_t g = 0; g < q.size(); ++g) {
+    scales[g * bs] = q[g].d;
+    for (int32_t j = 0; j < int32_t(sizeof(q[g].qs)); ++j)
+      vals[value_byte(type, slot, int32_t(g) * kQK + j, n)] = static_cast<uint8_t>(q[g].qs[j]);
+  }
+}
+
 // One head's value into its block region, slot `slot` of `bs`: rows of
-// elements for f32 / f16, the slot-word layout for the quantized types
-// (llama.cpp's quantizer on the row, then its codes scattered).
+// elements for f32 / f16, the slot-word layout for the quantized types.
 void store_value(KvType type, const float* x, std::byte* region, int32_t slot, int32_t n, int32_t bs) {
   switch (type) {
     case KvType::kF32: std::memcpy(region + size_t(slot) * n * 4, x, size_t(n) * sizeof(float)); return;
     case KvType::kF16: to_f16(x, reinterpret_cast<uint16_t*>(region) + size_t(slot) * n, n); return;
-    case KvType::kQ8_0: {
-      thread_local std::vector<BlockQ8_0> q;
-      q.resize(size_t(n) / kQK);
-      quantize_row(GgmlType::Q8_0, x, q.data(), n);
-      auto* vals = reinterpret_cast<int8_t*>(region);
-      uint16_t* scales = value_scales(type, region, n, bs) + slot;
-      for (size_t g = 0; g < q.size(); ++g) {
-        scales[g * bs] = q[g].d;
-        for (int32_t j = 0; j < kQK; ++j) vals[value_byte(type, slot, int32_t(g) * kQK + j, n)] = q[g].qs[j];
-      }
-      return;
-    }
-    case KvType::kQ4_0: {
-      thread_local std::vector<BlockQ4_0> q;
-      q.resize(size_t(n) / kQK);
-      quantize_row(GgmlType::Q4_0, x, q.data(), n);
-      auto* vals = reinterpret_cast<uint8_t*>(region);
-      uint16_t* scales = value_scales(type, region, n, bs) + slot;
-      for (size_t g = 0; g < q.size(); ++g) {  // llama.cpp's byte j: elements j and j + 16, as here
-        scales[g * bs] = q[g].d;
-        for (int32_t j = 0; j < kQK / 2; ++j) vals[value_byte(type, slot, int32_t(g) * kQK + j, n)] = q[g].qs[j];
-      }
-      return;
-    }
+    case KvType::kQ8_0: return store_value_blocks<BlockQ8_0>(type, GgmlType::Q8_0, x, region, slot, n, bs);
+    case KvType::kQ4_0: return store_value_blocks<BlockQ4_0>(type, GgmlType::Q4_0, x, region, slot, n, bs);
   }
 }
 
