@@ -193,13 +193,6 @@ TD_FN void qk_rows(const ChunkJob& job, int32_t r0, const KeyVectors<T>& keys, i
   static_assert(NK <= 4, "the tail cases above cover 1..3 vectors");
 }
 
-// Lanes d .. d + W of an f32 / f16 value row as floats (PART: the first n
-// only, the rest zero).
-template <bool PART, typename T>
-TD_FN typename Ops::V value_vector(const T* row, int32_t d, int32_t n) {
-  return PART ? Ops::load_part(row + d, n) : Ops::load(row + d);
-}
-
 // acc_out[r][d0 .. d0 + D*W) = sum over keys j in [a, b) of p[r][j] * v[j][..],
 // in key order. PART: one vector of `n` (< W) lanes instead (D must be 1).
 template <int R, int D, bool PART, typename T>
@@ -213,7 +206,8 @@ TD_FN void pv_tile(const T* const* v, int32_t a, int32_t b, const float* const* 
     V w[R];
     for (int r = 0; r < R; ++r) w[r] = Ops::bcast(p[r][j]);
     for (int i = 0; i < D; ++i) {
-      const V x = value_vector<PART>(v[j], d0 + i * Ops::W, n);
+      const T* row = v[j] + d0 + i * Ops::W;
+      const V x = PART ? Ops::load_part(row, n) : Ops::load(row);
       for (int r = 0; r < R; ++r) acc[r][i] = Ops::fma(w[r], x, acc[r][i]);
     }
   }
@@ -420,7 +414,6 @@ TD_FN void run_chunk(const ChunkJob& job) {
   const uint8_t* vwords[kAttnChunk / 4];
   constexpr int32_t per_row = 4;  // slots per row of value words
   const int32_t groups = kv.v_head / kKvGroup;
-  thread_local std::vector<float> vscale;
   if constexpr (VQ) {
     // Asked for now, read after the scores: a chunk reads a block's words a
     // few lines at a time, a pattern the hardware prefetchers do not run
@@ -503,6 +496,7 @@ TD_FN void run_chunk(const ChunkJob& job) {
 
   // Quantized values: the scales as floats (read after the scores, so that
   // the prefetches above have landed) and room for a row tile's weights.
+  thread_local std::vector<float> vscale;
   thread_local std::vector<int8_t> wq;
   thread_local std::vector<float> wscale;
   thread_local std::vector<int32_t> wsum;
@@ -546,11 +540,13 @@ TD_FN void run_chunk(const ChunkJob& job) {
       out[r - r0] = job.acc + size_t(r) * job.head_dim_v;
       if constexpr (VQ) {
         const size_t i = r - r0;
-        q[i] = wq.data() + i * groups * C;
-        qs[i] = wscale.data() + i * groups * (C / RUN);
-        qsum[i] = wsum.data() + i * groups * (C / RUN);
-        quantize_weights(s, vscale.data(), groups, za, zb, wq.data() + i * groups * C,
-                         wscale.data() + i * groups * (C / RUN), wsum.data() + i * groups * (C / RUN));
+        int8_t* wq_i = wq.data() + i * groups * C;
+        float* ws_i = wscale.data() + i * groups * (C / RUN);
+        int32_t* wsum_i = wsum.data() + i * groups * (C / RUN);
+        quantize_weights(s, vscale.data(), groups, za, zb, wq_i, ws_i, wsum_i);
+        q[i] = wq_i;
+        qs[i] = ws_i;
+        qsum[i] = wsum_i;
       }
     }
     if constexpr (VQ)

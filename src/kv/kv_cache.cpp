@@ -141,9 +141,9 @@ size_t value_byte(KvType type, int32_t slot, int32_t d, int32_t n) {
   return size_t(slot / 4) * 4 * n + size_t(d) * 4 + slot % 4;
 }
 int value_shift(KvType type, int32_t d) { return type == KvType::kQ4_0 && d % 32 >= 16 ? 4 : 0; }
-uint16_t* value_scales(KvType type, std::byte* region, int32_t n, int32_t bs) {
-  const size_t value_bytes = type == KvType::kQ4_0 ? size_t(n) * bs / 2 : size_t(n) * bs;
-  return reinterpret_cast<uint16_t*>(region + value_bytes);
+// Where a quantized V region's f16 scales start: after its codes.
+size_t value_scales_at(KvType type, int32_t n, int32_t bs) {
+  return type == KvType::kQ4_0 ? size_t(n) * bs / 2 : size_t(n) * bs;
 }
 
 // A quantized value: llama.cpp's quantizer on the row, then its code bytes
@@ -156,7 +156,7 @@ void store_value_blocks(KvType type, GgmlType gt, const float* x, std::byte* reg
   q.resize(size_t(n) / kQK);
   quantize_row(gt, x, q.data(), n);
   auto* vals = reinterpret_cast<uint8_t*>(region);
-  uint16_t* scales = value_scales(type, region, n, bs) + slot;
+  auto* scales = reinterpret_cast<uint16_t*>(region + value_scales_at(type, n, bs)) + slot;
   for (size_t g = 0; g < q.size(); ++g) {
     scales[g * bs] = q[g].d;
     for (int32_t j = 0; j < int32_t(sizeof(q[g].qs)); ++j)
@@ -186,7 +186,7 @@ void load_value(KvType type, const std::byte* region, int32_t slot, float* x, in
     case KvType::kQ8_0:
     case KvType::kQ4_0: {
       const auto* vals = reinterpret_cast<const uint8_t*>(region);
-      const uint16_t* scales = value_scales(type, const_cast<std::byte*>(region), n, bs) + slot;
+      const auto* scales = reinterpret_cast<const uint16_t*>(region + value_scales_at(type, n, bs)) + slot;
       for (int32_t i = 0; i < n; ++i) {
         const uint8_t b = vals[value_byte(type, slot, i, n)];
         const int32_t v = type == KvType::kQ4_0 ? (b >> value_shift(type, i) & 15) - 8 : static_cast<int8_t>(b);
@@ -202,8 +202,8 @@ void copy_value_slots(KvType type, const std::byte* src, std::byte* dst, int32_t
                       int32_t bs) {
   const auto* vs = reinterpret_cast<const uint8_t*>(src);
   auto* vd = reinterpret_cast<uint8_t*>(dst);
-  const uint16_t* ss = value_scales(type, const_cast<std::byte*>(src), n, bs);
-  uint16_t* sd = value_scales(type, dst, n, bs);
+  const auto* ss = reinterpret_cast<const uint16_t*>(src + value_scales_at(type, n, bs));
+  auto* sd = reinterpret_cast<uint16_t*>(dst + value_scales_at(type, n, bs));
   for (int32_t s = from; s < to; ++s) {
     for (int32_t d = 0; d < n; ++d) vd[value_byte(type, s, d, n)] = vs[value_byte(type, s, d, n)];
     for (int32_t g = 0; g < n / kQK; ++g) sd[size_t(g) * bs + s] = ss[size_t(g) * bs + s];
