@@ -7,8 +7,8 @@ of each scored, as llama-perplexity does), its ratio to the same engine's f16
 cache, the mean KL divergence KL(f16 || type) per scored token and the share
 of tokens whose most likely next token is unchanged. Each engine is compared
 with its own f16 run, chunk by chunk, in one process (Tandem: --kl-reference
-f16; llama.cpp: two contexts on one model, flash attention on, as llama.cpp
-requires for a quantized V cache).
+f16; llama.cpp: one model, a context per chunk and type in turn, flash
+attention on, as llama.cpp requires for a quantized V cache).
 
 The text is real prose: the license texts Debian ships in
 /usr/share/common-licenses (GPL, LGPL, GFDL, Apache, Artistic, MPL),
@@ -107,6 +107,10 @@ def worker(args: argparse.Namespace) -> int:
         m = x.max(axis=1, keepdims=True)
         return x - (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))
 
+    def slices():
+        for r0 in range(0, scored, slice_rows):
+            yield r0, min(scored, r0 + slice_rows)
+
     # One context at a time, freed after its chunk: at 8k tokens each holds
     # 4 GB of logits. The f16 reference's log-probabilities are kept as
     # float32 (an error of ~1e-6 in a KL divergence of ~1e-2).
@@ -119,16 +123,14 @@ def worker(args: argparse.Namespace) -> int:
         target = np.array(chunk[first + 1:n_ctx])
         ctx = decode("f16", chunk)
         ref = np.empty((scored, nv), dtype=np.float32)
-        for r0 in range(0, scored, slice_rows):
-            r1 = min(scored, r0 + slice_rows)
+        for r0, r1 in slices():
             ref[r0:r1] = log_probs(ctx, r0, r1)
         L.llama_free(ctx)
         ref_nll += list(-ref[np.arange(scored), target].astype(np.float64))
         ref_top = ref.argmax(axis=1)
         for t in args.types:
             ctx = decode(t, chunk)
-            for r0 in range(0, scored, slice_rows):
-                r1 = min(scored, r0 + slice_rows)
+            for r0, r1 in slices():
                 lp = log_probs(ctx, r0, r1)
                 rf = ref[r0:r1].astype(np.float64)
                 acc[t]["nll"] += list(-lp[np.arange(r1 - r0), target[r0:r1]])
