@@ -5,6 +5,7 @@
 //   ./build/kernels_bench --benchmark_filter=Ceiling   # read bandwidth, int8/fp32 peaks, q8_0's int8 ceiling
 //   ./build/kernels_bench --benchmark_filter=Pool      # fork/join latency
 //   ./build/kernels_bench --benchmark_filter=Attention # decode and prefill attention over a paged KV cache
+//   ... --kernels=avx512-vnni                         # at another kernel level than the CPU's best
 //
 // Shapes are TinyLlama 1.1B's (2048 wide, 5632 FFN). "Old" rows are the
 // per-output vec_dot loop Matmul used before the tiled kernels, kept here as
@@ -19,14 +20,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <random>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/quant.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
@@ -519,4 +524,29 @@ BENCHMARK(BM_PoolParallelFor)->Arg(1)->Arg(2)->UseRealTime()->MinTime(0.5);
 }  // namespace
 }  // namespace tandem
 
-BENCHMARK_MAIN();
+// --kernels=LEVEL runs the kernels at that level (as the CLI's --kernels):
+// one binary compares levels on the same machine.
+int main(int argc, char** argv) {
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string_view a(argv[i]);
+    if (a.rfind("--kernels=", 0) != 0) {
+      args.push_back(argv[i]);
+      continue;
+    }
+    std::string warning;
+    const tandem::KernelLevel level =
+        tandem::choose_kernel_level(a.substr(10), tandem::best_kernel_level(), &warning);
+    if (!warning.empty()) {
+      std::fprintf(stderr, "kernels_bench: %s\n", warning.c_str());
+      return 2;
+    }
+    tandem::set_active_kernel_level(level);
+  }
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
