@@ -524,21 +524,27 @@ BENCHMARK(BM_PoolParallelFor)->Arg(1)->Arg(2)->UseRealTime()->MinTime(0.5);
 }  // namespace
 }  // namespace tandem
 
-// --kernels=LEVEL runs the kernels at that level (as the CLI's --kernels):
-// one binary compares levels on the same machine.
+// --kernels=LEVEL runs the kernels at that level (the CLI's --kernels names),
+// so one binary compares levels on the same machine. Unlike the CLI, a level
+// it cannot run is an error, not a fallback: a row measured at another level
+// than asked would mislead.
 int main(int argc, char** argv) {
+  constexpr std::string_view kFlag = "--kernels=";
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     const std::string_view a(argv[i]);
-    if (a.rfind("--kernels=", 0) != 0) {
+    if (a.rfind(kFlag, 0) != 0) {
       args.push_back(argv[i]);
       continue;
     }
     std::string warning;
     const tandem::KernelLevel level =
-        tandem::choose_kernel_level(a.substr(10), tandem::best_kernel_level(), &warning);
+        tandem::choose_kernel_level(a.substr(kFlag.size()), tandem::best_kernel_level(), &warning);
     if (!warning.empty()) {
-      std::fprintf(stderr, "kernels_bench: %s\n", warning.c_str());
+      std::string usable;
+      for (tandem::KernelLevel l : tandem::kAllKernelLevels)
+        if (tandem::cpu_supports_level(l)) usable += std::string(" ") + tandem::kernel_level_name(l);
+      std::fprintf(stderr, "kernels_bench: %s is not a level this CPU runs (it runs:%s)\n", argv[i], usable.c_str());
       return 2;
     }
     tandem::set_active_kernel_level(level);
