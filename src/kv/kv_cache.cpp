@@ -308,7 +308,6 @@ KvPaging kv_paging(const std::vector<bool>& layer_windowed, int32_t window) {
 
 KvCache::KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size, const KvFormat& format, KvPaging paging)
     : shape_(shape), n_blocks_(n_blocks), block_size_(block_size), format_(format), paging_(std::move(paging)) {
-  if (paging_.layers_per_page == 0) paging_ = kv_paging(shape.n_layer);
   if (n_blocks <= 0 || block_size <= 0)
     fail(ErrorKind::kInvalidArgument, "KV cache needs at least one block (got {} blocks of {})", n_blocks,
          block_size);
@@ -331,6 +330,16 @@ KvCache::KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size, con
       fail(ErrorKind::kInvalidArgument, "KV cache type {} needs blocks of a multiple of 16 slots, not {}",
            kv_type_name(type), block_size);
   }
+  // Every layer's K and V for every slot, an upper bound of what the pages
+  // hold, checked before anything is sized by the shape (the default page
+  // table has an entry per layer): an impossible shape fails here at once.
+  const size_t tokens = size_t(n_blocks) * block_size;
+  size_t per_token = 0, bound = 0;
+  if (__builtin_add_overflow(kv_bytes(format.k, shape.k_width), kv_bytes(format.v, shape.v_width), &per_token) ||
+      __builtin_mul_overflow(per_token, size_t(shape.n_layer), &bound) ||
+      __builtin_mul_overflow(bound, tokens, &bound))
+    fail(ErrorKind::kResource, "a KV cache of {} tokens x {} layers does not fit in memory", tokens, shape.n_layer);
+  if (paging_.layers_per_page == 0) paging_ = kv_paging(shape.n_layer);
   bool covered = paging_.layers_per_page > 0 && paging_.n_groups >= 1 &&
                  paging_.group.size() == size_t(shape.n_layer) && paging_.slot.size() == size_t(shape.n_layer);
   for (int32_t l = 0; covered && l < shape.n_layer; ++l)
@@ -339,7 +348,6 @@ KvCache::KvCache(const KvShape& shape, int32_t n_blocks, int32_t block_size, con
   if (!covered)
     fail(ErrorKind::kInvalidArgument, "KV cache paging does not place each of the {} layers on a page",
          shape.n_layer);
-  const size_t tokens = size_t(n_blocks) * block_size;
   const size_t lp = size_t(paging_.layers_per_page);
   size_t k_total = 0, v_total = 0;
   if (__builtin_mul_overflow(tokens, lp * kv_bytes(format.k, shape.k_width), &k_total) ||
