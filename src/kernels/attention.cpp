@@ -68,6 +68,15 @@ int32_t first_pos(const AttnShape& s, int32_t pos) { return s.window > 0 ? std::
   for (int32_t d = 0; d < hdv; ++d) out[d] = A[d] / L;
 }
 
+// A row's attention on n positions of one chunk, added to mass: their exps
+// (exp(score - m), the chunk's kernel output) rescaled to the row's final
+// (M, L). Every schedule adds a row's chunks in position order, the rows in
+// order, so the sums do not depend on the schedule either.
+[[gnu::noinline]] void add_mass(const float* e, float m, float M, float L, int32_t n, float* mass) {
+  const float f = std::exp(m - M) / L;
+  for (int32_t i = 0; i < n; ++i) mass[i] += e[i] * f;
+}
+
 // Query rows quantized for the integer Q.K of quantized keys: the storage
 // and the views the kernels read, rows[r] from the r-th row given.
 struct QuantizedRows {
@@ -96,6 +105,7 @@ struct QuantizedRows {
 struct Scratch {
   std::vector<float> scores, m, l, acc;  // one kernel call
   std::vector<float> M, L, A;            // running state per row
+  std::vector<float> exps, cm;            // attention mass: each row's exps and chunk maxima
   std::vector<const float*> q, cq;
   QuantizedRows qq;                       // q quantized, for quantized keys
   std::vector<QuantizedQuery> cqq;
@@ -139,6 +149,7 @@ struct DecodeSplit {
   std::vector<Item> items;
   std::vector<int64_t> unit_first;
   std::vector<float> part_m, part_l, part_acc;
+  std::vector<float> part_exps;  // attention mass: each item's exps, [item][row][kAttnChunk]
   std::vector<const float*> q_rows;  // every unit's query rows, for QuantizedRows
   QuantizedRows qq;
   // Chunks of each unit still running; whoever finishes the last one folds.
@@ -149,6 +160,40 @@ struct DecodeSplit {
 DecodeSplit& decode_split() {
   thread_local DecodeSplit d;
   return d;
+}
+
+// Attention mass gathered per work item (or unit), each into its own span,
+// then added to the caller's in item order: the same sums whichever thread
+// ran which item.
+struct MassParts {
+  std::vector<float> values;
+  std::vector<size_t> offset;   // [items + 1]
+  std::vector<int32_t> base;    // position of each span's first element
+  std::vector<float*> dest;     // the caller's array for each item (position 0)
+
+  void clear() {
+    values.clear();
+    offset.assign(1, 0);
+    base.clear();
+    dest.clear();
+  }
+  void add(float* to, int32_t lo, int32_t hi) {
+    dest.push_back(to);
+    base.push_back(lo);
+    offset.push_back(offset.back() + size_t(to ? hi - lo : 0));
+  }
+  void zero() { values.assign(offset.back(), 0.0f); }
+  float* part(size_t i) { return dest[i] ? values.data() + offset[i] : nullptr; }
+  void flush() {
+    for (size_t i = 0; i < dest.size(); ++i)
+      if (dest[i])
+        for (size_t j = 0; j < offset[i + 1] - offset[i]; ++j) dest[i][base[i] + j] += values[offset[i] + j];
+  }
+};
+
+MassParts& mass_parts() {
+  thread_local MassParts m;
+  return m;
 }
 
 }  // namespace
@@ -186,14 +231,23 @@ namespace {
 // rows in position order: every chunk in turn, each folded into the rows
 // that reach it, then the outputs to sc.out. qq: the rows quantized, for
 // quantized keys (Scratch::quantized).
+// mass: if given, each position's attention summed over the rows is added
+// to mass[pos - mass_base] (add_mass has the order).
 void attend_rows(ChunkFn fn, const AttnShape& s, const KvLayerView& kv, int32_t g, int32_t n,
-                 const QuantizedQuery* qq, Scratch& sc) {
+                 const QuantizedQuery* qq, Scratch& sc, float* mass = nullptr, int32_t mass_base = 0) {
   const int32_t hdv = s.head_dim_v;
   int32_t p_lo = sc.lo[0], p_hi = sc.hi[0];
   for (int32_t r = 0; r < n; ++r) {
     p_lo = std::min(p_lo, sc.lo[r]);
     p_hi = std::max(p_hi, sc.hi[r]);
     sc.started[r] = 0;
+  }
+  // With mass wanted, each row keeps its exps over the chunks, [c_lo * C, p_hi).
+  const int32_t c_lo = p_lo / kAttnChunk, n_ch = (p_hi - 1) / kAttnChunk - c_lo + 1;
+  const size_t span = size_t(n_ch) * kAttnChunk;
+  if (mass) {
+    if (sc.exps.size() < size_t(n) * span) sc.exps.resize(size_t(n) * span);
+    if (sc.cm.size() < size_t(n) * n_ch) sc.cm.resize(size_t(n) * n_ch);
   }
   ChunkJob job;
   job.kv = &kv;
@@ -232,15 +286,29 @@ void attend_rows(ChunkFn fn, const AttnShape& s, const KvLayerView& kv, int32_t 
       fold(sc.M[r], sc.L[r], sc.A.data() + size_t(r) * hdv, sc.m[j], sc.l[j], sc.acc.data() + size_t(j) * hdv, hdv,
            !sc.started[r]);
       sc.started[r] = 1;
+      if (mass) {
+        std::copy(sc.scores.data() + size_t(j) * kAttnChunk + (sc.clo[j] - cs),
+                  sc.scores.data() + size_t(j) * kAttnChunk + (sc.chi[j] - cs),
+                  sc.exps.data() + size_t(r) * span + (sc.clo[j] - c_lo * kAttnChunk));
+        sc.cm[size_t(r) * n_ch + (c - c_lo)] = sc.m[j];
+      }
     }
   }
   for (int32_t r = 0; r < n; ++r) finish(sc.L[r], sc.A.data() + size_t(r) * hdv, sc.out[r], hdv);
+  if (!mass) return;
+  for (int32_t r = 0; r < n; ++r)
+    for (int32_t c = sc.lo[r] / kAttnChunk; c <= (sc.hi[r] - 1) / kAttnChunk; ++c) {
+      const int32_t a = std::max(sc.lo[r], c * kAttnChunk), b = std::min(sc.hi[r], (c + 1) * kAttnChunk);
+      add_mass(sc.exps.data() + size_t(r) * span + (a - c_lo * kAttnChunk), sc.cm[size_t(r) * n_ch + (c - c_lo)],
+               sc.M[r], sc.L[r], b - a, mass + (a - mass_base));
+    }
 }
 
 }  // namespace
 
 void attention_prefill_at(KernelLevel level, const AttnShape& s, const KvLayerView& kv, const float* q,
-                          int64_t q_stride, int32_t pos0, int32_t n, float* out, int64_t out_stride, ThreadPool& pool) {
+                          int64_t q_stride, int32_t pos0, int32_t n, float* out, int64_t out_stride, ThreadPool& pool,
+                          float* mass) {
   if (n <= 0) return;
   check_view(s, kv);
   const ChunkFn fn = chunk_fn_for(level);
@@ -248,13 +316,23 @@ void attention_prefill_at(KernelLevel level, const AttnShape& s, const KvLayerVi
   const int32_t tq = std::max(1, kTileRows / group);  // positions per tile
   const int32_t n_tiles = (n + tq - 1) / tq;
   const int64_t items = int64_t{n_tiles} * s.n_head_kv;
+  auto tile_of = [&](int64_t it) { return n_tiles - 1 - static_cast<int32_t>(it / s.n_head_kv); };
+  MassParts& mp = mass_parts();
+  if (mass) {
+    mp.clear();
+    for (int64_t it = 0; it < items; ++it) {
+      const int32_t i0 = tile_of(it) * tq, i1 = std::min(n, i0 + tq);
+      mp.add(mass, first_pos(s, pos0 + i0), pos0 + i1);
+    }
+    mp.zero();
+  }
   std::atomic<int64_t> next{0};
   pool.run([&](int, int) {
     Scratch& sc = scratch();
     sc.fit(tq * group, s.head_dim_v);
     for (int64_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
       // Latest tiles first: without a window they see the most keys.
-      const int32_t tile = n_tiles - 1 - static_cast<int32_t>(it / s.n_head_kv);
+      const int32_t tile = tile_of(it);
       const int32_t g = static_cast<int32_t>(it % s.n_head_kv);
       const int32_t i0 = tile * tq, i1 = std::min(n, i0 + tq);
       int32_t r = 0;
@@ -266,19 +344,30 @@ void attention_prefill_at(KernelLevel level, const AttnShape& s, const KvLayerVi
           sc.lo[r] = first_pos(s, pos);
           sc.hi[r] = pos + 1;
         }
-      attend_rows(fn, s, kv, g, r, sc.quantized(kv, r, s.head_dim), sc);
+      attend_rows(fn, s, kv, g, r, sc.quantized(kv, r, s.head_dim), sc, mass ? mp.part(size_t(it)) : nullptr,
+                  mass ? mp.base[size_t(it)] : 0);
     }
   });
+  if (mass) mp.flush();
 }
 
 void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerView* views, const int32_t* positions,
                          int32_t n_seqs, const float* q, int64_t q_stride, float* out, int64_t out_stride,
-                         ThreadPool& pool) {
+                         ThreadPool& pool, float* const* mass) {
   if (n_seqs <= 0) return;
   for (int32_t b = 0; b < n_seqs; ++b) check_view(s, views[b]);
   const ChunkFn fn = chunk_fn_for(level);
   const int32_t group = s.n_head / s.n_head_kv, hdv = s.head_dim_v;
   const int64_t units = int64_t{n_seqs} * s.n_head_kv;  // (sequence, KV head)
+  MassParts& mp = mass_parts();
+  if (mass) {
+    mp.clear();
+    for (int64_t u = 0; u < units; ++u) {
+      const int32_t b = static_cast<int32_t>(u / s.n_head_kv);
+      mp.add(mass[b], first_pos(s, positions[b]), positions[b] + 1);
+    }
+    mp.zero();
+  }
   auto unit_rows = [&](int64_t u, Scratch& sc) {
     const int32_t b = static_cast<int32_t>(u / s.n_head_kv), g = static_cast<int32_t>(u % s.n_head_kv);
     for (int32_t j = 0; j < group; ++j) {
@@ -306,13 +395,15 @@ void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerVie
       for (int64_t u; (u = next.fetch_add(1, std::memory_order_relaxed)) < units;) {
         const int32_t g = unit_rows(u, sc);
         const KvLayerView& kv = views[u / s.n_head_kv];
-        attend_rows(fn, s, kv, g, group, sc.quantized(kv, group, s.head_dim), sc);
+        float* um = mass ? mp.part(size_t(u)) : nullptr;
+        attend_rows(fn, s, kv, g, group, sc.quantized(kv, group, s.head_dim), sc, um, um ? mp.base[size_t(u)] : 0);
       }
     };
     if (units == 1)
       work(0, 1);
     else
       pool.run(work);
+    if (mass) mp.flush();
     return;
   }
 
@@ -339,6 +430,7 @@ void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerVie
   part_m.resize(n_items * group);
   part_l.resize(n_items * group);
   part_acc.resize(n_items * group * hdv);
+  if (mass) ds.part_exps.resize(n_items * group * kAttnChunk);
 
   if (ds.pending_size < units) {
     ds.pending.reset(new std::atomic<int32_t>[units]);
@@ -389,6 +481,12 @@ void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerVie
       job.l = part_l.data() + it * group;
       job.acc = part_acc.data() + it * group * hdv;
       fn(job);
+      float* um = mass ? mp.part(size_t(item.unit)) : nullptr;
+      if (um)
+        for (int32_t j = 0; j < group; ++j)
+          std::copy(sc.scores.data() + size_t(j) * kAttnChunk + (sc.clo[j] - cs),
+                    sc.scores.data() + size_t(j) * kAttnChunk + (sc.chi[j] - cs),
+                    ds.part_exps.data() + (it * group + j) * kAttnChunk + (sc.clo[j] - cs));
       // acq_rel: the folding thread must see every other chunk's partial.
       if (pending[item.unit].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
       const int64_t u = item.unit;
@@ -399,19 +497,28 @@ void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerVie
           fold(M, L, A, part_m[pi * group + j], part_l[pi * group + j], part_acc.data() + (pi * group + j) * hdv,
                hdv, pi == unit_first[u]);
         finish(L, A, sc.out[j], hdv);
+        if (!um) continue;
+        for (int64_t pi = unit_first[u]; pi < unit_first[u + 1]; ++pi) {
+          const int32_t c0 = items[pi].chunk * kAttnChunk;
+          const int32_t a = std::max(sc.lo[j], c0), b = std::min(sc.hi[j], c0 + kAttnChunk);
+          add_mass(ds.part_exps.data() + (pi * group + j) * kAttnChunk + (a - c0), part_m[pi * group + j], M, L, b - a,
+                   um + (a - mp.base[size_t(u)]));
+        }
       }
     }
   });
+  if (mass) mp.flush();
 }
 
 void attention_prefill(const AttnShape& s, const KvLayerView& kv, const float* q, int64_t q_stride, int32_t pos0,
-                       int32_t n, float* out, int64_t out_stride, ThreadPool& pool) {
-  attention_prefill_at(active_kernel_level(), s, kv, q, q_stride, pos0, n, out, out_stride, pool);
+                       int32_t n, float* out, int64_t out_stride, ThreadPool& pool, float* mass) {
+  attention_prefill_at(active_kernel_level(), s, kv, q, q_stride, pos0, n, out, out_stride, pool, mass);
 }
 
 void attention_decode(const AttnShape& s, const KvLayerView* views, const int32_t* positions, int32_t n_seqs,
-                      const float* q, int64_t q_stride, float* out, int64_t out_stride, ThreadPool& pool) {
-  attention_decode_at(active_kernel_level(), s, views, positions, n_seqs, q, q_stride, out, out_stride, pool);
+                      const float* q, int64_t q_stride, float* out, int64_t out_stride, ThreadPool& pool,
+                      float* const* mass) {
+  attention_decode_at(active_kernel_level(), s, views, positions, n_seqs, q, q_stride, out, out_stride, pool, mass);
 }
 
 }  // namespace tandem

@@ -42,20 +42,27 @@ struct AttnShape {
 // rows are already scaled (softmax(q.k) is taken as is). The KV rows of all
 // positions up to pos0+n-1 must be written.
 void attention_prefill(const AttnShape& s, const KvLayerView& kv, const float* q, int64_t q_stride, int32_t pos0,
-                       int32_t n, float* out, int64_t out_stride, ThreadPool& pool);
+                       int32_t n, float* out, int64_t out_stride, ThreadPool& pool, float* mass = nullptr);
+
+// Attention mass (heavy-hitter eviction, engine/llm_engine.cpp): given
+// `mass` (one array per sequence in decode), each position's attention
+// weight summed over the query rows and heads is added to mass[position],
+// in an order fixed by the call's rows alone (not the threads).
 
 // Decode: one query per sequence (B sequences), query b at positions[b] over
 // views[b]. Work is spread over (sequence, KV head, chunk) triples, then the
 // chunk partials of each head are folded in order.
 void attention_decode(const AttnShape& s, const KvLayerView* views, const int32_t* positions, int32_t n_seqs,
-                      const float* q, int64_t q_stride, float* out, int64_t out_stride, ThreadPool& pool);
+                      const float* q, int64_t q_stride, float* out, int64_t out_stride, ThreadPool& pool,
+                      float* const* mass = nullptr);
 
 // The same at a given level (which the CPU must support; throws
 // kInvalidArgument otherwise). The functions above use active_kernel_level().
 void attention_prefill_at(KernelLevel level, const AttnShape& s, const KvLayerView& kv, const float* q,
-                          int64_t q_stride, int32_t pos0, int32_t n, float* out, int64_t out_stride, ThreadPool& pool);
+                          int64_t q_stride, int32_t pos0, int32_t n, float* out, int64_t out_stride, ThreadPool& pool,
+                          float* mass = nullptr);
 void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerView* views, const int32_t* positions,
                          int32_t n_seqs, const float* q, int64_t q_stride, float* out, int64_t out_stride,
-                         ThreadPool& pool);
+                         ThreadPool& pool, float* const* mass = nullptr);
 
 }  // namespace tandem
