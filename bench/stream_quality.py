@@ -17,6 +17,7 @@ the second half of each scored), the same chunks for every row:
 
   bench/stream_quality.py                       # Gemma 3 270M, window 512, 12 chunks of 2048
   bench/stream_quality.py --window 128 --chunks 4 --no-llama
+  bench/stream_quality.py --heavy 256 --no-llama   # heavy hitters (H2O) against the plain window
 """
 
 from __future__ import annotations
@@ -119,6 +120,9 @@ def main() -> int:
     ap.add_argument("--text", type=Path)
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--sinks", type=int, default=4)
+    ap.add_argument("--heavy", type=int, default=0,
+                    help="also compare heavy hitters (--kv-heavy H): a window of N - H with H heavy (the same "
+                         "memory), and N with H heavy against a window of N + H")
     ap.add_argument("--ratio", type=int, default=4, help="the long context as a multiple of the window")
     ap.add_argument("--chunks", type=int, default=12, help="chunks of the long context")
     ap.add_argument("--threads", type=int, default=2)
@@ -142,6 +146,13 @@ def main() -> int:
         log(f"tandem at {long_ctx}, window {args.window}, {s} sinks")
         rows.append(("tandem", f"{long_ctx}", f"window {args.window}, {s} sinks",
                      tandem_ppl(args, long_ctx, ["--kv-window", str(args.window), "--kv-sinks", str(s)])))
+    if args.heavy > 0:
+        h, w, s = args.heavy, args.window, args.sinks
+        for win, heavy in ((w - h, h), (w, h), (w + h, 0)):
+            label = f"window {win}, {heavy} heavy, {s} sinks" if heavy else f"window {win}, {s} sinks"
+            log(f"tandem at {long_ctx}, {label}")
+            extra = ["--kv-window", str(win), "--kv-sinks", str(s)] + (["--kv-heavy", str(heavy)] if heavy else [])
+            rows.append(("tandem", f"{long_ctx}", label, tandem_ppl(args, long_ctx, extra)))
     if not args.no_llama:
         from quantize_compare import ensure_venv
 

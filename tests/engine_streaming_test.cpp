@@ -6,6 +6,7 @@
 // moved down and turned back by the evicted count, the sinks left alone),
 // where the engine turns the sinks on instead.
 #include <algorithm>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,36 +32,57 @@ std::vector<int32_t> tokens_of(const std::vector<RequestEvent>& evs) {
 }
 
 // StreamingLLM as the paper writes it: a token's position is its place in
-// the cache. Once the cache holds a block more than sinks + window, as many
-// whole blocks after the sinks as leave the window go, and the later tokens
-// move down with their keys turned back by as many positions.
-std::vector<int32_t> reference_stream(Model& model, std::vector<int32_t> prompt, int32_t n_gen) {
+// the cache. Once the cache holds a block more than sinks + window, the
+// block after the sinks goes, and the later tokens move down with their keys
+// turned back by as many positions. With heavy hitters (--kv-heavy H, H2O)
+// H more positions stay between: every token's attention over the layers,
+// heads and later queries is summed per position, and the block that goes is
+// the one, of those after the sinks and older than the window, with the
+// least sum. inside: evictions that were not the block leaving the window.
+std::vector<int32_t> reference(Model& model, const std::vector<int32_t>& prompt, int32_t n_gen, int32_t window,
+                               int32_t heavy, int32_t* inside = nullptr) {
   ThreadPool pool(2);
   KvCache kv(model.kv_shape(), kContext / kBlock + 1, kBlock, KvType::kF32);
   SeqKv seq;
   EXPECT_TRUE(seq.reserve(kv, kContext));
+  std::vector<float> mass(kContext, 0.0f);
+  seq.attn_mass = mass.data();
   const int32_t nv = model.config().n_vocab, width = model.kv_shape().k_width, vwidth = model.kv_shape().v_width;
   std::vector<float> k(static_cast<size_t>(width)), v(static_cast<size_t>(vwidth));
   std::vector<int32_t> out;
   Logits logits;
   std::vector<int32_t> feed = prompt;
+  const int32_t limit = kSinks + heavy + window + kBlock;
   while (static_cast<int32_t>(out.size()) < n_gen) {
-    for (int32_t t : feed) {
+    // The prompt in the chunks the engine runs: up to the eviction point.
+    for (size_t i = 0; i < feed.size();) {
+      const size_t n = std::min(feed.size() - i, size_t(limit - seq.n_tokens));
       logits.clear();
-      SeqKv* seqs[] = {&seq};
-      const int32_t one[] = {t};
-      model.decode(seqs, one, kv, pool, logits);
+      model.prefill(seq, std::span<const int32_t>(feed).subspan(i, n), kv, pool, logits);
+      i += n;
       const int32_t held = seq.n_tokens;
-      if (held < kSinks + kWindow + kBlock) continue;
-      const int32_t count = (held - kSinks - kWindow) / kBlock * kBlock;
+      if (held < limit) continue;
+      int32_t gap = kSinks;
+      double least = 0;
+      for (int32_t a = kSinks; a + kBlock <= held - window; a += kBlock) {
+        double m = 0;
+        for (int32_t p = a; p < a + kBlock; ++p) m += mass[p];
+        if (a == kSinks || m < least) {
+          least = m;
+          gap = a;
+        }
+      }
+      if (inside) *inside += gap + kBlock < held - window;
       for (int32_t l = 0; l < model.config().n_layer; ++l)
-        for (int32_t j = kSinks; j + count < held; ++j) {
-          const int32_t from = j + count;
+        for (int32_t j = gap; j + kBlock < held; ++j) {
+          const int32_t from = j + kBlock;
           kv.read(l, seq.blocks[from / kBlock], from % kBlock, k.data(), v.data());
-          model.rope_shift_key(l, k.data(), -count);
+          model.rope_shift_key(l, k.data(), -kBlock);
           kv.write(l, seq.blocks[j / kBlock], j % kBlock, k.data(), v.data());
         }
-      seq.n_tokens = held - count;
+      mass.erase(mass.begin() + gap, mass.begin() + gap + kBlock);
+      mass.resize(kContext, 0.0f);
+      seq.n_tokens = held - kBlock;
     }
     const float* row = logits.data() + logits.size() - nv;
     const int32_t next = static_cast<int32_t>(std::max_element(row, row + nv) - row);
@@ -88,6 +110,28 @@ class Streaming : public ::testing::Test {
 };
 Model* Streaming::model_ = nullptr;
 
+// Greedy tokens of one request run step by step, checking the engine's
+// invariants; most_held: the most KV blocks in use at once.
+struct Generated {
+  std::vector<RequestEvent> events;
+  std::vector<int32_t> tokens;
+  int64_t most_held = 0;
+};
+Generated generate(Engine& e, const std::vector<int32_t>& prompt, int32_t n_gen) {
+  RequestParams p;
+  p.sampling.temperature = 0;
+  p.max_tokens = n_gen;
+  p.stop_at_eog = false;
+  Generated g;
+  e.submit(prompt, p, [&](const RequestEvent& ev) { g.events.push_back(ev); });
+  for (int i = 0; i < 100000 && e.step(); ++i) {
+    g.most_held = std::max(g.most_held, e.metrics().kv_blocks_used);
+    e.check_invariants();
+  }
+  g.tokens = tokens_of(g.events);
+  return g;
+}
+
 std::vector<int32_t> long_prompt(const Model& m) {
   // Past the eviction point (sinks + window + a block = 52): the prompt
   // slides through the window too, chunk by chunk.
@@ -102,29 +146,49 @@ TEST_F(Streaming, RunsPastTheContextInConstantBlocksAsTheReferenceDoes) {
   ASSERT_GT(prompt.size(), size_t(kSinks + kWindow + kBlock));
   const int32_t n_gen = test::quick() ? 160 : 400;  // the context is 128
   Engine e(*model_, config(kWindow));
+  const Generated g = generate(e, prompt, n_gen);
+  ASSERT_EQ(static_cast<int32_t>(g.tokens.size()), n_gen);
+  EXPECT_EQ(g.events.back().finish_reason, "length");
+  // Sinks and window, and the block filling before an eviction.
+  EXPECT_LE(g.most_held, (kSinks + kWindow + kBlock + kBlock - 1) / kBlock);
+  EXPECT_EQ(g.tokens, reference(*model_, prompt, n_gen, kWindow, 0));
+
+  // Without the window the same request ends at the context.
   RequestParams p;
   p.sampling.temperature = 0;
   p.max_tokens = n_gen;
   p.stop_at_eog = false;
-  std::vector<RequestEvent> evs;
-  e.submit(prompt, p, [&](const RequestEvent& ev) { evs.push_back(ev); });
-  int64_t most_held = 0;
-  for (int i = 0; i < 100000 && e.step(); ++i) {
-    most_held = std::max(most_held, e.metrics().kv_blocks_used);
-    e.check_invariants();
-  }
-  const std::vector<int32_t> got = tokens_of(evs);
-  ASSERT_EQ(static_cast<int32_t>(got.size()), n_gen);
-  EXPECT_EQ(evs.back().finish_reason, "length");
-  // Sinks and window, and the block filling before an eviction.
-  EXPECT_LE(most_held, (kSinks + kWindow + kBlock + kBlock - 1) / kBlock);
-  EXPECT_EQ(got, reference_stream(*model_, prompt, n_gen));
-
-  // Without the window the same request ends at the context.
   Engine plain(*model_, config(0));
   const auto whole = plain.run_one(prompt, p);
   EXPECT_EQ(static_cast<int32_t>(whole.tokens.size() + prompt.size()), kContext);
   EXPECT_EQ(whole.stop_cause, "context");
+}
+
+// With heavy hitters kept between the sinks and the window, blocks leave
+// from inside the kept range too; the tokens are H2O's, the blocks held
+// stay constant, and the generation runs past the context.
+TEST_F(Streaming, HeavyHittersEvictAsTheReferenceDoes) {
+  constexpr int32_t kHeavy = 4 * kBlock, kShort = kBlock;
+  // A text on which a block inside the kept range has the least attention
+  // once (most evictions take the block leaving the window).
+  const std::vector<int32_t> prompt = model_->tokenizer().encode(
+      "Section 1. Definitions. In this document, the word program means any work that is released under these "
+      "terms. Each person who receives a copy is called you. To modify a work means to copy from or adapt all or "
+      "part of it. Section 2. Basic permissions. All rights are granted for the term of copyright.",
+      true, false);
+  const int32_t n_gen = test::quick() ? 160 : 300;
+  EngineConfig c = config(kShort);
+  c.kv_cache.heavy = kHeavy;
+  Engine e(*model_, c);
+  const Generated g = generate(e, prompt, n_gen);
+  ASSERT_EQ(static_cast<int32_t>(g.tokens.size()), n_gen);
+  EXPECT_LE(g.most_held, (kSinks + kHeavy + kShort + kBlock + kBlock - 1) / kBlock);
+  int32_t inside = 0;
+  EXPECT_EQ(g.tokens, reference(*model_, prompt, n_gen, kShort, kHeavy, &inside));
+  EXPECT_GT(inside, 0) << "every eviction took the block leaving the window: none cut the kept range";
+  // Not the plain window's tokens with the same blocks.
+  Engine plain(*model_, config(kShort + kHeavy));
+  EXPECT_NE(generate(plain, prompt, n_gen).tokens, g.tokens);
 }
 
 // Sequences preempted mid-stream come back, recomputed as a stream again or
@@ -176,6 +240,25 @@ TEST_F(Streaming, BadWindowsAreRefusedByName) {
   EXPECT_NE(message(120, 4).find("needs a context of at least 140"), std::string::npos);
   EXPECT_NE(message(-1, 4).find("--kv-window"), std::string::npos);
   EXPECT_EQ(message(64, 0), "");  // no sinks: a plain sliding window
+
+  auto heavy = [&](int32_t window, int32_t h, SpecMode spec) {
+    EngineConfig c = config(window);
+    c.kv_cache.heavy = h;
+    c.spec.mode = spec;
+    try {
+      Engine e(*model_, c);
+    } catch (const Error& err) {
+      return std::string(err.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(heavy(0, 32, SpecMode::kOff).find("--kv-heavy 32 needs a streaming window"), std::string::npos);
+  EXPECT_NE(heavy(32, 20, SpecMode::kOff).find("--kv-heavy 20 is not a multiple of the block size (16)"),
+            std::string::npos);
+  EXPECT_NE(heavy(32, -16, SpecMode::kOff).find("--kv-heavy -16"), std::string::npos);
+  EXPECT_NE(heavy(64, 64, SpecMode::kOff).find("needs a context of at least 148"), std::string::npos);
+  EXPECT_NE(heavy(32, 32, SpecMode::kNgram).find("does not combine with speculative decoding"), std::string::npos);
+  EXPECT_EQ(heavy(32, 32, SpecMode::kOff), "");
 }
 
 }  // namespace

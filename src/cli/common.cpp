@@ -151,6 +151,10 @@ void add_kv_cache_options(CLI::App* cmd, KvCacheFlags& f) {
       ->capture_default_str();
   cmd->add_option("--kv-sinks", f.sinks, "Positions kept from a sequence's start with --kv-window (attention sinks)")
       ->capture_default_str();
+  cmd->add_option("--kv-heavy", f.heavy,
+                  "With --kv-window: also keep this many older positions, whole blocks of them, those that have had "
+                  "the most attention (heavy hitters, H2O); a multiple of the block size (0: off)")
+      ->capture_default_str();
 }
 
 KvCacheTypes kv_cache_types(const KvCacheFlags& f) {
@@ -166,6 +170,7 @@ KvCacheTypes kv_cache_types(const KvCacheFlags& f) {
   t.swa_full = f.swa_full;
   t.window = f.window;
   t.sinks = f.sinks;
+  t.heavy = f.heavy;
   try {
     t.rotation = parse_kv_rotation(f.rotation);
   } catch (const Error& e) {

@@ -43,11 +43,12 @@ void add_spec_options(CLI::App* cmd, SpecFlags& f);
 // (both; the specific flags win): f16, f32, q8_0, q4_0 (kv/kv_cache.h).
 // --kv-rotation auto|off|all: which quantized parts are Hadamard-rotated.
 // --swa-full: sliding-window layers keep every block.
-// --kv-window N --kv-sinks S: a streaming window of N positions after S sinks.
+// --kv-window N --kv-sinks S: a streaming window of N positions after S sinks;
+// --kv-heavy H: and the H older positions with the most attention.
 struct KvCacheFlags {
   std::string k, v, both, rotation = "auto";
   bool swa_full = false;
-  int32_t window = 0, sinks = 4;
+  int32_t window = 0, sinks = 4, heavy = 0;
 };
 void add_kv_cache_options(CLI::App* cmd, KvCacheFlags& f);
 // f16 where nothing is given. Throws kInvalidArgument naming an unknown type

@@ -142,8 +142,8 @@ class CudaExecutor final : public Executor {
   void save_block(int32_t block, std::byte* out) override;
   void load_block(int32_t block, const std::byte* in) override;
   void copy_slots(int32_t, int32_t, int32_t, int32_t) override { no_streaming(); }
-  void read_keys(const SeqKv&, int32_t, float*) override { no_streaming(); }
-  void write_keys(const SeqKv&, int32_t, const float*, int32_t) override { no_streaming(); }
+  void read_keys(const SeqKv&, int32_t, int32_t, float*) override { no_streaming(); }
+  void write_keys(const SeqKv&, int32_t, int32_t, const float*, const int32_t*) override { no_streaming(); }
   [[noreturn]] static void no_streaming() {
     fail(ErrorKind::kUnsupported, "the CUDA backend has no streaming window (--kv-window)");
   }

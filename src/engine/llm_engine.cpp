@@ -7,6 +7,7 @@
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -200,6 +201,23 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
     if (c.spec.mode == SpecMode::kDraft)
       fail(ErrorKind::kInvalidArgument, "--kv-window does not combine with a draft model (--spec draft)");
   }
+  if (kc.heavy != 0) {
+    if (kc.window <= 0)
+      fail(ErrorKind::kInvalidArgument, "--kv-heavy {} needs a streaming window (--kv-window)", kc.heavy);
+    if (kc.heavy < 0 || kc.heavy % c.block_size != 0)
+      fail(ErrorKind::kInvalidArgument, "--kv-heavy {} is not a multiple of the block size ({})", kc.heavy,
+           c.block_size);
+    if (int64_t{kc.window} + kc.sinks + kc.heavy + c.block_size > max_context)
+      fail(ErrorKind::kInvalidArgument,
+           "a streaming window of {} positions, {} sinks and {} heavy hitters needs a context of at least {} tokens, "
+           "not {}",
+           kc.window, kc.sinks, kc.heavy, kc.window + kc.sinks + kc.heavy + c.block_size, max_context);
+    // Rejected drafts' rows would add their attention to the positions'
+    // mass, and so change what is evicted.
+    if (c.spec.mode != SpecMode::kOff)
+      fail(ErrorKind::kInvalidArgument, "--kv-heavy does not combine with speculative decoding (--spec {})",
+           spec_mode_name(c.spec.mode));
+  }
   // A streaming window keeps its own positions in every layer.
   const KvPaging paging = kc.swa_full || kc.window > 0 || c.device != "cpu"
                               ? kv_paging(shape.n_layer)
@@ -256,7 +274,7 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   sc.shortest_prompt_first = latency;
   sc.max_seqs = c.max_seqs;
   sc.max_context = max_context;
-  stream_limit = kc.window > 0 ? kc.window + kc.sinks + c.block_size : 0;
+  stream_limit = kc.window > 0 ? kc.window + kc.sinks + kc.heavy + c.block_size : 0;
   sc.stream_limit = stream_limit;
   // Scoring a prompt keeps a row of logits per position: at most 64 MiB of
   // them a step (64 rows of Gemma 3's 262k vocabulary, 512 of a 32k one).
@@ -513,7 +531,9 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
       child->prompt_top = seq->prompt_top;
       child->blocks = blocks->fork(seq->blocks);
       child->evicted = seq->evicted;
-      child->sink_keys = seq->sink_keys;
+      child->kept_keys = seq->kept_keys;
+      child->kept_rotation = seq->kept_rotation;
+      child->attn_mass = seq->attn_mass;
       Sequence* raw = child.get();
       sched->add_running(std::move(child));
       first_token(raw, lg, raw->sampler->sample(std::span<const float>(lg, nv), raw->tokens, raw->json.get()));
@@ -555,6 +575,11 @@ bool Engine::Impl::step() {
     for (size_t g = 0; g < s->blocks.windowed.size(); ++g) seq_kv[i].windowed[g] = s->blocks.windowed[g].table;
     seq_kv[i].n_tokens = s->slot(start);
     seq_kv[i].rope_shift = s->evicted;
+    seq_kv[i].attn_mass = nullptr;
+    if (cfg.kv_cache.heavy > 0) {
+      if (s->attn_mass.empty()) s->attn_mass.assign(size_t(stream_limit), 0.0f);
+      seq_kv[i].attn_mass = s->attn_mass.data();
+    }
     seq_kv_ptrs[i] = &seq_kv[i];
     for (int32_t j = 0; j < n; ++j) {
       const int32_t pos = start + j;
@@ -800,26 +825,60 @@ void Engine::Impl::first_token(Sequence* seq, const float* lg, int32_t token) {
 
 // A streaming window (--kv-window N --kv-sinks S, StreamingLLM): once a
 // sequence holds a block more than S + N positions, the oldest positions
-// after the first S go, whole blocks of them, and the sinks' keys turn on by
-// as many positions, so that every distance a query sees is the one in the
-// cache. Tried again next step when the pool cannot copy a shared sink block.
+// after the first S go, whole blocks of them, and the keys before the gap
+// turn on by as many positions, so that every distance a query sees is the
+// one in the cache. With heavy hitters (--kv-heavy H, H2O) H more positions
+// are kept between: each eviction takes the block of positions, among the
+// H / block + 1 after the sinks, that has had the least attention so far.
+// Tried again next step when the pool cannot copy a shared block.
 void Engine::Impl::stream(Sequence& s) {
-  const int32_t window = cfg.kv_cache.window, sinks = cfg.kv_cache.sinks, bs = blocks->block_size();
-  const int32_t held = s.blocks.n_computed;
-  if (stream_limit == 0 || held < stream_limit || s.status != SeqStatus::kRunning) return;
-  if (blocks->evict_cost(s.blocks, sinks) > blocks->n_free()) return;
-  SeqKv sk;
-  sk.blocks = s.blocks.table;
-  if (sinks > 0 && s.sink_keys.empty()) {
-    s.sink_keys.resize(size_t(model.config().n_layer) * size_t(sinks) * size_t(model.kv_shape().k_width));
-    exec->read_keys(sk, sinks, s.sink_keys.data());
-  }
-  const int32_t count = (held - sinks - window) / bs * bs;
-  blocks->evict(s.blocks, sinks, count);
-  s.evicted += count;
-  if (sinks > 0) {
+  const int32_t window = cfg.kv_cache.window, sinks = cfg.kv_cache.sinks, heavy = cfg.kv_cache.heavy;
+  const int32_t bs = blocks->block_size();
+  if (stream_limit == 0 || s.blocks.n_computed < stream_limit || s.status != SeqStatus::kRunning) return;
+  if (heavy > 0) s.attn_mass.resize(size_t(stream_limit), 0.0f);  // (a step has sized it already)
+  while (s.blocks.n_computed - sinks - heavy - window >= bs) {
+    const int32_t held = s.blocks.n_computed;
+    int32_t from = sinks, count = (held - sinks - heavy - window) / bs * bs;
+    if (heavy > 0) {
+      // One block at a time: the candidates' masses change with each.
+      count = bs;
+      double least = 0;
+      for (int32_t a = sinks; a + bs <= held - window; a += bs) {
+        const double m = std::accumulate(s.attn_mass.begin() + a, s.attn_mass.begin() + a + bs, 0.0);
+        if (a == sinks || m < least) {
+          least = m;
+          from = a;
+        }
+      }
+    }
+    if (blocks->evict_cost(s.blocks, from) > blocks->n_free()) return;
+    SeqKv sk;
     sk.blocks = s.blocks.table;
-    exec->write_keys(sk, sinks, s.sink_keys.data(), s.evicted);
+    // The keys before the gap as they are now (slot + evicted rotated),
+    // read once.
+    const int32_t width = model.config().n_layer * model.kv_shape().k_width;
+    const int32_t have = static_cast<int32_t>(s.kept_rotation.size());
+    if (have < from) {
+      s.kept_keys.resize(size_t(from) * size_t(width));
+      exec->read_keys(sk, have, from - have, s.kept_keys.data() + size_t(have) * width);
+      for (int32_t i = have; i < from; ++i) s.kept_rotation.push_back(i + s.evicted);
+    }
+    blocks->evict(s.blocks, from, count);
+    s.evicted += count;
+    if (heavy > 0) {
+      s.attn_mass.erase(s.attn_mass.begin() + from, s.attn_mass.begin() + from + count);
+      s.attn_mass.resize(size_t(stream_limit), 0.0f);
+    }
+    if (static_cast<int32_t>(s.kept_rotation.size()) > from) {  // the kept copies stop at the gap
+      s.kept_rotation.resize(size_t(from));
+      s.kept_keys.resize(size_t(from) * size_t(width));
+    }
+    if (from > 0) {
+      std::vector<int32_t> delta(static_cast<size_t>(from));
+      for (int32_t i = 0; i < from; ++i) delta[i] = i + s.evicted - s.kept_rotation[i];
+      sk.blocks = s.blocks.table;
+      exec->write_keys(sk, 0, from, s.kept_keys.data(), delta.data());
+    }
   }
 }
 

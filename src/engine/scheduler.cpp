@@ -74,7 +74,9 @@ void Scheduler::preempt(Sequence* seq) {
   }
   blocks_.free(s->blocks);  // recompute: prompt and generated tokens run again as a prefill
   s->evicted = 0;           // (a streaming window evicts again as it goes)
-  s->sink_keys.clear();
+  s->kept_keys.clear();
+  s->kept_rotation.clear();
+  s->attn_mass.clear();
   insert_waiting(std::move(s));
 }
 

@@ -75,11 +75,15 @@ struct Sequence {
 
   int32_t n_generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
   // A streaming window (--kv-window): positions evicted after the sinks, so
-  // that position p past them sits in cache slot p - evicted; and the sinks'
-  // keys as first computed, which each eviction turns on from (rounding
-  // never accumulates).
+  // that position p past them sits in cache slot p - evicted. The keys of
+  // the first slots (the sinks, and with --kv-heavy the kept blocks) as first
+  // read, [slot][layer][k_width], and the rotation each was read at: each
+  // eviction turns the keys before its gap on from these (rounding never
+  // accumulates). Heavy hitters: each slot's attention so far.
   int32_t evicted = 0;
-  std::vector<float> sink_keys;
+  std::vector<float> kept_keys;
+  std::vector<int32_t> kept_rotation;
+  std::vector<float> attn_mass;
 
   int32_t n_computed() const { return blocks.n_computed + evicted; }
   int32_t n_uncomputed() const { return static_cast<int32_t>(tokens.size()) - n_computed(); }

@@ -51,6 +51,9 @@ struct KvCacheTypes {
   // and the last `window` of a sequence and evicts the ones between, so it
   // runs past the context at constant memory (engine/llm_engine.cpp, stream).
   int32_t window = 0, sinks = 4;
+  // Heavy hitters (H2O): with a window, also keep the `heavy` older
+  // positions (whole blocks) with the most attention summed so far.
+  int32_t heavy = 0;
 };
 
 // How a cache stores K and V. kv_format() is where the rotation is decided.
@@ -203,6 +206,9 @@ struct SeqKv {
   // rotation; the sinks are rotated on by as much, so every distance is the
   // one in the cache, as StreamingLLM has it).
   int32_t rope_shift = 0;
+  // Heavy-hitter eviction: if set, every layer's attention weight on each
+  // cache position (summed over heads and query rows) is added here.
+  float* attn_mass = nullptr;
 
   const int32_t* table(int32_t group) const { return group == 0 ? blocks.data() : windowed[group - 1].data(); }
 

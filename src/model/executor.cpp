@@ -20,21 +20,25 @@ class CpuExecutor final : public Executor {
   void save_block(int32_t block, std::byte* out) override { kv_.save_block(block, out); }
   void load_block(int32_t block, const std::byte* in) override { kv_.load_block(block, in); }
   void copy_slots(int32_t src, int32_t dst, int32_t from, int32_t to) override { kv_.copy_slots(src, dst, from, to); }
-  void read_keys(const SeqKv& seq, int32_t n, float* out) override {
-    const int32_t w = kv_.shape().k_width, bs = kv_.block_size();
-    for (int32_t l = 0; l < kv_.shape().n_layer; ++l)
-      for (int32_t p = 0; p < n; ++p)
-        kv_.read_key(l, seq.table(kv_.group(l))[p / bs], p % bs, out + (size_t(l) * n + p) * w);
+  void read_keys(const SeqKv& seq, int32_t from, int32_t n, float* out) override {
+    const int32_t w = kv_.shape().k_width, bs = kv_.block_size(), nl = kv_.shape().n_layer;
+    for (int32_t p = from; p < from + n; ++p)
+      for (int32_t l = 0; l < nl; ++l)
+        kv_.read_key(l, seq.table(kv_.group(l))[p / bs], p % bs, out + (size_t(p - from) * nl + l) * w);
   }
-  void write_keys(const SeqKv& seq, int32_t n, const float* keys, int32_t delta) override {
-    const int32_t w = kv_.shape().k_width, bs = kv_.block_size();
-    std::vector<float> k(static_cast<size_t>(w));
-    for (int32_t l = 0; l < kv_.shape().n_layer; ++l)
-      for (int32_t p = 0; p < n; ++p) {
-        std::copy_n(keys + (size_t(l) * n + p) * w, w, k.data());
-        m_.rope_shift_key(l, k.data(), delta);
-        kv_.write_key(l, seq.table(kv_.group(l))[p / bs], p % bs, k.data());
+  void write_keys(const SeqKv& seq, int32_t from, int32_t n, const float* keys, const int32_t* delta) override {
+    const int32_t w = kv_.shape().k_width, bs = kv_.block_size(), nl = kv_.shape().n_layer;
+    std::vector<float> k(size_t(n) * w);
+    for (int32_t l = 0; l < nl; ++l) {
+      for (int32_t i = 0; i < n; ++i) std::copy_n(keys + (size_t(i) * nl + l) * w, w, k.data() + size_t(i) * w);
+      // Runs of one delta share their angles (the keys read together).
+      for (int32_t i = 0, j; i < n; i = j) {
+        for (j = i + 1; j < n && delta[j] == delta[i];) ++j;
+        m_.rope_shift_keys(l, k.data() + size_t(i) * w, w, j - i, delta[i]);
       }
+      for (int32_t p = from; p < from + n; ++p)
+        kv_.write_key(l, seq.table(kv_.group(l))[p / bs], p % bs, k.data() + size_t(p - from) * w);
+    }
   }
   size_t kv_bytes() const override { return kv_.bytes(); }
   std::string device() const override { return "cpu"; }

@@ -32,11 +32,12 @@ class Executor {
   // Slots [from, to) of block `dst` get block `src`'s (a streaming window
   // closing the gap it evicted).
   virtual void copy_slots(int32_t src, int32_t dst, int32_t from, int32_t to) = 0;
-  // The keys of a sequence's first n positions, every layer (n_layer x n x
-  // k_width floats, in the model's space), and back, rotated `delta`
-  // positions further on (a streaming window's sinks).
-  virtual void read_keys(const SeqKv& seq, int32_t n, float* out) = 0;
-  virtual void write_keys(const SeqKv& seq, int32_t n, const float* keys, int32_t delta) = 0;
+  // The keys of a sequence's slots [from, from + n), every layer (n x
+  // n_layer x k_width floats, in the model's space), and back, slot i
+  // rotated delta[i] positions further on (the keys a streaming window keeps
+  // before the gap it evicts).
+  virtual void read_keys(const SeqKv& seq, int32_t from, int32_t n, float* out) = 0;
+  virtual void write_keys(const SeqKv& seq, int32_t from, int32_t n, const float* keys, const int32_t* delta) = 0;
   virtual size_t kv_bytes() const = 0;  // the whole pool
   virtual std::string device() const = 0;  // "cpu", "cuda:0 (NVIDIA H200)", ...
 };

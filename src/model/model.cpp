@@ -33,6 +33,7 @@ struct Model::Scratch {
   std::vector<KvLayerView> views;
   std::vector<int32_t> positions;
   std::vector<int64_t> decode_rows;
+  std::vector<float*> decode_mass;  // each decode row's SeqKv::attn_mass
   std::vector<float> q_decode, out_decode;
   std::vector<float> attn_kept;  // the last layer's attention rows that go on
   std::vector<int64_t> want;     // rows that asked for logits
@@ -328,11 +329,13 @@ RopeParams rope_params(const ModelConfig& c, const ModelWeights& w, int32_t il) 
 
 }  // namespace
 
-void Model::rope_shift_key(int32_t il, float* k, int32_t delta) const {
+void Model::rope_shift_keys(int32_t il, float* k, int64_t stride, int32_t n, int32_t delta) const {
   const RopeParams rope = rope_params(cfg_, w_, il);
   std::vector<float> cs(size_t(cfg_.rope_dims / 2)), sn(cs.size());
   rope_angles(rope, delta, cs.data(), sn.data());
-  for (int32_t h = 0; h < cfg_.n_head_kv; ++h) rope_apply(rope, cs.data(), sn.data(), k + h * cfg_.head_dim);
+  for (int32_t i = 0; i < n; ++i)
+    for (int32_t h = 0; h < cfg_.n_head_kv; ++h)
+      rope_apply(rope, cs.data(), sn.data(), k + i * stride + h * cfg_.head_dim);
 }
 
 // Rows [c0, c0 + n) of the batch (normed in s.xn) through one layer's
@@ -402,17 +405,21 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
   s.views.clear();
   s.positions.clear();
   s.decode_rows.clear();
+  s.decode_mass.clear();
+  bool any_mass = false;
   for (int64_t r0 = 0; r0 < n;) {
     int64_t r1 = r0 + 1;
     while (r1 < n && batch[c0 + r1].seq == batch[c0 + r0].seq) ++r1;
     const SeqKv& sk = *seqs[batch[c0 + r0].seq];
     if (r1 - r0 > 1) {
       attention_prefill_at(level_, shape, view_of(sk), s.q.data() + r0 * QW, QW, batch[c0 + r0].pos,
-                        static_cast<int32_t>(r1 - r0), s.attn.data() + r0 * OW, OW, pool);
+                           static_cast<int32_t>(r1 - r0), s.attn.data() + r0 * OW, OW, pool, sk.attn_mass);
     } else {
       s.views.push_back(view_of(sk));
       s.positions.push_back(batch[c0 + r0].pos);
       s.decode_rows.push_back(r0);
+      s.decode_mass.push_back(sk.attn_mass);
+      any_mass |= sk.attn_mass != nullptr;
     }
     r0 = r1;
   }
@@ -425,7 +432,7 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
     for (int64_t b = 0; b < B; ++b)
       std::copy_n(s.q.data() + s.decode_rows[b] * QW, QW, s.q_decode.data() + b * QW);
     attention_decode_at(level_, shape, s.views.data(), s.positions.data(), static_cast<int32_t>(B), s.q_decode.data(),
-                        QW, s.out_decode.data(), OW, pool);
+                        QW, s.out_decode.data(), OW, pool, any_mass ? s.decode_mass.data() : nullptr);
     for (int64_t b = 0; b < B; ++b)
       std::copy_n(s.out_decode.data() + b * OW, OW, s.attn.data() + s.decode_rows[b] * OW);
   }

@@ -92,7 +92,9 @@ class Model {
   // Turns one token's keys of layer il (n_head_kv heads, as the cache
   // returns them: KvCache::read_key) `delta` positions further on: RoPE is
   // a rotation, so RoPE(p + delta) = R(delta) RoPE(p).
-  void rope_shift_key(int32_t il, float* k, int32_t delta) const;
+  void rope_shift_key(int32_t il, float* k, int32_t delta) const { rope_shift_keys(il, k, 0, 1, delta); }
+  // The same for n keys `stride` floats apart, the angles computed once.
+  void rope_shift_keys(int32_t il, float* k, int64_t stride, int32_t n, int32_t delta) const;
 
   // The two phases as the engine calls them.
   // Prefill: the N prompt tokens of one sequence from position seq.n_tokens;

@@ -41,6 +41,9 @@ def test_quantized_pool_holds_more_tokens_and_serves():
     (["--cache-type-k", "q8_0"], "8 elements"),  # stories260K's heads are too small for 32-blocks
     (["--kv-window", "4", "--kv-sinks", "8"], "smaller than its sinks"),
     (["--ctx-size", "128", "--kv-window", "200"], "needs a context of at least 220"),
+    (["--kv-heavy", "32"], "--kv-heavy 32 needs a streaming window"),
+    (["--kv-window", "32", "--kv-heavy", "20"], "not a multiple of the block size (16)"),
+    (["--kv-window", "32", "--kv-heavy", "32", "--spec", "ngram"], "does not combine with speculative decoding"),
 ])
 def test_bad_cache_types_stop_at_start_up(args, says):
     r = subprocess.run([CLI, "serve", "-m", STORIES, "--port", "0", "-t", "1", *args], capture_output=True,
@@ -50,9 +53,12 @@ def test_bad_cache_types_stop_at_start_up(args, says):
     assert "Traceback" not in r.stderr and "terminate called" not in r.stderr
 
 
-def test_streaming_window_generates_past_the_context():
-    # stories260K, a context of 128: a window of 32 after 4 sinks keeps going.
-    srv = start_server(STORIES, "--ctx-size", "128", "--kv-window", "32", "--kv-sinks", "4", "--cache-type-k", "f32")
+@pytest.mark.parametrize("heavy", [[], ["--kv-heavy", "32"]], ids=["window", "heavy-hitters"])
+def test_streaming_window_generates_past_the_context(heavy):
+    # stories260K, a context of 128: a window of 32 after 4 sinks keeps going
+    # (with heavy hitters: 32 more positions kept between).
+    srv = start_server(STORIES, "--ctx-size", "128", "--kv-window", "32", "--kv-sinks", "4", "--cache-type-k", "f32",
+                       *heavy)
     try:
         client = srv.client()
         r = client.completions.create(model=client.models.list().data[0].id, prompt="Once upon a time",
