@@ -169,6 +169,12 @@ TEST(PerfBenchCli, BadInputExitsWithAMessage) {
   r = run_bench_cli("-m " + kStories + " --batch 0");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("--batch"), std::string::npos) << r.err;
+  // A prompt longer than a streaming window takes several steps.
+  r = run_bench_cli("-m " + kStories + " -p 100 -n 4 --kv-window 32 --kv-heavy 32");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("use -p 84 or less"), std::string::npos) << r.err;
+  r = run_bench_cli("-m " + kStories + " -p 84 -n 40 --reps 1 --warmup 0 --kv-window 32 --kv-heavy 32 --json");
+  EXPECT_EQ(r.status, 0) << r.err;
 }
 
 }  // namespace

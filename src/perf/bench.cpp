@@ -46,6 +46,15 @@ void check_options(const BenchOptions& o) {
   if (o.threads < 0) fail(ErrorKind::kInvalidArgument, "bench: --threads must not be negative, got {}", o.threads);
   if (o.batch < 1 || o.batch > 1024)
     fail(ErrorKind::kInvalidArgument, "bench: --batch must be between 1 and 1024, got {}", o.batch);
+  // A streaming window stops a prompt's chunk where it evicts; the prefill
+  // is timed as one step.
+  const KvCacheTypes& kc = o.kv_cache;
+  const int64_t stream_limit = int64_t{kc.window} + kc.sinks + kc.heavy + kBlockSize;
+  if (kc.window > 0 && o.n_prompt > stream_limit)
+    fail(ErrorKind::kInvalidArgument,
+         "bench: a prompt of {} tokens does not run in one step through a streaming window of {} positions ({} with "
+         "the sinks, heavy hitters and a block): use -p {} or less",
+         o.n_prompt, kc.window, stream_limit, stream_limit);
 }
 
 // Process CPU time (all threads). With one thread it is the time the work
