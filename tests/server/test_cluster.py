@@ -253,9 +253,13 @@ def test_cluster_script_serves_completions_and_chat(policy):
     model = require_gemma()
     env = dict(os.environ, TANDEM_CLI=os.environ.get("TANDEM_CLI", str(REPO / "build" / "tandem")),
                VLLM_ROUTER=ROUTER)
+    # Ctrl-C as a terminal delivers it: a suite started in the background
+    # (nohup, `&` without job control) hands its children SIGINT ignored,
+    # and a shell cannot trap a signal it was started ignoring.
     proc = subprocess.Popen([str(REPO / "scripts" / "cluster.sh"), "-m", model, "--replicas", "2", "--policy",
                              policy, "--", "-t", "1", "--ctx-size", "1024"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, env=env, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = proc.stdout.readline()  # blocks until the cluster is up (or the script ends)
         m = re.match(r"router: (http://127\.0\.0\.1:\d+)$", line.strip())
