@@ -360,19 +360,28 @@ TEST(KernelsAttention, ThreadCountDoesNotChangeResults) {
     }
 }
 
+// Every position's keys of a sequence as the cache returns them, [pos][k_width].
+std::vector<float> keys_of(const World& w, int32_t seq) {
+  const int32_t bs = w.kv->block_size(), kw = w.kv->shape().k_width;
+  std::vector<float> keys(size_t(w.len[seq]) * kw), v(w.kv->shape().v_width);
+  for (int32_t p = 0; p < w.len[seq]; ++p)
+    w.kv->read(kLayer, w.blocks[seq][p / bs], p % bs, keys.data() + size_t(p) * kw, v.data());
+  return keys;
+}
+
 // Attention weights of query (seq, pos, head) over positions [first, pos] in
-// double.
-std::vector<double> reference_weights(const World& w, int32_t seq, int32_t pos, int32_t h) {
+// double; keys: keys_of(w, seq).
+std::vector<double> reference_weights(const World& w, const std::vector<float>& keys, int32_t seq, int32_t pos,
+                                      int32_t h) {
   const AttnShape& s = w.s;
-  const int32_t g = h / (s.n_head / s.n_head_kv), bs = w.kv->block_size();
+  const int32_t g = h / (s.n_head / s.n_head_kv), kw = w.kv->shape().k_width;
   const int32_t first = s.window > 0 ? std::max(0, pos - s.window + 1) : 0;
   const std::vector<double> qv = query_as_scored(w, seq, pos, h);
-  std::vector<float> k(w.kv->shape().k_width), v(w.kv->shape().v_width);
   std::vector<double> wt;
   for (int32_t p = first; p <= pos; ++p) {
-    w.kv->read(kLayer, w.blocks[seq][p / bs], p % bs, k.data(), v.data());
+    const float* k = keys.data() + size_t(p) * kw + size_t(g) * s.head_dim;
     double d = 0;
-    for (int32_t i = 0; i < s.head_dim; ++i) d += qv[i] * k[g * s.head_dim + i];
+    for (int32_t i = 0; i < s.head_dim; ++i) d += qv[i] * k[i];
     wt.push_back(d);
   }
   const double mx = *std::max_element(wt.begin(), wt.end());
@@ -386,74 +395,79 @@ std::vector<double> reference_weights(const World& w, int32_t seq, int32_t pos, 
 // heads) from prefill and from batched decode, against the double weights;
 // it changes no output bit, and no thread count changes its bits.
 TEST(KernelsAttention, MassMatchesReferenceWeights) {
-  for (KernelLevel level : levels())
-    for (const Case& c : kCases) {
+  for (const Case& c : kCases) {
+    const World w = make_world(c.s, kv_format(c.kt, c.vt), {c.len, 150}, c.block_size, c.score_scale, 13);
+    const std::vector<float> keys[2] = {keys_of(w, 0), keys_of(w, 1)};
+    // The weights summed over heads: of the prefill rows [p0, len) of
+    // sequence 0, and of each decode query (two of sequence 0, one of 1).
+    auto summed = [&](int32_t seq, int32_t p0, int32_t p1) {
+      std::vector<double> sum(c.len, 0.0);
+      for (int32_t p = p0; p < p1; ++p)
+        for (int32_t h = 0; h < c.s.n_head; ++h) {
+          const std::vector<double> wt = reference_weights(w, keys[seq], seq, p, h);
+          const int32_t first = p + 1 - static_cast<int32_t>(wt.size());
+          for (size_t i = 0; i < wt.size(); ++i) sum[first + i] += wt[i];
+        }
+      return sum;
+    };
+    const std::vector<double> want = summed(0, c.p0, c.len);
+    const std::vector<int32_t> seqs = {0, 1, 0}, pos = {c.len - 1, 149, c.p0};
+    std::vector<std::vector<double>> want_d;
+    for (size_t b = 0; b < 3; ++b) want_d.push_back(summed(seqs[b], pos[b], pos[b] + 1));
+
+    for (KernelLevel level : levels()) {
       SCOPED_TRACE(testing::Message() << kernel_level_name(level) << " heads " << c.s.n_head << "/" << c.s.n_head_kv
                                       << " dims " << c.s.head_dim << " window " << c.s.window << " k "
                                       << kv_type_name(c.kt) << " v " << kv_type_name(c.vt));
-      const World w = make_world(c.s, kv_format(c.kt, c.vt), {c.len, 150}, c.block_size, c.score_scale, 13);
-      std::vector<double> want(c.len, 0.0);
-      for (int32_t p = c.p0; p < c.len; ++p)
-        for (int32_t h = 0; h < c.s.n_head; ++h) {
-          const std::vector<double> wt = reference_weights(w, 0, p, h);
-          const int32_t first = p + 1 - static_cast<int32_t>(wt.size());
-          for (size_t i = 0; i < wt.size(); ++i) want[first + i] += wt[i];
-        }
-      std::vector<float> mass[3];
-      std::vector<float> out[3];
-      for (int t = 1; t <= 3; ++t) {
-        ThreadPool pool(t);
-        mass[t - 1].assign(c.len, 0.0f);
-        out[t - 1].assign(size_t(c.len - c.p0) * w.ow(), NAN);
+      // Prefill at 1 thread and at 3, against the output without the mass.
+      std::vector<float> mass[2], out[2];
+      for (int i = 0; i < 2; ++i) {
+        ThreadPool pool(i == 0 ? 1 : 3);
+        mass[i].assign(c.len, 0.0f);
+        out[i].assign(size_t(c.len - c.p0) * w.ow(), NAN);
         attention_prefill_at(level, w.s, w.view(0), w.q[0].data() + c.p0 * w.qw(), w.qw(), c.p0, c.len - c.p0,
-                             out[t - 1].data(), w.ow(), pool, mass[t - 1].data());
+                             out[i].data(), w.ow(), pool, mass[i].data());
+        if (i == 1) {
+          const std::vector<float> plain = run_prefill(level, w, 0, c.p0, c.len, pool);
+          EXPECT_TRUE(same_bits(plain.data(), out[i].data(), plain.size())) << "the mass changed the output";
+        }
       }
-      ThreadPool pool(2);
-      const std::vector<float> plain = run_prefill(level, w, 0, c.p0, c.len, pool);
-      EXPECT_TRUE(same_bits(plain.data(), out[1].data(), plain.size())) << "the mass changed the output";
       const double tol = 3e-7 * c.s.n_head * (c.len - c.p0);
       double worst = 0;
       for (int32_t i = 0; i < c.len; ++i) worst = std::max(worst, std::abs(mass[0][i] - want[i]));
       EXPECT_LT(worst, tol);
-      for (int t = 1; t < 3; ++t) EXPECT_TRUE(same_bits(mass[0].data(), mass[t].data(), c.len)) << t + 1 << " threads";
+      EXPECT_TRUE(same_bits(mass[0].data(), mass[1].data(), c.len)) << "threads changed the prefill mass";
 
-      // Decode: two queries of sequence 0 and one of sequence 1 in one batch,
-      // at 1 thread (a head per item) and 3 (split along the KV length).
-      const std::vector<int32_t> seqs = {0, 1, 0}, pos = {c.len - 1, 149, c.p0};
+      // Decode, one batch: at 1 thread a head per item, at 3 split along
+      // the KV length.
       std::vector<float> dm[2];
-      for (int t : {1, 3}) {
-        ThreadPool tp(t);
-        std::vector<float>& m = dm[t == 1 ? 0 : 1];
-        m.assign(size_t(3) * c.len, 0.0f);
+      for (int i = 0; i < 2; ++i) {
+        ThreadPool tp(i == 0 ? 1 : 3);
+        dm[i].assign(size_t(3) * c.len, 0.0f);
         std::vector<KvLayerView> views;
         std::vector<float> q(3 * w.qw()), o(3 * w.ow());
         float* dest[3];
         for (size_t b = 0; b < 3; ++b) {
           views.push_back(w.view(seqs[b]));
           std::copy_n(w.q[seqs[b]].data() + pos[b] * w.qw(), w.qw(), q.data() + b * w.qw());
-          dest[b] = m.data() + b * c.len;
+          dest[b] = dm[i].data() + b * c.len;
         }
         attention_decode_at(level, w.s, views.data(), pos.data(), 3, q.data(), w.qw(), o.data(), w.ow(), tp, dest);
         const std::vector<float> plain_d = run_decode(level, w, seqs, pos, tp);
         EXPECT_TRUE(same_bits(plain_d.data(), o.data(), o.size())) << "the mass changed the decode output";
       }
-      EXPECT_TRUE(same_bits(dm[0].data(), dm[1].data(), dm[0].size())) << "decode: threads changed the mass";
+      EXPECT_TRUE(same_bits(dm[0].data(), dm[1].data(), dm[0].size())) << "threads changed the decode mass";
       for (size_t b = 0; b < 3; ++b) {
-        std::vector<double> wd(c.len, 0.0);
-        for (int32_t h = 0; h < c.s.n_head; ++h) {
-          const std::vector<double> wt = reference_weights(w, seqs[b], pos[b], h);
-          const int32_t first = pos[b] + 1 - static_cast<int32_t>(wt.size());
-          for (size_t i = 0; i < wt.size(); ++i) wd[first + i] += wt[i];
-        }
         double total = 0, worst_d = 0;
         for (int32_t i = 0; i < c.len; ++i) {
           total += dm[0][b * c.len + i];
-          worst_d = std::max(worst_d, std::abs(dm[0][b * c.len + i] - wd[i]));
+          worst_d = std::max(worst_d, std::abs(dm[0][b * c.len + i] - want_d[b][i]));
         }
         EXPECT_LT(worst_d, 1e-6 * c.s.n_head) << "decode row " << b;
         EXPECT_NEAR(total, c.s.n_head, 1e-4 * c.s.n_head) << "decode row " << b;
       }
     }
+  }
 }
 
 // f16 and f32 storage of the same K/V differ only by the f16 rounding of the
