@@ -189,34 +189,30 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   const KvCacheTypes& kc = c.kv_cache;
   if (kc.window < 0 || kc.sinks < 0)
     fail(ErrorKind::kInvalidArgument, "--kv-window and --kv-sinks must be >= 0 (got {} and {})", kc.window, kc.sinks);
-  if (kc.window > 0) {
-    if (kc.window < kc.sinks)
-      fail(ErrorKind::kInvalidArgument, "the streaming window (--kv-window {}) is smaller than its sinks (--kv-sinks {})",
-           kc.window, kc.sinks);
-    if (int64_t{kc.window} + kc.sinks + c.block_size > max_context)
-      fail(ErrorKind::kInvalidArgument,
-           "a streaming window of {} positions and {} sinks needs a context of at least {} tokens, not {}", kc.window,
-           kc.sinks, kc.window + kc.sinks + c.block_size, max_context);
-    if (c.device != "cpu") fail(ErrorKind::kUnsupported, "--kv-window runs on the CPU only (--device {})", c.device);
-    if (c.spec.mode == SpecMode::kDraft)
-      fail(ErrorKind::kInvalidArgument, "--kv-window does not combine with a draft model (--spec draft)");
-  }
   if (kc.heavy != 0) {
     if (kc.window <= 0)
       fail(ErrorKind::kInvalidArgument, "--kv-heavy {} needs a streaming window (--kv-window)", kc.heavy);
     if (kc.heavy < 0 || kc.heavy % c.block_size != 0)
       fail(ErrorKind::kInvalidArgument, "--kv-heavy {} is not a multiple of the block size ({})", kc.heavy,
            c.block_size);
-    if (int64_t{kc.window} + kc.sinks + kc.heavy + c.block_size > max_context)
-      fail(ErrorKind::kInvalidArgument,
-           "a streaming window of {} positions, {} sinks and {} heavy hitters needs a context of at least {} tokens, "
-           "not {}",
-           kc.window, kc.sinks, kc.heavy, kc.window + kc.sinks + kc.heavy + c.block_size, max_context);
     // Rejected drafts' rows would add their attention to the positions'
     // mass, and so change what is evicted.
     if (c.spec.mode != SpecMode::kOff)
       fail(ErrorKind::kInvalidArgument, "--kv-heavy does not combine with speculative decoding (--spec {})",
            spec_mode_name(c.spec.mode));
+  }
+  if (kc.window > 0) {
+    if (kc.window < kc.sinks)
+      fail(ErrorKind::kInvalidArgument, "the streaming window (--kv-window {}) is smaller than its sinks (--kv-sinks {})",
+           kc.window, kc.sinks);
+    if (stream_positions(kc, c.block_size) > max_context)
+      fail(ErrorKind::kInvalidArgument,
+           "a streaming window of {} positions and {} sinks{} needs a context of at least {} tokens, not {}", kc.window,
+           kc.sinks, kc.heavy > 0 ? fmt::format(" and {} heavy hitters", kc.heavy) : "",
+           stream_positions(kc, c.block_size), max_context);
+    if (c.device != "cpu") fail(ErrorKind::kUnsupported, "--kv-window runs on the CPU only (--device {})", c.device);
+    if (c.spec.mode == SpecMode::kDraft)
+      fail(ErrorKind::kInvalidArgument, "--kv-window does not combine with a draft model (--spec draft)");
   }
   // A streaming window keeps its own positions in every layer.
   const KvPaging paging = kc.swa_full || kc.window > 0 || c.device != "cpu"
@@ -274,7 +270,7 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   sc.shortest_prompt_first = latency;
   sc.max_seqs = c.max_seqs;
   sc.max_context = max_context;
-  stream_limit = kc.window > 0 ? kc.window + kc.sinks + kc.heavy + c.block_size : 0;
+  stream_limit = static_cast<int32_t>(stream_positions(kc, c.block_size));
   sc.stream_limit = stream_limit;
   // Scoring a prompt keeps a row of logits per position: at most 64 MiB of
   // them a step (64 rows of Gemma 3's 262k vocabulary, 512 of a 32k one).

@@ -56,6 +56,13 @@ struct KvCacheTypes {
   int32_t heavy = 0;
 };
 
+// The most positions a streaming sequence holds: its sinks, heavy hitters
+// and window, and the block that fills before an eviction (0 without a
+// window). A prompt chunk ends there.
+inline int64_t stream_positions(const KvCacheTypes& t, int32_t block_size) {
+  return t.window > 0 ? int64_t{t.window} + t.sinks + t.heavy + block_size : 0;
+}
+
 // How a cache stores K and V. kv_format() is where the rotation is decided.
 struct KvFormat {
   KvType k = KvType::kF16, v = KvType::kF16;

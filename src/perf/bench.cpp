@@ -48,13 +48,12 @@ void check_options(const BenchOptions& o) {
     fail(ErrorKind::kInvalidArgument, "bench: --batch must be between 1 and 1024, got {}", o.batch);
   // A streaming window stops a prompt's chunk where it evicts; the prefill
   // is timed as one step.
-  const KvCacheTypes& kc = o.kv_cache;
-  const int64_t stream_limit = int64_t{kc.window} + kc.sinks + kc.heavy + kBlockSize;
-  if (kc.window > 0 && o.n_prompt > stream_limit)
+  const int64_t most = stream_positions(o.kv_cache, kBlockSize);
+  if (most > 0 && o.n_prompt > most)
     fail(ErrorKind::kInvalidArgument,
          "bench: a prompt of {} tokens does not run in one step through a streaming window of {} positions ({} with "
          "the sinks, heavy hitters and a block): use -p {} or less",
-         o.n_prompt, kc.window, stream_limit, stream_limit);
+         o.n_prompt, o.kv_cache.window, most, most);
 }
 
 // Process CPU time (all threads). With one thread it is the time the work
