@@ -40,9 +40,11 @@ struct World {
 };
 
 // score_scale: typical |q.k|; large values make the softmax nearly one-hot,
-// so most exps underflow.
+// so most exps underflow. shared > 0: every key also has one common part,
+// N(0, shared^2) per element, which the cache subtracts as its key offsets
+// if `center`.
 World make_world(const AttnShape& s, KvFormat format, std::vector<int32_t> lens, int32_t block_size, float score_scale,
-                 uint32_t seed) {
+                 uint32_t seed, float shared = 0, bool center = false) {
   World w;
   w.s = s;
   w.len = lens;
@@ -52,6 +54,12 @@ World make_world(const AttnShape& s, KvFormat format, std::vector<int32_t> lens,
   for (int32_t n : lens) n_blocks += (n + block_size - 1) / block_size;
   const KvShape shape{2, s.n_head_kv * s.head_dim, s.n_head_kv * s.head_dim_v, s.n_head_kv};
   w.kv = std::make_unique<KvCache>(shape, n_blocks, block_size, format);
+  std::vector<float> common(size_t(shape.n_layer) * shape.k_width, 0.0f);
+  if (shared > 0) {
+    std::mt19937 crng(seed + 1);
+    for (float& x : common) x = nd(crng) * shared;
+    if (center) w.kv->set_key_offsets(common);
+  }
   std::vector<int32_t> ids(n_blocks);
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), rng);
@@ -61,7 +69,7 @@ World make_world(const AttnShape& s, KvFormat format, std::vector<int32_t> lens,
     std::vector<int32_t> table(ids.begin() + next, ids.begin() + next + (n + block_size - 1) / block_size);
     next += table.size();
     for (int32_t p = 0; p < n; ++p) {
-      for (float& x : k) x = nd(rng);
+      for (size_t i = 0; i < k.size(); ++i) k[i] = nd(rng) + common[size_t(kLayer) * shape.k_width + i];
       for (float& x : v) x = nd(rng);
       w.kv->write(kLayer, table[p / block_size], p % block_size, k.data(), v.data());
     }
@@ -467,6 +475,37 @@ TEST(KernelsAttention, MassMatchesReferenceWeights) {
         EXPECT_NEAR(total, c.s.n_head, 1e-4 * c.s.n_head) << "decode row " << b;
       }
     }
+  }
+}
+
+// A part every key shares moves all of a query's scores by the same amount:
+// subtracting it before the keys are stored (the cache's key offsets) leaves
+// attention as it was, and a 4-bit cache then spends its codes on what
+// differs between keys.
+TEST(KernelsAttention, CenteredKeysGiveTheSameAttention) {
+  ThreadPool pool(2);
+  const AttnShape s{4, 2, 64, 64, 0};
+  const World exact = make_world(s, kv_format(KvType::kF32, KvType::kF32), {200}, 16, 4.0f, 5, 3.0f, false);
+  const std::vector<float> want = run_prefill(active_kernel_level(), exact, 0, 0, 200, pool);
+  auto error = [&](const std::vector<float>& got) {
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, double(std::abs(got[i] - want[i])));
+    return worst;
+  };
+  for (KernelLevel level : levels()) {
+    SCOPED_TRACE(kernel_level_name(level));
+    const World f32 = make_world(s, kv_format(KvType::kF32, KvType::kF32), {200}, 16, 4.0f, 5, 3.0f, true);
+    const std::vector<float> centered = run_prefill(level, f32, 0, 0, 200, pool);
+    EXPECT_LT(error(centered), 1e-4);
+    EXPECT_TRUE(same_bits(centered.data() + 150 * f32.ow(), run_decode(level, f32, {0}, {150}, pool).data(), f32.ow()));
+    // The queries go into the rotated keys' space, as the model sends them.
+    auto q4_error = [&](bool center) {
+      World w = make_world(s, kv_format(KvType::kQ4_0, KvType::kF32), {200}, 16, 4.0f, 5, 3.0f, center);
+      w.kv->rotate_queries(w.q[0].data(), 200 * s.n_head, s.head_dim);
+      return error(run_prefill(level, w, 0, 0, 200, pool));
+    };
+    const double plain = q4_error(false), less = q4_error(true);
+    EXPECT_LT(less, 0.5 * plain) << plain << " " << less;
   }
 }
 

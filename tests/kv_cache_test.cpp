@@ -317,6 +317,7 @@ TEST(KvCache, QuantizedSlotsHoldLlamaCppBlocks) {
       const KvFormat f = kv_format(kt, vt);
       EXPECT_EQ(f.rotate_k, kt == KvType::kQ4_0);
       EXPECT_EQ(f.rotate_v, vt == KvType::kQ4_0);
+      EXPECT_EQ(f.center_k, kt == KvType::kQ4_0);
       KvCache c(shape, 3, 16, f);
       std::vector<float> k(shape.k_width), v(shape.v_width), k2(k.size()), v2(v.size());
       for (int32_t slot : {0, 7, 15}) {
@@ -360,6 +361,51 @@ TEST(KvCache, QuantizedSlotsHoldLlamaCppBlocks) {
         }
       }
     }
+}
+
+// Key offsets are subtracted before a key is stored and added back when it
+// is read in the model's space (read_key); read() gives what attention reads.
+TEST(KvCache, KeyOffsetsAreSubtractedAndAddedBack) {
+  const KvShape shape{2, 2 * 64, 2 * 64, 2};
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  std::vector<float> mu(size_t(shape.n_layer) * shape.k_width), k(shape.k_width), v(shape.v_width, 0.5f);
+  for (float& x : mu) x = 6.0f * nd(rng);
+  for (KvType t : {KvType::kF32, KvType::kQ8_0, KvType::kQ4_0}) {
+    SCOPED_TRACE(kv_type_name(t));
+    KvCache plain(shape, 2, 16, kv_format(t, KvType::kF16)), centered(shape, 2, 16, kv_format(t, KvType::kF16));
+    centered.set_key_offsets(mu);
+    double err_plain = 0, err_centered = 0;
+    for (int32_t slot = 0; slot < 16; ++slot) {
+      for (int32_t i = 0; i < shape.k_width; ++i) k[i] = mu[shape.k_width + i] + nd(rng);
+      plain.write(1, 1, slot, k.data(), v.data());
+      centered.write(1, 1, slot, k.data(), v.data());
+      std::vector<float> a(k.size()), b(k.size()), stored(k.size()), vv(v.size());
+      plain.read_key(1, 1, slot, a.data());
+      centered.read_key(1, 1, slot, b.data());
+      centered.read(1, 1, slot, stored.data(), vv.data());
+      for (int32_t i = 0; i < shape.k_width; ++i) {
+        err_plain = std::max(err_plain, double(std::abs(a[i] - k[i])));
+        err_centered = std::max(err_centered, double(std::abs(b[i] - k[i])));
+        if (t == KvType::kF32) ASSERT_EQ(stored[i], k[i] - mu[shape.k_width + i]);
+      }
+    }
+    if (t == KvType::kF32) {
+      EXPECT_LT(err_centered, 1e-5);
+    } else {
+      EXPECT_LT(err_centered, 0.5 * err_plain) << err_plain << " " << err_centered;
+    }
+  }
+  KvCache c(shape, 2, 16, KvType::kQ4_0);
+  EXPECT_THROW(c.set_key_offsets(std::vector<float>(5)), Error);
+  EXPECT_NO_THROW(c.set_key_offsets({}));
+  // Which keys are centered: q4_0 ones by default, none, or every quantized one.
+  EXPECT_FALSE(kv_format(KvCacheTypes{KvType::kQ8_0, KvType::kQ4_0}).center_k);
+  EXPECT_FALSE(kv_format(KvCacheTypes{KvType::kQ4_0, KvType::kQ4_0, KvRotation::kAuto, KvCentering::kOff}).center_k);
+  EXPECT_TRUE(kv_format(KvCacheTypes{KvType::kQ8_0, KvType::kF16, KvRotation::kAuto, KvCentering::kAll}).center_k);
+  EXPECT_FALSE(kv_format(KvCacheTypes{KvType::kF16, KvType::kF16, KvRotation::kAuto, KvCentering::kAll}).center_k);
+  EXPECT_EQ(parse_kv_centering("all"), KvCentering::kAll);
+  EXPECT_THROW(parse_kv_centering("yes"), Error);
 }
 
 // H is orthogonal and its own inverse, block by block.

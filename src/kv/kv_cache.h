@@ -16,6 +16,12 @@
 // scale of its group of 32 (QuaRot). The model brings queries into the keys'
 // space and attention outputs back out of the values' (rotate_queries,
 // unrotate_outputs); attention itself reads the cache as stored.
+//
+// Keys stored as q4_0 are also centered: a fixed vector per layer and head
+// (set_key_offsets; model/key_centering.h) is subtracted before rotating and
+// quantizing. That moves every score of a query row by the same q.mu, which
+// the softmax cancels, while the quantizer spends its 4 bits on what differs
+// between keys instead of on the large part they share.
 #pragma once
 
 #include <cstddef>
@@ -39,10 +45,17 @@ enum class KvRotation : uint8_t { kAuto, kOff, kAll };
 const char* kv_rotation_name(KvRotation r);  // "auto", "off", "all"
 KvRotation parse_kv_rotation(std::string_view name);
 
+// Which quantized keys are centered: the 4-bit ones (kAuto, the default),
+// none, or every quantized one.
+enum class KvCentering : uint8_t { kAuto, kOff, kAll };
+const char* kv_centering_name(KvCentering c);  // "auto", "off", "all"
+KvCentering parse_kv_centering(std::string_view name);
+
 // What the command line asks for.
 struct KvCacheTypes {
   KvType k = KvType::kF16, v = KvType::kF16;
   KvRotation rotation = KvRotation::kAuto;
+  KvCentering centering = KvCentering::kAuto;
   // Sliding-window layers keep every block, as full-attention layers do
   // (llama.cpp's --swa-full). Off: they give back the blocks their window
   // has passed (KvPaging); the CUDA backend always keeps them.
@@ -63,10 +76,12 @@ inline int64_t stream_positions(const KvCacheTypes& t, int32_t block_size) {
   return t.window > 0 ? int64_t{t.window} + t.sinks + t.heavy + block_size : 0;
 }
 
-// How a cache stores K and V. kv_format() is where the rotation is decided.
+// How a cache stores K and V. kv_format() is where the rotation and the
+// centering are decided.
 struct KvFormat {
   KvType k = KvType::kF16, v = KvType::kF16;
   bool rotate_k = false, rotate_v = false;  // Hadamard-rotate each head before storing it
+  bool center_k = false;                    // subtract the key offsets before storing a key
 };
 KvFormat kv_format(const KvCacheTypes& t);
 inline KvFormat kv_format(KvType k, KvType v) { return kv_format(KvCacheTypes{k, v}); }
@@ -138,15 +153,24 @@ class KvCache {
   // Stores one token's k (k_width floats) and v (v_width floats) in a slot,
   // rotated and converted as the format says.
   void write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v);
-  // Reads a slot back as f32 as stored (rotated where the format rotates):
-  // what attention reads, for tests and tools.
+  // Reads a slot back as f32 as stored (rotated where the format rotates,
+  // keys less their offsets): what attention reads, for tests and tools.
   void read(int32_t layer, int32_t block, int32_t slot, float* k, float* v) const;
 
   // One token's keys alone (k_width floats), in the model's space: read
-  // unrotated where the format rotates, written rotated and converted.
+  // unrotated and with the offsets added back, written less the offsets,
+  // rotated and converted.
   // Re-positioning kept keys (a streaming window's sinks) goes through them.
   void read_key(int32_t layer, int32_t block, int32_t slot, float* k) const;
   void write_key(int32_t layer, int32_t block, int32_t slot, const float* k);
+
+  // The vector subtracted from every key of a layer before it is stored
+  // (n_layer x k_width floats; empty: none), and added back by read_key.
+  // Attention is unchanged in exact arithmetic: a query's scores all move
+  // by q.offset. Set before the first write; kInvalidArgument for a size
+  // other than n_layer x k_width.
+  void set_key_offsets(std::vector<float> offsets);
+  const std::vector<float>& key_offsets() const { return key_offsets_; }
 
   // Queries (n_head heads of head_dim) into the space the keys are stored
   // in, and attention outputs (n_head heads of head_dim_v) back from the
@@ -196,6 +220,7 @@ class KvCache {
   int32_t block_size_;
   KvFormat format_;
   KvPaging paging_;
+  std::vector<float> key_offsets_;
   struct Free {
     void operator()(std::byte* p) const;
   };
