@@ -198,7 +198,8 @@ TEST_F(Gemma3, QuantizedCachesPageSwapAndShare) {
     }
     std::vector<std::vector<int32_t>> alone;
     for (const auto& pr : prompts) {
-      Engine e(*model_, EngineConfig{.threads = 2, .max_context = 128, .kv_cache = kv, .prefix_caching = false});
+      // The context of the runs below: centered q4_0 keys' offsets follow it.
+      Engine e(*model_, EngineConfig{.threads = 2, .max_context = 64, .kv_cache = kv, .prefix_caching = false});
       RequestParams p;
       p.sampling.temperature = 0;
       p.max_tokens = 40;

@@ -254,7 +254,7 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
     fail(ErrorKind::kResource,
          "the KV pool ({} MiB) and swap space ({} MiB) need more than the {} MiB of memory available; ask for less",
          pool_bytes >> 20, c.swap_bytes >> 20, *avail >> 20);
-  const KvPlan plan{shape, static_cast<int32_t>(n_blocks), c.block_size, kv_fmt, paging};
+  const KvPlan plan{shape, static_cast<int32_t>(n_blocks), c.block_size, kv_fmt, paging, max_context};
   if (c.device == "cpu") exec = make_cpu_executor(m, plan, pool);
   else if (c.device == "cuda") exec = make_cuda_executor(m, plan);
   else fail(ErrorKind::kInvalidArgument, "unknown device '{}' (cpu or cuda)", c.device);

@@ -191,6 +191,14 @@ void rope_apply(const RopeParams& p, const float* c, const float* s, float* v) {
   }
 }
 
+RopePair rope_pair(const RopeParams& p, int32_t i) {
+  const int32_t half = p.dims / 2;
+  const double ff = p.freq_factors ? p.freq_factors[i] : 1.0;
+  const double rate = p.scale * std::pow(double(p.base), -2.0 * i / p.dims) / ff;
+  if (p.style == RopeStyle::kNormal) return {2 * i, 2 * i + 1, rate};
+  return {i, i + half, rate};
+}
+
 namespace {
 
 float gelu_exact_tanh(float x) {

@@ -32,6 +32,13 @@ struct RopeParams {
 // and shared by all heads.
 void rope_angles(const RopeParams& p, int32_t pos, float* cos_out, float* sin_out);
 void rope_apply(const RopeParams& p, const float* cos_v, const float* sin_v, float* vec);
+// Pair i (< dims / 2) of a head: the two elements rope_apply turns together,
+// and the angle it turns them by per position, in radians.
+struct RopePair {
+  int32_t a = 0, b = 0;
+  double radians_per_position = 0;
+};
+RopePair rope_pair(const RopeParams& p, int32_t i);
 
 // gate[i] = act(gate[i]) * up[i], at the active kernel level. The GELU's
 // table lookups run 16 (AVX-512) or 8 (AVX2) at a time with hardware f16

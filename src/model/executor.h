@@ -48,6 +48,10 @@ struct KvPlan {
   int32_t block_size = 16;
   KvFormat format;
   KvPaging paging;  // default: one group of every layer
+  // The positions keys take (the context): a centered format's offsets keep
+  // what RoPE turns little over them (model/key_centering.h). 0: the
+  // model's training context.
+  int32_t max_positions = 0;
 };
 
 // The model on the pool's threads over a KvCache of the plan's size.

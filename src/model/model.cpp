@@ -316,7 +316,7 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
 
 namespace {
 
-RopeParams rope_params(const ModelConfig& c, const ModelWeights& w, int32_t il) {
+RopeParams layer_rope(const ModelConfig& c, const ModelWeights& w, int32_t il) {
   const bool swa = c.layer_is_swa[il];
   RopeParams rope;
   rope.style = c.rope_style;
@@ -329,8 +329,10 @@ RopeParams rope_params(const ModelConfig& c, const ModelWeights& w, int32_t il) 
 
 }  // namespace
 
+RopeParams Model::rope_params(int32_t il) const { return layer_rope(cfg_, w_, il); }
+
 void Model::rope_shift_keys(int32_t il, float* k, int64_t stride, int32_t n, int32_t delta) const {
-  const RopeParams rope = rope_params(cfg_, w_, il);
+  const RopeParams rope = layer_rope(cfg_, w_, il);
   std::vector<float> cs(size_t(cfg_.rope_dims / 2)), sn(cs.size());
   rope_angles(rope, delta, cs.data(), sn.data());
   for (int32_t i = 0; i < n; ++i)
@@ -351,7 +353,7 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
   const int64_t QW = int64_t{c.n_head} * c.head_dim, KW = int64_t{c.n_head_kv} * c.head_dim;
   const int64_t VW = int64_t{c.n_head_kv} * c.head_dim_v, OW = int64_t{c.n_head} * c.head_dim_v;
   const bool swa = c.layer_is_swa[il];
-  const RopeParams rope = rope_params(c, w_, il);
+  const RopeParams rope = layer_rope(c, w_, il);
   const int32_t half = c.rope_dims / 2;
   const AttnShape shape{c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, swa ? c.sliding_window : 0};
   // Sized for the chunk; they only grow, so that a short last chunk does not

@@ -89,6 +89,8 @@ class Model {
   void forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
                std::span<float> out);
 
+  // Layer il's rotary embedding (local and global layers may differ).
+  RopeParams rope_params(int32_t il) const;
   // Turns one token's keys of layer il (n_head_kv heads, as the cache
   // returns them: KvCache::read_key) `delta` positions further on: RoPE is
   // a rotation, so RoPE(p + delta) = R(delta) RoPE(p).
