@@ -197,9 +197,11 @@ def main() -> int:
         for t in args.types:
             variants = [("", ["--kv-type", t])]
             if t == "q4_0":
-                variants += [(" no rotation", ["--kv-type", t, "--kv-rotation", "off"])]
+                variants += [(" not smoothed", ["--kv-type", t, "--kv-smoothing", "off"]),
+                             (" not rotated", ["--kv-type", t, "--kv-rotation", "off"])]
             else:
-                variants += [(" rotated", ["--kv-type", t, "--kv-rotation", "all"])]
+                variants += [(" rotated", ["--kv-type", t, "--kv-rotation", "all"]),
+                             (" not smoothed", ["--kv-type", t, "--kv-smoothing", "off"])]
             for suffix, kv_args in variants:
                 log(f"tandem {t}{suffix} at {ctx}")
                 r = tandem_row(args.tandem, args.model, text, ctx, chunks, args.threads, kv_args)

@@ -11,7 +11,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "model/key_centering.h"
+#include "model/key_smoothing.h"
 #include "model/model.h"
 #include "test_support.h"
 #include "tokenizer/tokenizer.h"
@@ -73,29 +73,30 @@ TEST(Perplexity, CloseToLlamaCppOnGemma3) {
   std::printf("[ perplexity ] gemma3 %.4f, llama.cpp %.4f\n", r.ppl, want["ppl"].get<double>());
 }
 
-// 4-bit keys stored centered (model/key_centering.h) against the same keys
-// stored plain, each against the f16 cache: the mean KL divergence drops by
-// about 40% on this text (0.101 -> 0.060, each +-0.005). The offsets keep
-// only what RoPE turns little over the context: at 32k positions nothing of
-// the local layers (base 10k), the slow pairs of the global ones (base 1M).
-TEST(Perplexity, CenteredQ4KeysCostLessOnGemma3) {
+// 4-bit keys stored smoothed (model/key_smoothing.h) against the same keys
+// stored plain, each against the f16 cache: the mean KL divergence drops
+// by more than half on this text. The offsets keep only what RoPE turns
+// little over the context: at 32k positions nothing of the local layers
+// (base 10k), the slow pairs of the global ones (base 1M).
+TEST(Perplexity, SmoothedQ4KeysCostLessOnGemma3) {
   TANDEM_REQUIRE_GEMMA(path);
   auto model = Model::load(path);
   const std::vector<int32_t> tokens = text_tokens(*model);
-  auto kl = [&](KvCentering centering) {
+  auto kl = [&](bool smoothing) {
     PerplexityOptions o;
     o.n_ctx = 256;
-    o.kv_cache = KvCacheTypes{KvType::kQ4_0, KvType::kF16, KvRotation::kAuto, centering};
+    o.kv_cache = KvCacheTypes{KvType::kQ4_0, KvType::kF16, KvRotation::kAuto, smoothing};
     o.kl_reference = KvCacheTypes{};
     return perplexity(*model, tokens, o);
   };
-  const PerplexityResult plain = kl(KvCentering::kOff), centered = kl(KvCentering::kAuto);
-  std::printf("[ perplexity ] q4_0 keys: KLD %.4f plain, %.4f centered\n", plain.kl_mean, centered.kl_mean);
-  EXPECT_LT(centered.kl_mean, 0.8 * plain.kl_mean);
-  EXPECT_LT(centered.ppl, plain.ppl);
+  const PerplexityResult plain = kl(false), smoothed = kl(true);
+  std::printf("[ perplexity ] q4_0 keys: KLD %.4f plain, %.4f smoothed\n", plain.kl_mean, smoothed.kl_mean);
+  EXPECT_LT(smoothed.kl_mean, 0.5 * plain.kl_mean);
+  EXPECT_LT(smoothed.ppl, plain.ppl);
 
   ThreadPool pool(2);
-  const std::vector<float> mu = key_offsets(*model, pool, 32768);
+  const KeySmoothing sm = key_smoothing(*model, pool, 32768);
+  const std::vector<float>& mu = sm.offset;
   const ModelConfig& c = model->config();
   ASSERT_EQ(mu.size(), size_t(c.n_layer) * c.n_head_kv * c.head_dim);
   const int32_t w = c.n_head_kv * c.head_dim;

@@ -41,10 +41,11 @@ struct World {
 
 // score_scale: typical |q.k|; large values make the softmax nearly one-hot,
 // so most exps underflow. shared > 0: every key also has one common part,
-// N(0, shared^2) per element, which the cache subtracts as its key offsets
-// if `center`.
+// N(0, shared^2) per element, and elements of unequal sizes (x 0.25 to 4);
+// `smooth` stores them through a KeySmoothing that takes the common part off
+// and scales each element as model/key_smoothing.h does.
 World make_world(const AttnShape& s, KvFormat format, std::vector<int32_t> lens, int32_t block_size, float score_scale,
-                 uint32_t seed, float shared = 0, bool center = false) {
+                 uint32_t seed, float shared = 0, bool smooth = false) {
   World w;
   w.s = s;
   w.len = lens;
@@ -54,11 +55,18 @@ World make_world(const AttnShape& s, KvFormat format, std::vector<int32_t> lens,
   for (int32_t n : lens) n_blocks += (n + block_size - 1) / block_size;
   const KvShape shape{2, s.n_head_kv * s.head_dim, s.n_head_kv * s.head_dim_v, s.n_head_kv};
   w.kv = std::make_unique<KvCache>(shape, n_blocks, block_size, format);
-  std::vector<float> common(size_t(shape.n_layer) * shape.k_width, 0.0f);
+  std::vector<float> common(size_t(shape.n_layer) * shape.k_width, 0.0f), size(common.size(), 1.0f);
   if (shared > 0) {
     std::mt19937 crng(seed + 1);
+    std::uniform_real_distribution<float> ud(-2.0f, 2.0f);
     for (float& x : common) x = nd(crng) * shared;
-    if (center) w.kv->set_key_offsets(common);
+    for (float& x : size) x = std::exp2(ud(crng));
+    if (smooth) {
+      std::vector<float> inv(size.size());
+      // Against queries of equal sizes, (E q^2 / E k^2)^(1/4) (key_smoothing.h).
+      for (size_t i = 0; i < size.size(); ++i) inv[i] = 1.0f / std::sqrt(size[i]);
+      w.kv->set_key_smoothing(KeySmoothing{common, inv});
+    }
   }
   std::vector<int32_t> ids(n_blocks);
   std::iota(ids.begin(), ids.end(), 0);
@@ -69,7 +77,10 @@ World make_world(const AttnShape& s, KvFormat format, std::vector<int32_t> lens,
     std::vector<int32_t> table(ids.begin() + next, ids.begin() + next + (n + block_size - 1) / block_size);
     next += table.size();
     for (int32_t p = 0; p < n; ++p) {
-      for (size_t i = 0; i < k.size(); ++i) k[i] = nd(rng) + common[size_t(kLayer) * shape.k_width + i];
+      for (size_t i = 0; i < k.size(); ++i) {
+        const size_t at = size_t(kLayer) * shape.k_width + i;
+        k[i] = nd(rng) * size[at] + common[at];
+      }
       for (float& x : v) x = nd(rng);
       w.kv->write(kLayer, table[p / block_size], p % block_size, k.data(), v.data());
     }
@@ -478,11 +489,11 @@ TEST(KernelsAttention, MassMatchesReferenceWeights) {
   }
 }
 
-// A part every key shares moves all of a query's scores by the same amount:
-// subtracting it before the keys are stored (the cache's key offsets) leaves
-// attention as it was, and a 4-bit cache then spends its codes on what
-// differs between keys.
-TEST(KernelsAttention, CenteredKeysGiveTheSameAttention) {
+// A part every key shares moves all of a query's scores by the same amount,
+// and a key element scaled up meets a query element scaled down: storing
+// keys smoothed (the cache's KeySmoothing) leaves attention as it was, and a
+// 4-bit cache then spends its codes on what differs between keys.
+TEST(KernelsAttention, SmoothedKeysGiveTheSameAttention) {
   ThreadPool pool(2);
   const AttnShape s{4, 2, 64, 64, 0};
   const World exact = make_world(s, kv_format(KvType::kF32, KvType::kF32), {200}, 16, 4.0f, 5, 3.0f, false);
@@ -494,17 +505,21 @@ TEST(KernelsAttention, CenteredKeysGiveTheSameAttention) {
   };
   for (KernelLevel level : levels()) {
     SCOPED_TRACE(kernel_level_name(level));
-    const World f32 = make_world(s, kv_format(KvType::kF32, KvType::kF32), {200}, 16, 4.0f, 5, 3.0f, true);
+    World f32 = make_world(s, kv_format(KvType::kF32, KvType::kF32), {200}, 16, 4.0f, 5, 3.0f, true);
+    for (int32_t p = 0; p < 200; ++p) f32.kv->rotate_queries(kLayer, f32.q[0].data() + p * f32.qw(), s.n_head, s.head_dim);
     const std::vector<float> centered = run_prefill(level, f32, 0, 0, 200, pool);
     EXPECT_LT(error(centered), 1e-4);
     EXPECT_TRUE(same_bits(centered.data() + 150 * f32.ow(), run_decode(level, f32, {0}, {150}, pool).data(), f32.ow()));
-    // The queries go into the rotated keys' space, as the model sends them.
-    auto q4_error = [&](bool center) {
-      World w = make_world(s, kv_format(KvType::kQ4_0, KvType::kF32), {200}, 16, 4.0f, 5, 3.0f, center);
-      w.kv->rotate_queries(w.q[0].data(), 200 * s.n_head, s.head_dim);
-      return error(run_prefill(level, w, 0, 0, 200, pool));
+    // The queries go into the keys' space, as the model sends them.
+    auto q4_rms = [&](bool smooth) {
+      World w = make_world(s, kv_format(KvType::kQ4_0, KvType::kF32), {200}, 16, 4.0f, 5, 3.0f, smooth);
+      for (int32_t p = 0; p < 200; ++p) w.kv->rotate_queries(kLayer, w.q[0].data() + p * w.qw(), s.n_head, s.head_dim);
+      const std::vector<float> got = run_prefill(level, w, 0, 0, 200, pool);
+      double sum = 0;
+      for (size_t i = 0; i < got.size(); ++i) sum += double(got[i] - want[i]) * (got[i] - want[i]);
+      return std::sqrt(sum / got.size());
     };
-    const double plain = q4_error(false), less = q4_error(true);
+    const double plain = q4_rms(false), less = q4_rms(true);
     EXPECT_LT(less, 0.5 * plain) << plain << " " << less;
   }
 }

@@ -317,7 +317,7 @@ TEST(KvCache, QuantizedSlotsHoldLlamaCppBlocks) {
       const KvFormat f = kv_format(kt, vt);
       EXPECT_EQ(f.rotate_k, kt == KvType::kQ4_0);
       EXPECT_EQ(f.rotate_v, vt == KvType::kQ4_0);
-      EXPECT_EQ(f.center_k, kt == KvType::kQ4_0);
+      EXPECT_TRUE(f.smooth_k);
       KvCache c(shape, 3, 16, f);
       std::vector<float> k(shape.k_width), v(shape.v_width), k2(k.size()), v2(v.size());
       for (int32_t slot : {0, 7, 15}) {
@@ -349,7 +349,7 @@ TEST(KvCache, QuantizedSlotsHoldLlamaCppBlocks) {
         std::vector<float> q(shape.k_width);
         for (float& x : q) x = nd(rng);
         std::vector<float> hq = q;
-        c.rotate_queries(hq.data(), 2, 96);
+        c.rotate_queries(1, hq.data(), 2, 96);
         for (int32_t h = 0; h < 2; ++h) {
           double exact = 0, got = 0, norm = 0;
           for (int32_t i = 0; i < 96; ++i) {
@@ -363,18 +363,31 @@ TEST(KvCache, QuantizedSlotsHoldLlamaCppBlocks) {
     }
 }
 
-// Key offsets are subtracted before a key is stored and added back when it
-// is read in the model's space (read_key); read() gives what attention reads.
-TEST(KvCache, KeyOffsetsAreSubtractedAndAddedBack) {
+// Smoothed keys are stored as (k - offset) * scale and read back in the
+// model's space by read_key; read() gives what attention reads; queries are
+// divided by their KV head's scales, so every score moves by q.offset.
+TEST(KvCache, KeySmoothingIsUndoneOnReadAndKeepsScoreDifferences) {
   const KvShape shape{2, 2 * 64, 2 * 64, 2};
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;
-  std::vector<float> mu(size_t(shape.n_layer) * shape.k_width), k(shape.k_width), v(shape.v_width, 0.5f);
-  for (float& x : mu) x = 6.0f * nd(rng);
+  std::uniform_real_distribution<float> ud(0.5f, 2.0f);
+  KeySmoothing sm{std::vector<float>(size_t(shape.n_layer) * shape.k_width),
+                  std::vector<float>(size_t(shape.n_layer) * shape.k_width)};
+  for (float& x : sm.offset) x = 6.0f * nd(rng);
+  for (float& x : sm.scale) x = ud(rng);
+  const std::vector<float>& mu = sm.offset;
+  std::vector<float> k(shape.k_width), v(shape.v_width, 0.5f);
   for (KvType t : {KvType::kF32, KvType::kQ8_0, KvType::kQ4_0}) {
     SCOPED_TRACE(kv_type_name(t));
     KvCache plain(shape, 2, 16, kv_format(t, KvType::kF16)), centered(shape, 2, 16, kv_format(t, KvType::kF16));
-    centered.set_key_offsets(mu);
+    centered.set_key_smoothing(sm);
+    // Four query heads over the two KV heads: a score difference between
+    // two keys is the same from the stored keys as from the originals.
+    std::vector<float> q(4 * 64), q_stored(q.size());
+    for (float& x : q) x = nd(rng);
+    q_stored = q;
+    centered.rotate_queries(1, q_stored.data(), 4, 64);
+    std::vector<std::vector<float>> kept, stored_kept;
     double err_plain = 0, err_centered = 0;
     for (int32_t slot = 0; slot < 16; ++slot) {
       for (int32_t i = 0; i < shape.k_width; ++i) k[i] = mu[shape.k_width + i] + nd(rng);
@@ -387,9 +400,22 @@ TEST(KvCache, KeyOffsetsAreSubtractedAndAddedBack) {
       for (int32_t i = 0; i < shape.k_width; ++i) {
         err_plain = std::max(err_plain, double(std::abs(a[i] - k[i])));
         err_centered = std::max(err_centered, double(std::abs(b[i] - k[i])));
-        if (t == KvType::kF32) ASSERT_EQ(stored[i], k[i] - mu[shape.k_width + i]);
+        if (t == KvType::kF32)
+          ASSERT_FLOAT_EQ(stored[i], (k[i] - mu[shape.k_width + i]) * sm.scale[shape.k_width + i]);
       }
+      kept.push_back(k);
+      stored_kept.push_back(stored);
     }
+    if (t == KvType::kF32)
+      for (int32_t h = 0; h < 4; ++h) {
+        auto dot = [&](const std::vector<float>& x, const std::vector<float>& key) {
+          double d = 0;
+          for (int32_t i = 0; i < 64; ++i) d += double(x[h * 64 + i]) * key[(h / 2) * 64 + i];
+          return d;
+        };
+        const double want = dot(q, kept[3]) - dot(q, kept[9]);
+        EXPECT_NEAR(dot(q_stored, stored_kept[3]) - dot(q_stored, stored_kept[9]), want, 1e-4 * (1 + std::abs(want)));
+      }
     if (t == KvType::kF32) {
       EXPECT_LT(err_centered, 1e-5);
     } else {
@@ -397,15 +423,16 @@ TEST(KvCache, KeyOffsetsAreSubtractedAndAddedBack) {
     }
   }
   KvCache c(shape, 2, 16, KvType::kQ4_0);
-  EXPECT_THROW(c.set_key_offsets(std::vector<float>(5)), Error);
-  EXPECT_NO_THROW(c.set_key_offsets({}));
-  // Which keys are centered: q4_0 ones by default, none, or every quantized one.
-  EXPECT_FALSE(kv_format(KvCacheTypes{KvType::kQ8_0, KvType::kQ4_0}).center_k);
-  EXPECT_FALSE(kv_format(KvCacheTypes{KvType::kQ4_0, KvType::kQ4_0, KvRotation::kAuto, KvCentering::kOff}).center_k);
-  EXPECT_TRUE(kv_format(KvCacheTypes{KvType::kQ8_0, KvType::kF16, KvRotation::kAuto, KvCentering::kAll}).center_k);
-  EXPECT_FALSE(kv_format(KvCacheTypes{KvType::kF16, KvType::kF16, KvRotation::kAuto, KvCentering::kAll}).center_k);
-  EXPECT_EQ(parse_kv_centering("all"), KvCentering::kAll);
-  EXPECT_THROW(parse_kv_centering("yes"), Error);
+  EXPECT_THROW(c.set_key_smoothing(KeySmoothing{std::vector<float>(5), std::vector<float>(5)}), Error);
+  KeySmoothing zero_scale = sm;
+  zero_scale.scale[7] = 0.0f;
+  EXPECT_THROW(c.set_key_smoothing(zero_scale), Error);
+  EXPECT_NO_THROW(c.set_key_smoothing({}));
+  // Quantized keys are smoothed unless asked not to; f16 / f32 ones never.
+  EXPECT_TRUE(kv_format(KvCacheTypes{KvType::kQ8_0, KvType::kQ4_0}).smooth_k);
+  EXPECT_FALSE(kv_format(KvCacheTypes{KvType::kQ4_0, KvType::kQ4_0, KvRotation::kAuto, false}).smooth_k);
+  EXPECT_FALSE(kv_format(KvCacheTypes{KvType::kF16, KvType::kQ4_0}).smooth_k);
+  EXPECT_FALSE(kv_format(KvCacheTypes{KvType::kF32, KvType::kF16}).smooth_k);
 }
 
 // H is orthogonal and its own inverse, block by block.

@@ -136,15 +136,16 @@ void add_spec_options(CLI::App* cmd, SpecFlags& f) {
 }
 
 void add_kv_cache_options(CLI::App* cmd, KvCacheFlags& f) {
-  cmd->add_option("--cache-type-k", f.k, "KV cache type of K: f16 (default), f32, q8_0, q4_0 (rotated and centered)");
+  cmd->add_option("--cache-type-k", f.k, "KV cache type of K: f16 (default), f32, q8_0 (smoothed), q4_0 (rotated and smoothed)");
   cmd->add_option("--cache-type-v", f.v, "KV cache type of V: f16 (default), f32, q8_0, q4_0");
   cmd->add_option("--kv-type", f.both, "KV cache type of both K and V");
   cmd->add_option("--kv-rotation", f.rotation,
                   "Hadamard rotation of quantized heads: auto (q4_0 ones), off, all (every quantized one)")
       ->capture_default_str();
-  cmd->add_option("--kv-centering", f.centering,
-                  "Subtract each layer's mean key before quantizing keys (exact: the softmax cancels it): auto "
-                  "(q4_0 keys), off, all (every quantized K)")
+  cmd->add_option("--kv-smoothing", f.smoothing,
+                  "Quantized keys stored less each layer's mean key and scaled against the queries' magnitudes "
+                  "(exact in arithmetic): on, off")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_flag("--swa-full", f.swa_full,
                 "Sliding-window layers keep every KV block (by default they give back the ones their window has "
@@ -180,11 +181,7 @@ KvCacheTypes kv_cache_types(const KvCacheFlags& f) {
   } catch (const Error& e) {
     fail(ErrorKind::kInvalidArgument, "--kv-rotation: {}", e.what());
   }
-  try {
-    t.centering = parse_kv_centering(f.centering);
-  } catch (const Error& e) {
-    fail(ErrorKind::kInvalidArgument, "--kv-centering: {}", e.what());
-  }
+  t.smooth_keys = f.smoothing != "off";
   return t;
 }
 

@@ -42,12 +42,12 @@ void add_spec_options(CLI::App* cmd, SpecFlags& f);
 // --cache-type-k T, --cache-type-v T (llama.cpp's names) and --kv-type T
 // (both; the specific flags win): f16, f32, q8_0, q4_0 (kv/kv_cache.h).
 // --kv-rotation auto|off|all: which quantized parts are Hadamard-rotated;
-// --kv-centering auto|off|all: which quantized keys are centered.
+// --kv-smoothing on|off: whether quantized keys are smoothed.
 // --swa-full: sliding-window layers keep every block.
 // --kv-window N --kv-sinks S: a streaming window of N positions after S sinks;
 // --kv-heavy H: and the H older positions with the most attention.
 struct KvCacheFlags {
-  std::string k, v, both, rotation = "auto", centering = "auto";
+  std::string k, v, both, rotation = "auto", smoothing = "on";
   bool swa_full = false;
   int32_t window = 0, sinks = 4, heavy = 0;
 };

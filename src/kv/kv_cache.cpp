@@ -240,16 +240,6 @@ KvRotation parse_kv_rotation(std::string_view name) {
   fail(ErrorKind::kInvalidArgument, "unknown KV rotation '{}' (expected auto, off or all)", name);
 }
 
-const char* kv_centering_name(KvCentering c) {
-  return c == KvCentering::kAuto ? "auto" : c == KvCentering::kOff ? "off" : "all";
-}
-
-KvCentering parse_kv_centering(std::string_view name) {
-  for (KvCentering c : {KvCentering::kAuto, KvCentering::kOff, KvCentering::kAll})
-    if (name == kv_centering_name(c)) return c;
-  fail(ErrorKind::kInvalidArgument, "unknown KV key centering '{}' (expected auto, off or all)", name);
-}
-
 KvFormat kv_format(const KvCacheTypes& t) {
   // 4-bit elements lose the most to outlier dimensions (QuaRot; llama.cpp
   // rotates its quantized caches); docs/kv-cache.md has what rotating each
@@ -258,11 +248,9 @@ KvFormat kv_format(const KvCacheTypes& t) {
     if (t.rotation == KvRotation::kAuto) return x == KvType::kQ4_0;
     return t.rotation == KvRotation::kAll && kv_type_quantized(x);
   };
-  // Centering cuts q4_0 keys' KL divergence by about a quarter on Gemma 3
-  // and leaves q8_0's at the f16 floor (docs/kv-cache.md, "Centering").
-  const bool center = t.centering == KvCentering::kAuto ? t.k == KvType::kQ4_0
-                                                        : t.centering == KvCentering::kAll && kv_type_quantized(t.k);
-  return KvFormat{t.k, t.v, rotate(t.k), rotate(t.v), center};
+  // Smoothing takes three quarters of q4_0 keys' loss on Gemma 3, and half
+  // of what q8_0's costs over the f32 floor (docs/kv-cache.md, "Smoothing").
+  return KvFormat{t.k, t.v, rotate(t.k), rotate(t.v), t.smooth_keys && kv_type_quantized(t.k)};
 }
 
 std::string kv_format_name(const KvFormat& f) {
@@ -426,35 +414,49 @@ void KvCache::read_key(int32_t layer, int32_t block, int32_t slot, float* k) con
     load_key(format_.k, k_.get() + k_offset(paging_.slot[layer], block, h), slot, k + h * kh, kh, block_size_);
     if (format_.rotate_k) hadamard_rotate(k + h * kh, kh);  // H is its own inverse
   }
-  if (!key_offsets_.empty()) {
-    const float* mu = key_offsets_.data() + size_t(layer) * shape_.k_width;
-    for (int32_t i = 0; i < shape_.k_width; ++i) k[i] += mu[i];
+  if (!smoothing_.offset.empty()) {
+    const size_t at = size_t(layer) * shape_.k_width;
+    const float *mu = smoothing_.offset.data() + at, *inv = inv_scale_.data() + at;
+    for (int32_t i = 0; i < shape_.k_width; ++i) k[i] = k[i] * inv[i] + mu[i];
   }
 }
 
 void KvCache::write_key(int32_t layer, int32_t block, int32_t slot, const float* k) {
   check_block(block);
   const int32_t kh = k_head();
-  if (!key_offsets_.empty()) {
-    thread_local std::vector<float> centered;
-    const float* mu = key_offsets_.data() + size_t(layer) * shape_.k_width;
-    centered.resize(size_t(shape_.k_width));
-    for (int32_t i = 0; i < shape_.k_width; ++i) centered[i] = k[i] - mu[i];
-    k = centered.data();
+  if (!smoothing_.offset.empty()) {
+    thread_local std::vector<float> smoothed;
+    const size_t at = size_t(layer) * shape_.k_width;
+    const float *mu = smoothing_.offset.data() + at, *s = smoothing_.scale.data() + at;
+    smoothed.resize(size_t(shape_.k_width));
+    for (int32_t i = 0; i < shape_.k_width; ++i) smoothed[i] = (k[i] - mu[i]) * s[i];
+    k = smoothed.data();
   }
   for (int32_t h = 0; h < shape_.n_head_kv; ++h)
     store_key(format_.k, as_stored(k + h * kh, kh, format_.rotate_k),
               k_.get() + k_offset(paging_.slot[layer], block, h), slot, kh, block_size_);
 }
 
-void KvCache::set_key_offsets(std::vector<float> offsets) {
-  if (!offsets.empty() && offsets.size() != size_t(shape_.n_layer) * shape_.k_width)
-    fail(ErrorKind::kInvalidArgument, "key offsets of {} floats for a cache of {} layers x {}", offsets.size(),
-         shape_.n_layer, shape_.k_width);
-  key_offsets_ = std::move(offsets);
+void KvCache::set_key_smoothing(KeySmoothing smoothing) {
+  const size_t want = size_t(shape_.n_layer) * shape_.k_width;
+  const bool none = smoothing.offset.empty() && smoothing.scale.empty();
+  if (!none && (smoothing.offset.size() != want || smoothing.scale.size() != want))
+    fail(ErrorKind::kInvalidArgument, "key smoothing of {} offsets and {} scales for a cache of {} layers x {}",
+         smoothing.offset.size(), smoothing.scale.size(), shape_.n_layer, shape_.k_width);
+  for (float s : smoothing.scale)
+    if (!(s > 0.0f) || !std::isfinite(s)) fail(ErrorKind::kInvalidArgument, "key smoothing scale {}", s);
+  inv_scale_.resize(smoothing.scale.size());
+  for (size_t i = 0; i < inv_scale_.size(); ++i) inv_scale_[i] = 1.0f / smoothing.scale[i];
+  smoothing_ = std::move(smoothing);
 }
 
-void KvCache::rotate_queries(float* q, int32_t n_head, int32_t head_dim) const {
+void KvCache::rotate_queries(int32_t layer, float* q, int32_t n_head, int32_t head_dim) const {
+  if (!inv_scale_.empty()) {
+    const int32_t group = n_head / shape_.n_head_kv;
+    const float* inv = inv_scale_.data() + size_t(layer) * shape_.k_width;
+    for (int32_t h = 0; h < n_head; ++h)
+      for (int32_t i = 0; i < head_dim; ++i) q[size_t(h) * head_dim + i] *= inv[(h / group) * head_dim + i];
+  }
   if (!format_.rotate_k) return;
   for (int32_t h = 0; h < n_head; ++h) hadamard_rotate(q + size_t(h) * head_dim, head_dim);
 }

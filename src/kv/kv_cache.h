@@ -17,11 +17,12 @@
 // space and attention outputs back out of the values' (rotate_queries,
 // unrotate_outputs); attention itself reads the cache as stored.
 //
-// Keys stored as q4_0 are also centered: a fixed vector per layer and head
-// (set_key_offsets; model/key_centering.h) is subtracted before rotating and
-// quantizing. That moves every score of a query row by the same q.mu, which
-// the softmax cancels, while the quantizer spends its 4 bits on what differs
-// between keys instead of on the large part they share.
+// Quantized keys are also smoothed (set_key_smoothing;
+// model/key_smoothing.h): element i of a layer's key is stored as
+// (k_i - mu_i) * s_i, and queries are divided by s. Every score of a query
+// row moves by the same q.mu, which the softmax cancels, while the quantizer
+// spends its 4 bits on what differs between keys instead of on the part they
+// share, and on the elements the queries weigh most (SmoothAttention).
 #pragma once
 
 #include <cstddef>
@@ -45,17 +46,11 @@ enum class KvRotation : uint8_t { kAuto, kOff, kAll };
 const char* kv_rotation_name(KvRotation r);  // "auto", "off", "all"
 KvRotation parse_kv_rotation(std::string_view name);
 
-// Which quantized keys are centered: the 4-bit ones (kAuto, the default),
-// none, or every quantized one.
-enum class KvCentering : uint8_t { kAuto, kOff, kAll };
-const char* kv_centering_name(KvCentering c);  // "auto", "off", "all"
-KvCentering parse_kv_centering(std::string_view name);
-
 // What the command line asks for.
 struct KvCacheTypes {
   KvType k = KvType::kF16, v = KvType::kF16;
   KvRotation rotation = KvRotation::kAuto;
-  KvCentering centering = KvCentering::kAuto;
+  bool smooth_keys = true;  // quantized keys stored through a KeySmoothing
   // Sliding-window layers keep every block, as full-attention layers do
   // (llama.cpp's --swa-full). Off: they give back the blocks their window
   // has passed (KvPaging); the CUDA backend always keeps them.
@@ -77,11 +72,17 @@ inline int64_t stream_positions(const KvCacheTypes& t, int32_t block_size) {
 }
 
 // How a cache stores K and V. kv_format() is where the rotation and the
-// centering are decided.
+// smoothing are decided.
 struct KvFormat {
   KvType k = KvType::kF16, v = KvType::kF16;
   bool rotate_k = false, rotate_v = false;  // Hadamard-rotate each head before storing it
-  bool center_k = false;                    // subtract the key offsets before storing a key
+  bool smooth_k = false;                    // store keys through the cache's KeySmoothing
+};
+
+// A layer's keys are stored as (k - offset) * scale, element by element, and
+// its queries divided by the scale: n_layer x k_width floats each.
+struct KeySmoothing {
+  std::vector<float> offset, scale;
 };
 KvFormat kv_format(const KvCacheTypes& t);
 inline KvFormat kv_format(KvType k, KvType v) { return kv_format(KvCacheTypes{k, v}); }
@@ -154,28 +155,27 @@ class KvCache {
   // rotated and converted as the format says.
   void write(int32_t layer, int32_t block, int32_t slot, const float* k, const float* v);
   // Reads a slot back as f32 as stored (rotated where the format rotates,
-  // keys less their offsets): what attention reads, for tests and tools.
+  // keys smoothed): what attention reads, for tests and tools.
   void read(int32_t layer, int32_t block, int32_t slot, float* k, float* v) const;
 
   // One token's keys alone (k_width floats), in the model's space: read
-  // unrotated and with the offsets added back, written less the offsets,
-  // rotated and converted.
+  // unrotated and unsmoothed, written smoothed, rotated and converted.
   // Re-positioning kept keys (a streaming window's sinks) goes through them.
   void read_key(int32_t layer, int32_t block, int32_t slot, float* k) const;
   void write_key(int32_t layer, int32_t block, int32_t slot, const float* k);
 
-  // The vector subtracted from every key of a layer before it is stored
-  // (n_layer x k_width floats; empty: none), and added back by read_key.
-  // Attention is unchanged in exact arithmetic: a query's scores all move
-  // by q.offset. Set before the first write; kInvalidArgument for a size
-  // other than n_layer x k_width.
-  void set_key_offsets(std::vector<float> offsets);
-  const std::vector<float>& key_offsets() const { return key_offsets_; }
+  // How keys are stored from now on (empty vectors: as they are). Attention
+  // is unchanged in exact arithmetic: q / s . (k - mu) * s = q.k - q.mu for
+  // every key of a row. Set before the first write; kInvalidArgument for
+  // sizes other than n_layer x k_width or a scale that is not finite and > 0.
+  void set_key_smoothing(KeySmoothing smoothing);
+  const KeySmoothing& key_smoothing() const { return smoothing_; }
 
-  // Queries (n_head heads of head_dim) into the space the keys are stored
-  // in, and attention outputs (n_head heads of head_dim_v) back from the
-  // values' space: no-ops unless the format rotates.
-  void rotate_queries(float* q, int32_t n_head, int32_t head_dim) const;
+  // Layer `layer`'s queries (n_head heads of head_dim, grouped over the
+  // cache's KV heads) into the space its keys are stored in, and attention
+  // outputs (n_head heads of head_dim_v) back from the values' space:
+  // no-ops unless the format rotates or smooths.
+  void rotate_queries(int32_t layer, float* q, int32_t n_head, int32_t head_dim) const;
   void unrotate_outputs(float* out, int32_t n_head, int32_t head_dim_v) const;
 
   // K/V bytes of one block (page): its layers, every head.
@@ -220,7 +220,8 @@ class KvCache {
   int32_t block_size_;
   KvFormat format_;
   KvPaging paging_;
-  std::vector<float> key_offsets_;
+  KeySmoothing smoothing_;
+  std::vector<float> inv_scale_;  // 1 / smoothing_.scale
   struct Free {
     void operator()(std::byte* p) const;
   };

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "model/key_centering.h"
+#include "model/key_smoothing.h"
 
 namespace tandem {
 namespace {
@@ -13,11 +13,11 @@ class CpuExecutor final : public Executor {
  public:
   CpuExecutor(Model& m, const KvPlan& p, ThreadPool& pool)
       : m_(m), kv_(p.shape, p.n_blocks, p.block_size, p.format, p.paging), pool_(pool) {
-    if (p.format.center_k) {
-      // The offsets follow the context: greedy output with centered keys
+    if (p.format.smooth_k) {
+      // The offsets follow the context: greedy output with smoothed keys
       // may differ between two --ctx-size values, as between two roundings.
       const int32_t positions = p.max_positions > 0 ? p.max_positions : m.config().n_ctx_train;
-      kv_.set_key_offsets(key_offsets(m, pool, positions > 0 ? positions : 4096));
+      kv_.set_key_smoothing(key_smoothing(m, pool, positions > 0 ? positions : 4096));
     }
   }
   void forward(const Batch& batch, std::span<SeqKv* const> seqs, std::span<float> logits) override {

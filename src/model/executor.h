@@ -48,8 +48,8 @@ struct KvPlan {
   int32_t block_size = 16;
   KvFormat format;
   KvPaging paging;  // default: one group of every layer
-  // The positions keys take (the context): a centered format's offsets keep
-  // what RoPE turns little over them (model/key_centering.h). 0: the
+  // The positions keys take (the context): a smoothed format's offsets keep
+  // what RoPE turns little over them (model/key_smoothing.h). 0: the
   // model's training context.
   int32_t max_positions = 0;
 };

@@ -394,7 +394,7 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
         rope_apply(rope, cs, sn, q + h * c.head_dim);
         for (int32_t i = 0; i < c.head_dim; ++i) q[h * c.head_dim + i] *= c.attn_scale;
       }
-      kv.rotate_queries(q, c.n_head, c.head_dim);
+      kv.rotate_queries(il, q, c.n_head, c.head_dim);
       for (int32_t h = 0; h < c.n_head_kv; ++h) rope_apply(rope, cs, sn, k + h * c.head_dim);
 
       const SeqKv& sk = *seqs[row.seq];
@@ -402,6 +402,11 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
       kv.write(il, block, slot, k, v);
     }
   });
+  if (query_energy_) {
+    double* e = query_energy_->data() + il * QW;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < QW; ++i) e[i] += double(s.q[r * QW + i]) * s.q[r * QW + i];
+  }
 
   auto view_of = [&](const SeqKv& sk) { return kv.layer_view(il, sk.table(kv.group(il))); };
   s.views.clear();

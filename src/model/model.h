@@ -89,6 +89,10 @@ class Model {
   void forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
                std::span<float> out);
 
+  // While set, each forward pass adds every query element squared, after
+  // RoPE and the score scale, to (*sums)[il * n_head * head_dim + element]
+  // (key smoothing's calibration over a plain cache: model/key_smoothing.h).
+  void set_query_energy(std::vector<double>* sums) { query_energy_ = sums; }
   // Layer il's rotary embedding (local and global layers may differ).
   RopeParams rope_params(int32_t il) const;
   // Turns one token's keys of layer il (n_head_kv heads, as the cache
@@ -137,6 +141,7 @@ class Model {
 
   void prepack_weights(const RuntimeOptions& opts);
   std::string load_warning_;
+  std::vector<double>* query_energy_ = nullptr;
   bool repack_cache_hit_ = false;
 
  public:

@@ -38,7 +38,7 @@ def test_quantized_pool_holds_more_tokens_and_serves():
     (["--kv-type", "q5_1"], "q5_1"),
     (["--cache-type-v", "int8"], "--cache-type-v"),
     (["--kv-rotation", "sometimes"], "--kv-rotation"),
-    (["--kv-centering", "maybe"], "--kv-centering"),
+    (["--kv-smoothing", "maybe"], "--kv-smoothing"),
     (["--cache-type-k", "q8_0"], "8 elements"),  # stories260K's heads are too small for 32-blocks
     (["--kv-window", "4", "--kv-sinks", "8"], "smaller than its sinks"),
     (["--ctx-size", "128", "--kv-window", "200"], "needs a context of at least 220"),
