@@ -507,9 +507,9 @@ TEST(KernelsAttention, SmoothedKeysGiveTheSameAttention) {
     SCOPED_TRACE(kernel_level_name(level));
     World f32 = make_world(s, kv_format(KvType::kF32, KvType::kF32), {200}, 16, 4.0f, 5, 3.0f, true);
     for (int32_t p = 0; p < 200; ++p) f32.kv->rotate_queries(kLayer, f32.q[0].data() + p * f32.qw(), s.n_head, s.head_dim);
-    const std::vector<float> centered = run_prefill(level, f32, 0, 0, 200, pool);
-    EXPECT_LT(error(centered), 1e-4);
-    EXPECT_TRUE(same_bits(centered.data() + 150 * f32.ow(), run_decode(level, f32, {0}, {150}, pool).data(), f32.ow()));
+    const std::vector<float> smoothed = run_prefill(level, f32, 0, 0, 200, pool);
+    EXPECT_LT(error(smoothed), 1e-4);
+    EXPECT_TRUE(same_bits(smoothed.data() + 150 * f32.ow(), run_decode(level, f32, {0}, {150}, pool).data(), f32.ow()));
     // The queries go into the keys' space, as the model sends them.
     auto q4_rms = [&](bool smooth) {
       World w = make_world(s, kv_format(KvType::kQ4_0, KvType::kF32), {200}, 16, 4.0f, 5, 3.0f, smooth);

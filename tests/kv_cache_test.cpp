@@ -379,29 +379,30 @@ TEST(KvCache, KeySmoothingIsUndoneOnReadAndKeepsScoreDifferences) {
   std::vector<float> k(shape.k_width), v(shape.v_width, 0.5f);
   for (KvType t : {KvType::kF32, KvType::kQ8_0, KvType::kQ4_0}) {
     SCOPED_TRACE(kv_type_name(t));
-    KvCache plain(shape, 2, 16, kv_format(t, KvType::kF16)), centered(shape, 2, 16, kv_format(t, KvType::kF16));
-    centered.set_key_smoothing(sm);
+    KvCache plain(shape, 2, 16, kv_format(t, KvType::kF16)), smoothed(shape, 2, 16, kv_format(t, KvType::kF16));
+    smoothed.set_key_smoothing(sm);
     // Four query heads over the two KV heads: a score difference between
     // two keys is the same from the stored keys as from the originals.
     std::vector<float> q(4 * 64), q_stored(q.size());
     for (float& x : q) x = nd(rng);
     q_stored = q;
-    centered.rotate_queries(1, q_stored.data(), 4, 64);
+    smoothed.rotate_queries(1, q_stored.data(), 4, 64);
     std::vector<std::vector<float>> kept, stored_kept;
-    double err_plain = 0, err_centered = 0;
+    double err_plain = 0, err_smoothed = 0;
     for (int32_t slot = 0; slot < 16; ++slot) {
       for (int32_t i = 0; i < shape.k_width; ++i) k[i] = mu[shape.k_width + i] + nd(rng);
       plain.write(1, 1, slot, k.data(), v.data());
-      centered.write(1, 1, slot, k.data(), v.data());
+      smoothed.write(1, 1, slot, k.data(), v.data());
       std::vector<float> a(k.size()), b(k.size()), stored(k.size()), vv(v.size());
       plain.read_key(1, 1, slot, a.data());
-      centered.read_key(1, 1, slot, b.data());
-      centered.read(1, 1, slot, stored.data(), vv.data());
+      smoothed.read_key(1, 1, slot, b.data());
+      smoothed.read(1, 1, slot, stored.data(), vv.data());
       for (int32_t i = 0; i < shape.k_width; ++i) {
         err_plain = std::max(err_plain, double(std::abs(a[i] - k[i])));
-        err_centered = std::max(err_centered, double(std::abs(b[i] - k[i])));
-        if (t == KvType::kF32)
+        err_smoothed = std::max(err_smoothed, double(std::abs(b[i] - k[i])));
+        if (t == KvType::kF32) {
           ASSERT_FLOAT_EQ(stored[i], (k[i] - mu[shape.k_width + i]) * sm.scale[shape.k_width + i]);
+        }
       }
       kept.push_back(k);
       stored_kept.push_back(stored);
@@ -417,9 +418,9 @@ TEST(KvCache, KeySmoothingIsUndoneOnReadAndKeepsScoreDifferences) {
         EXPECT_NEAR(dot(q_stored, stored_kept[3]) - dot(q_stored, stored_kept[9]), want, 1e-4 * (1 + std::abs(want)));
       }
     if (t == KvType::kF32) {
-      EXPECT_LT(err_centered, 1e-5);
+      EXPECT_LT(err_smoothed, 1e-5);
     } else {
-      EXPECT_LT(err_centered, 0.5 * err_plain) << err_plain << " " << err_centered;
+      EXPECT_LT(err_smoothed, 0.5 * err_plain) << err_plain << " " << err_smoothed;
     }
   }
   KvCache c(shape, 2, 16, KvType::kQ4_0);
