@@ -236,15 +236,18 @@ TEST_F(Streaming, PreemptedStreamsGiveTheSameTokens) {
 }
 
 TEST_F(Streaming, BadWindowsAreRefusedByName) {
-  auto message = [&](int32_t window, int32_t sinks) {
-    EngineConfig c = config(window);
-    c.kv_cache.sinks = sinks;
+  auto refusal = [&](const EngineConfig& c) {
     try {
       Engine e(*model_, c);
     } catch (const Error& err) {
       return std::string(err.what());
     }
     return std::string();
+  };
+  auto message = [&](int32_t window, int32_t sinks) {
+    EngineConfig c = config(window);
+    c.kv_cache.sinks = sinks;
+    return refusal(c);
   };
   EXPECT_NE(message(4, 8).find("smaller than its sinks"), std::string::npos);
   EXPECT_NE(message(120, 4).find("needs a context of at least 140"), std::string::npos);
@@ -255,12 +258,7 @@ TEST_F(Streaming, BadWindowsAreRefusedByName) {
     EngineConfig c = config(window);
     c.kv_cache.heavy = h;
     c.spec.mode = spec;
-    try {
-      Engine e(*model_, c);
-    } catch (const Error& err) {
-      return std::string(err.what());
-    }
-    return std::string();
+    return refusal(c);
   };
   EXPECT_NE(heavy(0, 32, SpecMode::kOff).find("--kv-heavy 32 needs a streaming window"), std::string::npos);
   EXPECT_NE(heavy(32, 20, SpecMode::kOff).find("--kv-heavy 20 is not a multiple of the block size (16)"),

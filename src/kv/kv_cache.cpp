@@ -454,8 +454,10 @@ void KvCache::rotate_queries(int32_t layer, float* q, int32_t n_head, int32_t he
   if (!inv_scale_.empty()) {
     const int32_t group = n_head / shape_.n_head_kv;
     const float* inv = inv_scale_.data() + size_t(layer) * shape_.k_width;
-    for (int32_t h = 0; h < n_head; ++h)
-      for (int32_t i = 0; i < head_dim; ++i) q[size_t(h) * head_dim + i] *= inv[(h / group) * head_dim + i];
+    for (int32_t h = 0; h < n_head; ++h) {
+      const float* head = inv + (h / group) * head_dim;
+      for (int32_t i = 0; i < head_dim; ++i) q[size_t(h) * head_dim + i] *= head[i];
+    }
   }
   if (!format_.rotate_k) return;
   for (int32_t h = 0; h < n_head; ++h) hadamard_rotate(q + size_t(h) * head_dim, head_dim);

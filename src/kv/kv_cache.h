@@ -169,7 +169,6 @@ class KvCache {
   // every key of a row. Set before the first write; kInvalidArgument for
   // sizes other than n_layer x k_width or a scale that is not finite and > 0.
   void set_key_smoothing(KeySmoothing smoothing);
-  const KeySmoothing& key_smoothing() const { return smoothing_; }
 
   // Layer `layer`'s queries (n_head heads of head_dim, grouped over the
   // cache's KV heads) into the space its keys are stored in, and attention

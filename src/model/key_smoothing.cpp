@@ -27,6 +27,56 @@ constexpr double kMostTurn = std::numbers::pi / 3;
 // element the model never uses gets a bounded scale.
 constexpr double kEnergyFloor = 1e-3;
 
+// Sums the model's squared queries while it lives (Model::set_query_energy).
+class QueryEnergy {
+ public:
+  QueryEnergy(Model& model, std::vector<double>& sums) : model_(model) { model_.set_query_energy(&sums); }
+  ~QueryEnergy() { model_.set_query_energy(nullptr); }
+  QueryEnergy(const QueryEnergy&) = delete;
+  QueryEnergy& operator=(const QueryEnergy&) = delete;
+
+ private:
+  Model& model_;
+};
+
+// One head's mean key (measured around position mean_pos) as an offset:
+// the pairs RoPE turns by at most kMostTurn over max_positions, turned to
+// the middle of the context; zero for the others.
+void keep_slow_pairs(const RopeParams& rope, int32_t max_positions, double mean_pos, float* mu) {
+  for (int32_t i = 0; i < rope.dims / 2; ++i) {
+    const RopePair pair = rope_pair(rope, i);
+    const float x = mu[pair.a], y = mu[pair.b];
+    if (pair.radians_per_position * max_positions > kMostTurn) {
+      mu[pair.a] = mu[pair.b] = 0.0f;
+      continue;
+    }
+    const double t = pair.radians_per_position * (max_positions / 2.0 - mean_pos);
+    mu[pair.a] = static_cast<float>(x * std::cos(t) - y * std::sin(t));
+    mu[pair.b] = static_cast<float>(x * std::sin(t) + y * std::cos(t));
+  }
+}
+
+// One head's scales from its mean squared queries and centered keys per
+// element (both averaged over each RoPE pair here), to a geometric mean of
+// 1: the quantizer does not care, the floats stay in their usual range.
+void element_scales(const RopeParams& rope, int32_t head_dim, double* q, double* k, float* s) {
+  for (int32_t i = 0; i < rope.dims / 2; ++i) {
+    const RopePair pair = rope_pair(rope, i);
+    q[pair.a] = q[pair.b] = (q[pair.a] + q[pair.b]) / 2;
+    k[pair.a] = k[pair.b] = (k[pair.a] + k[pair.b]) / 2;
+  }
+  double q_avg = 0, k_avg = 0;
+  for (int32_t i = 0; i < head_dim; ++i) q_avg += q[i] / head_dim, k_avg += k[i] / head_dim;
+  double log_sum = 0;
+  for (int32_t i = 0; i < head_dim; ++i) {
+    const double ratio = (q[i] + kEnergyFloor * q_avg + 1e-30) / (k[i] + kEnergyFloor * k_avg + 1e-30);
+    s[i] = static_cast<float>(std::pow(ratio, 0.25));
+    log_sum += std::log(double(s[i]));
+  }
+  const double norm = std::exp(-log_sum / head_dim);
+  for (int32_t i = 0; i < head_dim; ++i) s[i] = static_cast<float>(s[i] * norm);
+}
+
 }  // namespace
 
 KeySmoothing key_smoothing(Model& model, ThreadPool& pool, int32_t max_positions) {
@@ -41,85 +91,45 @@ KeySmoothing key_smoothing(Model& model, ThreadPool& pool, int32_t max_positions
   if (!seq.reserve(kv, n)) fail(ErrorKind::kResource, "key smoothing: a cache for {} tokens", n);
   const int32_t qw = c.n_head * c.head_dim;
   std::vector<double> q_energy(size_t(shape.n_layer) * qw, 0.0);
-  Logits logits;
-  model.set_query_energy(&q_energy);
-  try {
+  {
+    QueryEnergy measuring(model, q_energy);
+    Logits logits;
     model.prefill(seq, tokens, kv, pool, logits);
-  } catch (...) {
-    model.set_query_energy(nullptr);
-    throw;
   }
-  model.set_query_energy(nullptr);
 
   const int32_t w = shape.k_width, head_dim = w / shape.n_head_kv, group = c.n_head / shape.n_head_kv;
-  KeySmoothing out{std::vector<float>(size_t(shape.n_layer) * w), std::vector<float>(size_t(shape.n_layer) * w)};
-  std::vector<std::vector<float>> keys(static_cast<size_t>(n), std::vector<float>(static_cast<size_t>(w)));
   const size_t wn = static_cast<size_t>(w);
-  std::vector<double> mean(wn), k_energy(wn), q_mean(wn);
+  KeySmoothing out{std::vector<float>(size_t(shape.n_layer) * wn), std::vector<float>(size_t(shape.n_layer) * wn)};
   // Position 0 is left out of the keys: its key is the attention sink's, far from the rest.
+  std::vector<std::vector<float>> keys(static_cast<size_t>(n - 1), std::vector<float>(wn));
+  std::vector<double> mean(wn), k_energy(wn), q_mean(wn);
   const double mean_pos = n / 2.0;
   for (int32_t l = 0; l < shape.n_layer; ++l) {
-    for (int32_t p = 1; p < n; ++p) kv.read_key(l, seq.blocks[size_t(p / kBlock)], p % kBlock, keys[size_t(p)].data());
-    std::fill(mean.begin(), mean.end(), 0.0);
     for (int32_t p = 1; p < n; ++p)
-      for (int32_t i = 0; i < w; ++i) mean[size_t(i)] += keys[size_t(p)][size_t(i)];
+      kv.read_key(l, seq.blocks[size_t(p / kBlock)], p % kBlock, keys[size_t(p - 1)].data());
+    std::fill(mean.begin(), mean.end(), 0.0);
+    for (const std::vector<float>& k : keys)
+      for (size_t i = 0; i < wn; ++i) mean[i] += k[i];
     for (double& m : mean) m /= n - 1;
-    // The queries of each KV head's group, per element.
+    const RopeParams rope = model.rope_params(l);
+    float* mu = out.offset.data() + size_t(l) * wn;
+    for (size_t i = 0; i < wn; ++i) mu[i] = static_cast<float>(mean[i]);
+    for (int32_t h = 0; h < shape.n_head_kv; ++h)
+      keep_slow_pairs(rope, max_positions, mean_pos, mu + size_t(h) * head_dim);
+    // What is left of each key once the offset is taken off, and the
+    // queries of each KV head's group, per element.
+    std::fill(k_energy.begin(), k_energy.end(), 0.0);
+    for (const std::vector<float>& k : keys)
+      for (size_t i = 0; i < wn; ++i) k_energy[i] += (k[i] - mu[i]) * double(k[i] - mu[i]) / (n - 1);
     for (int32_t i = 0; i < w; ++i) {
       double e = 0;
       for (int32_t g = 0; g < group; ++g)
         e += q_energy[size_t(l) * qw + size_t((i / head_dim) * group + g) * head_dim + i % head_dim];
       q_mean[size_t(i)] = e / (double(group) * n);
     }
-    const RopeParams rope = model.rope_params(l);
-    float* mu = out.offset.data() + size_t(l) * w;
-    for (int32_t i = 0; i < w; ++i) mu[i] = static_cast<float>(mean[size_t(i)]);
-    for (int32_t h = 0; h < shape.n_head_kv; ++h) {
-      float* mh = mu + size_t(h) * head_dim;
-      for (int32_t i = 0; i < rope.dims / 2; ++i) {
-        const RopePair pair = rope_pair(rope, i);
-        const float x = mh[pair.a], y = mh[pair.b];
-        if (pair.radians_per_position * max_positions > kMostTurn) {
-          mh[pair.a] = mh[pair.b] = 0.0f;
-          continue;
-        }
-        const double t = pair.radians_per_position * (max_positions / 2.0 - mean_pos);
-        mh[pair.a] = static_cast<float>(x * std::cos(t) - y * std::sin(t));
-        mh[pair.b] = static_cast<float>(x * std::sin(t) + y * std::cos(t));
-      }
-    }
-    // What is left of each key once the offset is taken off.
-    std::fill(k_energy.begin(), k_energy.end(), 0.0);
-    for (int32_t p = 1; p < n; ++p)
-      for (int32_t i = 0; i < w; ++i) {
-        const double r = keys[size_t(p)][size_t(i)] - mu[i];
-        k_energy[size_t(i)] += r * r / (n - 1);
-      }
-    float* s = out.scale.data() + size_t(l) * w;
     for (int32_t h = 0; h < shape.n_head_kv; ++h) {
       const size_t at = size_t(h) * head_dim;
-      auto pair_average = [&](std::vector<double>& e) {
-        for (int32_t i = 0; i < rope.dims / 2; ++i) {
-          const RopePair pair = rope_pair(rope, i);
-          const double avg = (e[at + pair.a] + e[at + pair.b]) / 2;
-          e[at + pair.a] = e[at + pair.b] = avg;
-        }
-      };
-      pair_average(k_energy);
-      pair_average(q_mean);
-      double k_avg = 0, q_avg = 0;
-      for (int32_t i = 0; i < head_dim; ++i) k_avg += k_energy[at + i] / head_dim, q_avg += q_mean[at + i] / head_dim;
-      double log_sum = 0;
-      for (int32_t i = 0; i < head_dim; ++i) {
-        const double ratio = (q_mean[at + i] + kEnergyFloor * q_avg + 1e-30) /
-                             (k_energy[at + i] + kEnergyFloor * k_avg + 1e-30);
-        s[at + i] = static_cast<float>(std::pow(ratio, 0.25));
-        log_sum += std::log(double(s[at + i]));
-      }
-      // Scaled to a geometric mean of 1: the quantizer does not care, the
-      // floats stay in their usual range.
-      const double norm = std::exp(-log_sum / head_dim);
-      for (int32_t i = 0; i < head_dim; ++i) s[at + i] = static_cast<float>(s[at + i] * norm);
+      element_scales(rope, head_dim, q_mean.data() + at, k_energy.data() + at, out.scale.data() + size_t(l) * wn + at);
     }
   }
   seq.release(kv);
