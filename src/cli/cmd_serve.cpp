@@ -34,8 +34,9 @@ struct ServeOpts {
   std::string kv_events, kv_events_replay, kv_events_topic, kv_events_format = "array-map", kv_events_seed;
   int port = 8080;
   int32_t threads = 0, ctx = 0, max_batch_tokens = 0, max_seqs = 32, max_waiting = 256, http_threads = 2;
-  int32_t max_conns_per_ip = 128;
-  double head_timeout = 10, body_timeout = 60;
+  int32_t max_conns_per_ip = 128, max_conns = 1024;
+  double head_timeout = 10, body_timeout = 60, idle_timeout = 60, write_timeout = 60;
+  std::string body_budget;
   std::vector<std::string> allowed_hosts, cors_origins;
   int64_t kv_tokens = 0;
   double step_factor = 1.5;
@@ -98,8 +99,15 @@ int serve(const ServeOpts& o) {
   sc.http.workers = o.http_threads;
   sc.http.head_timeout_s = o.head_timeout;
   sc.http.body_timeout_s = o.body_timeout;
+  sc.http.idle_timeout_s = o.idle_timeout;
+  sc.http.write_timeout_s = o.write_timeout;
+  sc.http.max_connections = o.max_conns;
   sc.http.max_connections_per_ip = o.max_conns_per_ip;
   sc.http.max_body_bytes = static_cast<size_t>(parse_bytes(o.max_body, "--max-body"));
+  if (!o.body_budget.empty())
+    sc.http.body_budget_bytes = static_cast<size_t>(parse_bytes(o.body_budget, "--body-budget"));
+  if (sc.http.body_budget_bytes != 0 && sc.http.body_budget_bytes < sc.http.max_body_bytes)
+    fail(ErrorKind::kInvalidArgument, "--body-budget {} is smaller than --max-body {}", o.body_budget, o.max_body);
   sc.json.max_depth = o.json_depth;
   sc.kv_events.endpoint = o.kv_events;
   sc.kv_events.replay_endpoint = o.kv_events_replay;
@@ -155,7 +163,9 @@ void add_serve_command(CLI::App& app, int& rc) {
   cmd->add_option("-m,--model", o->model, "GGUF model file (default: the installed Gemma 3 270M)");
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "TCP port (0: any free port)")->capture_default_str();
-  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--api-key", o->api_key,
+                  "Require 'Authorization: Bearer KEY' on every route but /health and / (the web page: it holds "
+                  "no data, and asks for the key for its calls)");
   cmd->add_option("--model-alias", o->alias, "Model id reported by /v1/models (default: the file name)");
   cmd->add_option("-t,--threads", o->threads, "Compute threads (0: physical cores)")->capture_default_str();
   cmd->add_option("-c,--ctx-size", o->ctx, "Context per sequence in tokens (0: min(model's, 4096))")
@@ -197,11 +207,25 @@ void add_serve_command(CLI::App& app, int& rc) {
   cmd->add_option("--body-timeout", o->body_timeout, "Seconds a client has to send a request's body")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--idle-timeout", o->idle_timeout, "Seconds a keep-alive connection may wait for its next request")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--write-timeout", o->write_timeout,
+                  "Seconds a client may read none of its response before the connection closes")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--max-conns", o->max_conns,
+                  "Connections in all (lowered to what the file-descriptor limit allows)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-conns-per-ip", o->max_conns_per_ip, "Connections one client address may hold")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
   cmd->add_option("--max-body", o->max_body, "Largest request body, after chunked decoding (suffixes K, M, G)")
       ->capture_default_str();
+  cmd->add_option("--body-budget", o->body_budget,
+                  "Request bodies held in memory at once, over all connections (suffixes K, M, G; default: "
+                  "--max-body)");
   cmd->add_option("--json-depth", o->json_depth, "Deepest nesting a request's JSON may have")
       ->capture_default_str()
       ->check(CLI::Range(2, 1000));

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -42,6 +43,31 @@ constexpr double kLingerS = 2.0;         // reading what a refused client still 
 constexpr size_t kLingerBytes = size_t{64} << 20;
 constexpr size_t kReadChunk = 64 << 10;
 constexpr size_t kReadPerEvent = 256 << 10;  // per connection and wake-up, so one client cannot hog the loop
+// A body up to this size gets its buffer at once; a larger one once this much
+// of it has arrived, so a head alone claims neither budget nor address space.
+constexpr size_t kBodyStep = size_t{1} << 20;
+// Connections over a cap that are answered 503 (and lingered on briefly so
+// the answer is read) rather than reset; beyond, they are closed unanswered.
+constexpr int kMaxRefusing = 32;
+
+// Content-Encoding that leaves the body as it is: empty, or only `identity`
+// codings (names are case-insensitive).
+bool identity_coding(std::string_view v) {
+  size_t i = 0;
+  while (i <= v.size()) {
+    const size_t comma = std::min(v.find(',', i), v.size());
+    std::string_view item = v.substr(i, comma - i);
+    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
+    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
+    if (!item.empty()) {
+      if (item.size() != 8) return false;
+      for (size_t k = 0; k < 8; ++k)
+        if (static_cast<char>(std::tolower(static_cast<unsigned char>(item[k]))) != "identity"[k]) return false;
+    }
+    i = comma + 1;
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -97,6 +123,7 @@ struct HttpServer::Impl {
     bool waiting_budget = false;
     double t_head = -1;       // first byte of the current head
     double t_body = 0;
+    double t_in = 0;          // last time the client sent a byte
     double t_idle = 0;        // since the last response (keep-alive idle)
     double t_progress = 0;    // last time output moved
     double linger_until = 0;
@@ -112,6 +139,8 @@ struct HttpServer::Impl {
     bool keep_alive = true;   // of the request being answered
     int minor = 1;            // its HTTP/1.<minor>
     bool stop_cancelled = false;
+    bool refused = false;     // over a cap: answered 503 and closed, not counted per address
+    bool probed = false;      // the client half-closed: an interim 100 tells a half-close from a hang-up
   };
 
   struct Job {
@@ -129,6 +158,10 @@ struct HttpServer::Impl {
     }
     void write(std::string_view bytes) override { s_.stream_write(c_, bytes); }
     void end() override { s_.stream_end(c_); }
+    size_t unread() const override { return c_.out.size() - c_.out_off; }
+    void limit_send_buffer(int bytes) override {
+      setsockopt(c_.fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+    }
 
    private:
     Impl& s_;
@@ -150,6 +183,7 @@ struct HttpServer::Impl {
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns;
   std::unordered_map<std::string, int> per_ip;
   uint64_t next_id = 2;
+  int n_refusing = 0;
   size_t budget_used = 0;
   std::atomic<int> n_conns{0};
   std::atomic<size_t> n_body_bytes{0};
@@ -190,7 +224,8 @@ struct HttpServer::Impl {
     c.reserved = 0;
     epoll_ctl(ep, EPOLL_CTL_DEL, c.fd, nullptr);
     ::close(c.fd);
-    if (auto it = per_ip.find(c.ip); it != per_ip.end() && --it->second == 0) per_ip.erase(it);
+    if (c.refused) --n_refusing;
+    else if (auto it = per_ip.find(c.ip); it != per_ip.end() && --it->second == 0) per_ip.erase(it);
     const uint64_t id = c.id;
     conns.erase(id);  // destroys c
     n_conns = static_cast<int>(conns.size());
@@ -201,14 +236,25 @@ struct HttpServer::Impl {
     n_body_bytes = budget_used;
   }
 
-  // A connection that has not sent a whole request (idle, a head in progress,
-  // lingering) can give way to a new one; the oldest goes first.
+  // A connection that has not sent a whole request can give way to a new one:
+  // an idle one, a head in progress or a lingering one first (the oldest),
+  // else one waiting for its body (the one that sent nothing for longest), so
+  // heads that never send their bodies cannot lock anyone out.
   Conn* evictable(const std::string* ip) {
     Conn* best = nullptr;
     double best_t = 0;
+    Conn* body = nullptr;
+    double body_t = 0;
     for (auto& [id, cp] : conns) {
       Conn& c = *cp;
-      if (ip && c.ip != *ip) continue;
+      if (ip && (c.ip != *ip || c.refused)) continue;
+      if (c.st == St::kBody) {
+        if (!body || c.t_in < body_t) {
+          body = &c;
+          body_t = c.t_in;
+        }
+        continue;
+      }
       if (c.st != St::kHead && c.st != St::kLinger) continue;
       if (c.st == St::kHead && c.out_off < c.out.size()) continue;  // still writing a response
       const double t = c.st == St::kHead && c.t_head >= 0 ? c.t_head : c.t_idle;
@@ -217,7 +263,7 @@ struct HttpServer::Impl {
         best_t = t;
       }
     }
-    return best;
+    return best ? best : body;
   }
 
   void accept_all(double now) {
@@ -244,30 +290,58 @@ struct HttpServer::Impl {
       if (per_ip[ip] >= lim.max_connections_per_ip) {
         if (Conn* victim = evictable(&ip)) close_conn(*victim);
       }
-      if (static_cast<int>(conns.size()) >= lim.max_connections || per_ip[ip] >= lim.max_connections_per_ip) {
+      const bool full = static_cast<int>(conns.size()) >= lim.max_connections;
+      if (full || per_ip[ip] >= lim.max_connections_per_ip) {
         if (per_ip[ip] == 0) per_ip.erase(ip);
-        ::close(fd);  // every slot holds a request in progress
+        // Every slot holds a request in progress: say so while that is cheap.
+        if (n_refusing < kMaxRefusing) refuse_connection(fd, ip, full, now);
+        else ::close(fd);
         continue;
       }
-      const int yes = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
-      auto c = std::make_unique<Conn>();
-      c->id = next_id++;
-      c->fd = fd;
-      c->ip = ip;
-      c->t_idle = now;
-      c->t_progress = now;
-      epoll_event ev{};
-      ev.events = EPOLLIN | EPOLLRDHUP;
-      ev.data.u64 = c->id;
-      if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
-        ::close(fd);
-        continue;
-      }
-      ++per_ip[ip];
-      conns.emplace(c->id, std::move(c));
-      n_conns = static_cast<int>(conns.size());
+      if (Conn* c = add_conn(fd, ip, now)) ++per_ip[c->ip];
     }
+  }
+
+  Conn* add_conn(int fd, const std::string& ip, double now) {
+    const int yes = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
+    auto c = std::make_unique<Conn>();
+    c->id = next_id++;
+    c->fd = fd;
+    c->ip = ip;
+    c->t_idle = now;
+    c->t_progress = now;
+    c->t_in = now;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.u64 = c->id;
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      ::close(fd);
+      return nullptr;
+    }
+    Conn* raw = c.get();
+    conns.emplace(c->id, std::move(c));
+    n_conns = static_cast<int>(conns.size());
+    return raw;
+  }
+
+  // A connection over a cap: 503 with Retry-After, then the usual linger
+  // (reading what the client sent, so the answer is not lost to a reset).
+  void refuse_connection(int fd, const std::string& ip, bool all, double now) {
+    Conn* c = add_conn(fd, ip, now);
+    if (!c) return;
+    c->refused = true;
+    ++n_refusing;
+    c->keep_alive = false;
+    HttpResponse r = handler.error(
+        503, all ? fmt::format("the server holds {} connections, each answering a request; --max-conns allows no "
+                               "more",
+                               lim.max_connections)
+                 : fmt::format("this address holds {} connections, each answering a request; --max-conns-per-ip "
+                               "allows no more",
+                               lim.max_connections_per_ip));
+    r.headers.push_back({"Retry-After", "1"});
+    refuse(*c, std::move(r), now);
   }
 
   void pause_accepting() {
@@ -306,6 +380,7 @@ struct HttpServer::Impl {
       const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
       if (n > 0) {
         total += static_cast<size_t>(n);
+        c.t_in = now;
         if (c.st == St::kLinger) {
           c.lingered += static_cast<size_t>(n);
           if (c.lingered > kLingerBytes) {
@@ -343,7 +418,25 @@ struct HttpServer::Impl {
   // The client closed its side. A request in progress is abandoned (its
   // engine work cancelled: a worker's late reply finds no connection and is
   // cancelled then); a response already queued is still written.
+  //
+  // A whole request followed by the end of the client's sending may also be a
+  // half-close (shutdown(SHUT_WR)) by a client still reading. An HTTP/1.1
+  // client must take an interim 100 response: once it is sent, a client that
+  // is gone answers with a reset (EPOLLERR, which cancels the request, one
+  // round trip later), one that still reads gets its response.
   bool on_hangup(Conn& c) {
+    if ((c.st == St::kRunning || c.st == St::kAsync) && c.minor >= 1 && !c.probed && !c.streaming &&
+        !c.response_done && c.out_off >= c.out.size()) {
+      c.probed = true;
+      c.peer_closed = true;
+      c.keep_alive = false;
+      c.close_after = true;
+      c.reading = false;
+      c.in.clear();
+      update_events(c);
+      queue_out(c, "HTTP/1.1 100 Continue\r\n\r\n");
+      return flush(c, now_s());
+    }
     const bool idle = (c.st == St::kHead && c.in.empty()) || c.st == St::kClosing;
     if (!idle || c.out_off >= c.out.size()) {
       close_conn(c);
@@ -388,7 +481,7 @@ struct HttpServer::Impl {
     c.keep_alive = h.keep_alive;
     c.minor = h.minor_version;
     const bool has_body = h.chunked || h.content_length > 0;
-    if (const std::string* enc = h.find("content-encoding"); enc && !enc->empty() && *enc != "identity")
+    if (const std::string* enc = h.find("content-encoding"); enc && !identity_coding(*enc))
       return refuse(c, handler.error(415, fmt::format("Content-Encoding '{}' is not accepted: send the body "
                                                       "uncompressed", enc->substr(0, 64))),
                     now);
@@ -405,7 +498,6 @@ struct HttpServer::Impl {
     c.t_body = now;
     c.body.clear();
     if (h.chunked) c.chunked = std::make_unique<http::ChunkedDecoder>(lim.max_body_bytes);
-    if (!reserve(c)) return true;  // waits, unread, for the budget
     begin_body(c);
     return true;
   }
@@ -418,11 +510,20 @@ struct HttpServer::Impl {
     return handler.error(413, "the request body is larger than " + size);
   }
 
-  // Takes the body's share of the budget: all of a declared length at once,
-  // a chunked body 1 MiB at a time as it grows.
+  // Takes the body's share of the budget as its bytes arrive, never for what a
+  // head merely declares (a head declaring 64 MiB and sending nothing holds
+  // nothing). A declared length is taken whole once it is small or 1 MiB of
+  // it has arrived: a body waiting for the budget holds 1 MiB at most, and
+  // one holding all of its share can always finish.
   bool reserve(Conn& c) {
-    const size_t want = c.chunked ? std::min(lim.max_body_bytes, c.body.size() + (size_t{1} << 20))
-                                  : static_cast<size_t>(c.head.content_length);
+    size_t want = c.body.size() + c.in.size();
+    if (c.chunked) {
+      want = std::min(want, lim.max_body_bytes);
+    } else {
+      const size_t length = static_cast<size_t>(c.head.content_length);
+      want = std::min(want, length);
+      if (want > 0 && (length <= kBodyStep || want >= kBodyStep)) want = length;
+    }
     if (want <= c.reserved) return true;
     const size_t more = want - c.reserved;
     if (budget_used + more > lim.body_budget_bytes) {
@@ -441,18 +542,19 @@ struct HttpServer::Impl {
   }
 
   void begin_body(Conn& c) {
-    if (!c.chunked) c.body.reserve(static_cast<size_t>(c.head.content_length));
     if (c.head.expect_continue && c.in.empty()) queue_out(c, "HTTP/1.1 100 Continue\r\n\r\n");
   }
 
   bool read_body(Conn& c, double now) {
-    if (c.waiting_budget) {
-      if (!reserve(c)) return true;
-      begin_body(c);
-    }
+    if (!reserve(c)) return true;  // waits, unread, until the budget has room
     if (!c.chunked) {
-      const size_t need = static_cast<size_t>(c.head.content_length) - c.body.size();
+      const size_t length = static_cast<size_t>(c.head.content_length);
+      const size_t need = length - c.body.size();
       const size_t take = std::min(need, c.in.size());
+      // Room for the whole body once it is small or has begun in earnest:
+      // filled as it arrives, never copied to a larger buffer.
+      if (take > 0 && c.body.capacity() < length && (length <= kBodyStep || c.body.size() + take >= kBodyStep))
+        c.body.reserve(length);
       c.body.append(c.in, 0, take);
       c.in.erase(0, take);
       if (c.body.size() == static_cast<size_t>(c.head.content_length)) return dispatch(c, now);
@@ -473,7 +575,6 @@ struct HttpServer::Impl {
       c.chunked.reset();
       return dispatch(c, now);
     }
-    if (c.body.size() >= c.reserved) reserve(c);  // may pause reading until the budget allows more
     return true;
   }
 

@@ -67,6 +67,11 @@ class ResponseWriter {
   virtual void start_stream(int status, std::string content_type, std::vector<http::Header> headers) = 0;
   virtual void write(std::string_view bytes) = 0;
   virtual void end() = 0;
+  // Bytes written that the client has not read yet (waiting in our buffer).
+  virtual size_t unread() const = 0;
+  // Bounds what the kernel holds for this connection's unread output (it
+  // grows to megabytes for a client that reads nothing).
+  virtual void limit_send_buffer(int bytes) = 0;
 };
 
 // A response produced over time. pump() runs on the loop thread: once when
