@@ -2,17 +2,27 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 namespace tandem::server {
 
 namespace {
-constexpr size_t kMaxQueued = 4096;  // steps a subscriber may fall behind by
-}
+// What one subscriber may hold, whatever it reads: steps queued for it (the
+// lines themselves are shared by every subscriber), bytes written to its
+// connection and not yet read, and the kernel's send buffer. A subscriber that falls further behind loses
+// its oldest steps and is told how many; one that reads nothing for the
+// server's write timeout is disconnected by the HTTP layer.
+constexpr size_t kMaxQueuedBytes = size_t{256} << 10;
+constexpr size_t kMaxUnread = size_t{64} << 10;
+constexpr int kSendBuffer = 64 << 10;  // in the kernel (which doubles it), for a live view only
+}  // namespace
 
 struct Timeline::Sub {
   std::mutex mu;
-  std::deque<std::string> q;
+  std::deque<std::shared_ptr<const std::string>> q;
+  size_t queued_bytes = 0;
+  uint64_t dropped = 0;  // steps lost since the last write
   Waker wake;
   bool gone = false;
 };
@@ -42,14 +52,23 @@ void Timeline::publish(const StepReport& r) {
     if (subs_.empty()) return;
     subs = subs_;
   }
-  const std::string line = "data: " + step_json(r) + "\n\n";
+  const auto line = std::make_shared<const std::string>("data: " + step_json(r) + "\n\n");
   for (const auto& s : subs) {
+    bool was_empty;
     {
       std::lock_guard<std::mutex> lock(s->mu);
-      if (s->q.size() >= kMaxQueued) s->q.pop_front();
+      was_empty = s->q.empty();
       s->q.push_back(line);
+      s->queued_bytes += line->size();
+      while (s->queued_bytes > kMaxQueuedBytes && s->q.size() > 1) {
+        s->queued_bytes -= s->q.front()->size();
+        s->q.pop_front();
+        ++s->dropped;
+      }
     }
-    s->wake();
+    // A queue left non-empty is one the connection has no room for: the
+    // loop's tick retries it, so a stalled subscriber costs no wake-ups.
+    if (was_empty) s->wake();
   }
 }
 
@@ -71,21 +90,28 @@ class TimelineStream final : public AsyncResponse {
       started_ = true;
       headers_.push_back({"Cache-Control", "no-cache"});
       headers_.push_back({"X-Accel-Buffering", "no"});
+      w.limit_send_buffer(kSendBuffer);
       w.start_stream(200, "text/event-stream", headers_);
       w.write(": tandem timeline\n\n");
       last_ = now_s;
     }
     std::string out;
     bool ended;
+    const bool room = w.unread() < kMaxUnread;
     {
       std::lock_guard<std::mutex> lock(sub_->mu);
-      while (!sub_->q.empty()) {
-        out += sub_->q.front();
+      if (room && sub_->dropped > 0) {
+        out = fmt::format(": {} steps dropped: this client reads too slowly\n\n", sub_->dropped);
+        sub_->dropped = 0;
+      }
+      while (room && !sub_->q.empty() && out.size() < kMaxUnread) {
+        out += *sub_->q.front();
+        sub_->queued_bytes -= sub_->q.front()->size();
         sub_->q.pop_front();
       }
       ended = sub_->gone;
     }
-    if (out.empty() && now_s - last_ >= heartbeat_s_) out = ": keep-alive\n\n";
+    if (room && out.empty() && now_s - last_ >= heartbeat_s_) out = ": keep-alive\n\n";
     if (!out.empty()) {
       w.write(out);
       last_ = now_s;

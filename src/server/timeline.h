@@ -1,8 +1,9 @@
 // The live timeline (GET /v1/timeline): every engine step as a server-sent
 // event, for each client watching. The engine's thread publishes a step as
-// one JSON line to every subscriber's queue (bounded: a client that falls
-// behind loses its oldest steps, never the engine's time); each subscriber's
-// stream is pumped on the HTTP loop like any other response.
+// one JSON line, shared by every subscriber's queue (bounded in bytes, as is
+// what waits unread on its connection: a client that falls behind loses its
+// oldest steps, never the engine's time or the server's memory); each
+// subscriber's stream is pumped on the HTTP loop like any other response.
 #pragma once
 
 #include <deque>
