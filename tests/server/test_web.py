@@ -95,3 +95,38 @@ def test_gemma_web_chat_page(gemma):
         driver.quit()
     status, _, body = gemma.request("GET", "/health")
     assert status == 200 and json.loads(body)["status"] == "ok"
+
+
+def test_page_timeline_with_an_api_key():
+    """With --api-key the page is served (it holds no data) and its timeline, like its calls, carries the key."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    from harness import STORIES, start_server
+
+    srv = start_server(STORIES, "--api-key", "sekrit")
+    try:
+        status, _, _ = srv.request("GET", "/v1/timeline", timeout=10)
+        assert status == 401
+        status, _, body = srv.request("GET", "/", timeout=10)
+        assert status == 200 and b"<title>Tandem</title>" in body
+        driver = browser()
+        try:
+            driver.get(srv.base + "/")
+            key = driver.find_element(By.ID, "api_key")
+            key.send_keys("sekrit")
+            key.send_keys(Keys.TAB)  # a change event: the page reconnects with the key
+            wait_for(lambda: "stories260K" in driver.find_element(By.ID, "model").text, 30, "the model's name")
+            client = srv.client(api_key="sekrit")
+
+            def drawn():  # requests until the timeline (connected in the background) draws one
+                r = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=16)
+                assert r.choices[0].text
+                time.sleep(0.5)
+                return driver.find_elements(By.CSS_SELECTOR, "#timeline rect.bar.decode")
+
+            assert wait_for(drawn, 20, "decode bars on the timeline")
+        finally:
+            driver.quit()
+    finally:
+        assert srv.stop() == 0
