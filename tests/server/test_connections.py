@@ -5,11 +5,12 @@ import json
 import os
 import resource
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
 
-from harness import STORIES, start_server
+from harness import CLI, STORIES, start_server
 
 PROMPT = "Once upon a time"
 SANITIZED = "TSAN_OPTIONS" in os.environ or "ASAN_OPTIONS" in os.environ
@@ -262,3 +263,31 @@ def test_stalled_timeline_subscribers_are_bounded():
         for s in subs:
             s.close()
         assert srv.stop() == 0
+
+
+def test_connection_limits_are_flags():
+    srv = start_server(STORIES, "--idle-timeout", "1", "--max-conns", "6", "--max-conns-per-ip", "100")
+    try:
+        idle = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        t0 = time.monotonic()
+        assert idle.recv(4096) == b""  # closed without a request
+        assert time.monotonic() - t0 < 8
+        idle.close()
+        watchers = []
+        for _ in range(6):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            s.sendall(b"GET /v1/timeline HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            watchers.append(s)
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        (status, headers, body), = statuses(read_all(s))
+        s.close()
+        assert status == 503 and "--max-conns allows" in json.loads(body)["error"]["message"]
+        for w in watchers:
+            w.close()
+    finally:
+        assert srv.stop() == 0
+    r = subprocess.run([CLI, "serve", "-m", STORIES, "--port", "0", "--body-budget", "1M"], capture_output=True,
+                       timeout=60)
+    assert r.returncode != 0 and b"--body-budget" in r.stderr
