@@ -20,6 +20,7 @@
 #include "engine/draft_model.h"
 #include "engine/scheduler.h"
 #include "engine/step_log.h"
+#include "engine/stop_strings.h"
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
 #include "model/executor.h"
