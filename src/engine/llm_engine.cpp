@@ -15,11 +15,13 @@
 #include "core/error.h"
 #include "core/memory_info.h"
 #include "core/thread_pool.h"
+#include "engine/kv_pool_sizing.h"
 #include "engine/logprobs.h"
 #include "engine/prefill_pacer.h"
 #include "engine/draft_model.h"
 #include "engine/scheduler.h"
 #include "engine/step_log.h"
+#include "engine/streaming_window.h"
 #include "engine/stop_strings.h"
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
@@ -31,7 +33,6 @@ namespace tandem {
 namespace {
 
 constexpr int32_t kMaxChoices = 16;
-constexpr int64_t kDefaultKvCapBytes = int64_t{2} << 30;
 constexpr int64_t kPromptLogitBytes = int64_t{64} << 20;
 
 }  // namespace
@@ -93,9 +94,7 @@ struct Engine::Impl {
   StepReport report;
   uint64_t preemptions_seen = 0;
   void resume_session(Sequence& s);
-  void stream(Sequence& s);
-  // A streaming window's eviction point: sinks + window + a block (0: none).
-  int32_t stream_limit = 0;
+  std::unique_ptr<StreamingWindow> window;  // --kv-window: evicts between a sequence's sinks and its window
   // Samples the first token of the sequences `ready` holds, before the step's
   // forward pass. True when there were any.
   bool start_ready();
@@ -182,80 +181,28 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   intake = std::make_unique<Intake>(m, max_context);
   if (c.block_size <= 0 || c.max_seqs <= 0 || c.max_waiting < 0)
     fail(ErrorKind::kInvalidArgument, "block size, max sequences must be positive and max waiting >= 0");
-  const KvShape shape = m.kv_shape();
   const KvFormat kv_fmt = kv_format(c.kv_cache);
-  const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(shape, kv_fmt));
-  // Sliding-window layers on pages of their own, given back as the window
-  // passes them; every size below is in tokens that hold all layers.
   const KvCacheTypes& kc = c.kv_cache;
-  if (kc.window < 0 || kc.sinks < 0)
-    fail(ErrorKind::kInvalidArgument, "--kv-window and --kv-sinks must be >= 0 (got {} and {})", kc.window, kc.sinks);
-  if (kc.heavy != 0) {
-    if (kc.window <= 0)
-      fail(ErrorKind::kInvalidArgument, "--kv-heavy {} needs a streaming window (--kv-window)", kc.heavy);
-    if (kc.heavy < 0 || kc.heavy % c.block_size != 0)
-      fail(ErrorKind::kInvalidArgument, "--kv-heavy {} is not a multiple of the block size ({})", kc.heavy,
-           c.block_size);
-    // Rejected drafts' rows would add their attention to the positions'
-    // mass, and so change what is evicted.
-    if (c.spec.mode != SpecMode::kOff)
-      fail(ErrorKind::kInvalidArgument, "--kv-heavy does not combine with speculative decoding (--spec {})",
-           spec_mode_name(c.spec.mode));
-  }
-  if (kc.window > 0) {
-    if (kc.window < kc.sinks)
-      fail(ErrorKind::kInvalidArgument, "the streaming window (--kv-window {}) is smaller than its sinks (--kv-sinks {})",
-           kc.window, kc.sinks);
-    if (stream_positions(kc, c.block_size) > max_context)
-      fail(ErrorKind::kInvalidArgument,
-           "a streaming window of {} positions and {} sinks{} needs a context of at least {} tokens, not {}", kc.window,
-           kc.sinks, kc.heavy > 0 ? fmt::format(" and {} heavy hitters", kc.heavy) : "",
-           stream_positions(kc, c.block_size), max_context);
-    if (c.device != "cpu") fail(ErrorKind::kUnsupported, "--kv-window runs on the CPU only (--device {})", c.device);
-    if (c.spec.mode == SpecMode::kDraft)
-      fail(ErrorKind::kInvalidArgument, "--kv-window does not combine with a draft model (--spec draft)");
-  }
-  // A streaming window keeps its own positions in every layer.
-  const KvPaging paging = kc.swa_full || kc.window > 0 || c.device != "cpu"
-                              ? kv_paging(shape.n_layer)
-                              : kv_paging(mc.layer_is_swa, mc.sliding_window);
-  const int64_t groups = paging.n_groups;
-  if (c.swap_bytes < 0) fail(ErrorKind::kInvalidArgument, "swap space must be >= 0 bytes, got {}", c.swap_bytes);
-  // The pool and the swap space are committed as they fill, so the kernel
-  // accepts sizes beyond the machine's memory and the OOM killer settles it
-  // later: a size asked for must fit what is available now, and the default
-  // takes at most half of it.
-  const std::optional<uint64_t> avail = available_memory_bytes(c.memory_available);
-  int64_t tokens = c.kv_tokens;
-  if (tokens <= 0 && c.kv_bytes > 0) tokens = c.kv_bytes / per_token;
-  const bool sized_by_default = tokens <= 0;
-  if (sized_by_default) {
-    tokens = std::min<int64_t>(int64_t{c.max_seqs} * max_context, kDefaultKvCapBytes / per_token);
-    if (avail) tokens = std::min<int64_t>(tokens, static_cast<int64_t>(*avail / 2) / per_token);
-  }
-  // A block of every group is one token block of every layer (the padding
-  // of a last, partly filled group aside).
-  const int64_t n_blocks = tokens / c.block_size * groups;
-  const int64_t ctx_blocks = (max_context + c.block_size - 1) / c.block_size;
-  // A windowed group holds a window and the prompt chunk being written.
+  check_streaming_window(kc, c.block_size, max_context, c.spec.mode, c.device);
   const bool latency = c.policy == SchedulePolicy::kLatency;
   const int32_t batch_tokens = c.max_batch_tokens > 0 ? c.max_batch_tokens : (latency ? 256 : 1024);
   const int32_t chunk = latency ? std::min(batch_tokens, 128) : batch_tokens;
-  const int64_t one_context =
-      ctx_blocks +
-      (groups - 1) * ((std::min<int64_t>(max_context, int64_t{paging.window} + chunk) + c.block_size - 1) / c.block_size + 1);
-  if (n_blocks < std::min(one_context, ctx_blocks * groups))
-    fail(sized_by_default ? ErrorKind::kResource : ErrorKind::kInvalidArgument,
-         "the KV pool ({} tokens{}) cannot hold one full context of {} tokens", tokens,
-         sized_by_default ? ", half the memory available" : "", max_context);
-  if (n_blocks > INT32_MAX) fail(ErrorKind::kInvalidArgument, "KV pool of {} blocks is too large", n_blocks);
-  const uint64_t pool_bytes = static_cast<uint64_t>(n_blocks) * c.block_size *
-                              KvCache::layer_bytes_per_token(shape, kv_fmt) * uint64_t(paging.layers_per_page);
-  if (avail && pool_bytes + static_cast<uint64_t>(c.swap_bytes) > *avail)
-    fail(ErrorKind::kResource,
-         "the KV pool ({} MiB) and swap space ({} MiB) need more than the {} MiB of memory available; ask for less",
-         pool_bytes >> 20, c.swap_bytes >> 20, *avail >> 20);
-  const KvPlan plan{shape, static_cast<int32_t>(n_blocks), c.block_size, kv_fmt, paging, max_context};
+  KvPoolAsk ask;
+  ask.kv_cache = kc;
+  ask.format = kv_fmt;
+  ask.block_size = c.block_size;
+  ask.max_context = max_context;
+  ask.max_seqs = c.max_seqs;
+  ask.kv_tokens = c.kv_tokens;
+  ask.kv_bytes = c.kv_bytes;
+  ask.swap_bytes = c.swap_bytes;
+  ask.prefill_chunk = chunk;
+  // A streaming window keeps its own positions in every layer.
+  ask.page_windowed_layers = !kc.swa_full && kc.window == 0 && c.device == "cpu";
+  ask.memory_available = c.memory_available;
+  const KvPlan plan = size_kv_pool(m, ask);
+  const KvPaging& paging = plan.paging;
+  const int64_t n_blocks = plan.n_blocks, groups = paging.n_groups;
   if (c.device == "cpu") exec = make_cpu_executor(m, plan, pool);
   else if (c.device == "cuda") exec = make_cuda_executor(m, plan);
   else fail(ErrorKind::kInvalidArgument, "unknown device '{}' (cpu or cuda)", c.device);
@@ -271,8 +218,8 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   sc.shortest_prompt_first = latency;
   sc.max_seqs = c.max_seqs;
   sc.max_context = max_context;
-  stream_limit = static_cast<int32_t>(stream_positions(kc, c.block_size));
-  sc.stream_limit = stream_limit;
+  window = std::make_unique<StreamingWindow>(kc, c.block_size, mc.n_layer * m.kv_shape().k_width, *blocks, *exec);
+  sc.stream_limit = window->limit();
   // Scoring a prompt keeps a row of logits per position: at most 64 MiB of
   // them a step (64 rows of Gemma 3's 262k vocabulary, 512 of a 32k one).
   sc.max_prompt_logit_rows = static_cast<int32_t>(
@@ -572,11 +519,7 @@ bool Engine::Impl::step() {
     for (size_t g = 0; g < s->blocks.windowed.size(); ++g) seq_kv[i].windowed[g] = s->blocks.windowed[g].table;
     seq_kv[i].n_tokens = s->slot(start);
     seq_kv[i].rope_shift = s->evicted;
-    seq_kv[i].attn_mass = nullptr;
-    if (cfg.kv_cache.heavy > 0) {
-      if (s->attn_mass.empty()) s->attn_mass.assign(size_t(stream_limit), 0.0f);
-      seq_kv[i].attn_mass = s->attn_mass.data();
-    }
+    window->attach(*s, seq_kv[i]);
     seq_kv_ptrs[i] = &seq_kv[i];
     for (int32_t j = 0; j < n; ++j) {
       const int32_t pos = start + j;
@@ -666,7 +609,7 @@ bool Engine::Impl::step() {
       continue;
     }
     blocks->commit(s->blocks, s->tokens, s->blocks.n_computed + sched_batch[i].n_tokens);
-    stream(*s);
+    window->slide(*s);
     if (last_row[i] < 0) continue;
     const Sampled& x = sampled[si++];
     if (x.error) std::rethrow_exception(x.error);
@@ -708,7 +651,7 @@ void Engine::Impl::plan_drafts() {
     if (p.max_tokens >= 0) cap = std::min(cap, p.max_tokens - s.n_generated() - 1);
     cap = std::min(cap, max_context - s.slot(static_cast<int32_t>(s.tokens.size())));
     // Nor cross a streaming window's eviction point.
-    if (stream_limit > 0) cap = std::min(cap, stream_limit - s.slot(static_cast<int32_t>(s.tokens.size())));
+    if (window->limit() > 0) cap = std::min(cap, window->limit() - s.slot(static_cast<int32_t>(s.tokens.size())));
     if (cap <= 0) return;
     const int32_t a = drafter->available(s, cap);
     if (a <= 0) return;
@@ -760,7 +703,7 @@ void Engine::Impl::accept_verified(Sequence* s, int32_t start, const Sampled& x,
   fed.insert(fed.end(), s->draft.begin(), s->draft.begin() + (m - 1));
   blocks->commit(s->blocks, fed, s->slot(start) + m);
   blocks->truncate(s->blocks, s->slot(start) + m);
-  stream(*s);
+  window->slide(*s);
   // Running acceptance: each draft up to the first miss is one observation.
   const int32_t observed = std::min(k, kept + 1);
   for (int32_t j = 0; j < observed; ++j) s->spec.acceptance += 0.1 * ((j < kept ? 1.0 : 0.0) - s->spec.acceptance);
@@ -818,65 +761,6 @@ void Engine::Impl::first_token(Sequence* seq, const float* lg, int32_t token) {
     return;
   }
   accept_token(seq, token, lg);
-}
-
-// A streaming window (--kv-window N --kv-sinks S, StreamingLLM): once a
-// sequence holds a block more than S + N positions, the oldest positions
-// after the first S go, whole blocks of them, and the keys before the gap
-// turn on by as many positions, so that every distance a query sees is the
-// one in the cache. With heavy hitters (--kv-heavy H, H2O) H more positions
-// are kept between: each eviction takes the block of positions, among the
-// H / block + 1 after the sinks, that has had the least attention so far.
-// Tried again next step when the pool cannot copy a shared block.
-void Engine::Impl::stream(Sequence& s) {
-  const int32_t window = cfg.kv_cache.window, sinks = cfg.kv_cache.sinks, heavy = cfg.kv_cache.heavy;
-  const int32_t bs = blocks->block_size();
-  if (stream_limit == 0 || s.blocks.n_computed < stream_limit || s.status != SeqStatus::kRunning) return;
-  if (heavy > 0) s.attn_mass.resize(size_t(stream_limit), 0.0f);  // (a step has sized it already)
-  while (s.blocks.n_computed - sinks - heavy - window >= bs) {
-    const int32_t held = s.blocks.n_computed;
-    int32_t from = sinks, count = (held - sinks - heavy - window) / bs * bs;
-    if (heavy > 0) {
-      // One block at a time: the candidates' masses change with each.
-      count = bs;
-      double least = 0;
-      for (int32_t a = sinks; a + bs <= held - window; a += bs) {
-        const double m = std::accumulate(s.attn_mass.begin() + a, s.attn_mass.begin() + a + bs, 0.0);
-        if (a == sinks || m < least) {
-          least = m;
-          from = a;
-        }
-      }
-    }
-    if (blocks->evict_cost(s.blocks, from) > blocks->n_free()) return;
-    SeqKv sk;
-    sk.blocks = s.blocks.table;
-    // The keys before the gap as they are now (slot + evicted rotated),
-    // read once.
-    const int32_t width = model.config().n_layer * model.kv_shape().k_width;
-    const int32_t have = static_cast<int32_t>(s.kept_rotation.size());
-    if (have < from) {
-      s.kept_keys.resize(size_t(from) * size_t(width));
-      exec->read_keys(sk, have, from - have, s.kept_keys.data() + size_t(have) * width);
-      for (int32_t i = have; i < from; ++i) s.kept_rotation.push_back(i + s.evicted);
-    }
-    blocks->evict(s.blocks, from, count);
-    s.evicted += count;
-    if (heavy > 0) {
-      s.attn_mass.erase(s.attn_mass.begin() + from, s.attn_mass.begin() + from + count);
-      s.attn_mass.resize(size_t(stream_limit), 0.0f);
-    }
-    if (static_cast<int32_t>(s.kept_rotation.size()) > from) {  // the kept copies stop at the gap
-      s.kept_rotation.resize(size_t(from));
-      s.kept_keys.resize(size_t(from) * size_t(width));
-    }
-    if (from > 0) {
-      std::vector<int32_t> delta(static_cast<size_t>(from));
-      for (int32_t i = 0; i < from; ++i) delta[i] = i + s.evicted - s.kept_rotation[i];
-      sk.blocks = s.blocks.table;
-      exec->write_keys(sk, 0, from, s.kept_keys.data(), delta.data());
-    }
-  }
 }
 
 void Engine::Impl::resume_session(Sequence& s) {
