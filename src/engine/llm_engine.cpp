@@ -18,6 +18,7 @@
 #include "engine/kv_pool_sizing.h"
 #include "engine/logprobs.h"
 #include "engine/prefill_pacer.h"
+#include "engine/prefill_sessions.h"
 #include "engine/draft_model.h"
 #include "engine/scheduler.h"
 #include "engine/step_log.h"
@@ -54,27 +55,9 @@ struct Engine::Impl {
   std::unique_ptr<Drafter> drafter;
   std::unique_ptr<SpecPolicy> spec_policy;
 
-  // Progressive prefill: what each session's last request left. Its whole
-  // blocks stay ordinary cached blocks (the LRU may take them; a reference
-  // here does not pin them); its last, partly filled block is a private copy,
-  // so the next request resumes to the token.
-  // A prefill also keeps the logits of its last position (a vocabulary of
-  // floats), so a request for the same tokens samples its first token from
-  // them at admission instead of recomputing that position in a step.
-  struct Session {
-    std::vector<int32_t> tokens;  // whose K/V was computed
-    std::vector<BlockRef> whole;  // the published blocks of its whole blocks
-    std::vector<std::vector<BlockRef>> whole_windowed;  // the same per windowed group
-    SeqBlocks tail;               // one pinned block: the copy of the partly filled one
-    std::shared_ptr<const std::vector<float>> logits;  // after `tokens`, when its request computed them
-    double last_used = 0;
-  };
-  std::unordered_map<std::string, Session> sessions;
-  double sessions_checked = 0;
+  std::unique_ptr<PrefillSessions> sessions;  // progressive prefill
   // Set by first_token for the session save of a prefill that ends there.
   std::shared_ptr<const std::vector<float>> finishing_logits;
-  // Admitted this step with their whole prompt's K/V and the session's logits.
-  std::vector<Sequence*> ready;
 
   // The live timeline: what the observer hears after each step.
   std::function<void(const StepReport&)> observer;
@@ -93,14 +76,10 @@ struct Engine::Impl {
   }
   StepReport report;
   uint64_t preemptions_seen = 0;
-  void resume_session(Sequence& s);
   std::unique_ptr<StreamingWindow> window;  // --kv-window: evicts between a sequence's sinks and its window
-  // Samples the first token of the sequences `ready` holds, before the step's
-  // forward pass. True when there were any.
+  // Samples the first token of the sequences a session resumed whole, before
+  // the step's forward pass. True when there were any.
   bool start_ready();
-  void save_session(Sequence& s);
-  void drop_session(std::unordered_map<std::string, Session>::iterator it);
-  void expire_sessions(bool all = false);
 
   // Inbox: filled by submit()/cancel() on any thread, drained by step().
   std::mutex inbox_mu;
@@ -225,7 +204,8 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   sc.max_prompt_logit_rows = static_cast<int32_t>(
       std::max<int64_t>(16, kPromptLogitBytes / (int64_t{mc.n_vocab} * int64_t{sizeof(float)})));
   sched = std::make_unique<Scheduler>(sc, *blocks);
-  sched->set_on_admit([this](Sequence& s) { resume_session(s); });
+  sessions = std::make_unique<PrefillSessions>(*blocks, *exec, steps, c.max_sessions, c.session_ttl_s);
+  sched->set_on_admit([this](Sequence& s) { sessions->resume(s); });
   if (c.swap_bytes > 0) {
     SwapSpace swap;
     swap.bytes = static_cast<size_t>(c.swap_bytes);
@@ -366,7 +346,7 @@ void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::s
   ev.error = error;
   const double now = steps.now();
   if ((reason == "stop" || reason == "length") && seq->choice == 0 && !seq->req->params.session.empty())
-    save_session(*seq);
+    sessions->save(*seq, std::move(finishing_logits));
   RequestTimings& t = ev.timings;
   const double arrival = seq->req->arrival_s;
   t.prompt_tokens = seq->n_prompt;
@@ -489,7 +469,7 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
 
 bool Engine::Impl::step() {
   drain_inbox();
-  expire_sessions();
+  sessions->expire();
   plan_drafts();
   const int32_t prefill_budget = pacer ? pacer->budget(sched->n_decoding(), sched->n_prefilling()) : INT32_MAX;
   std::vector<ScheduledSeq> sched_batch = sched->schedule(prefill_budget);
@@ -763,67 +743,11 @@ void Engine::Impl::first_token(Sequence* seq, const float* lg, int32_t token) {
   accept_token(seq, token, lg);
 }
 
-void Engine::Impl::resume_session(Sequence& s) {
-  if (s.req->params.session.empty() || s.n_generated() > 0) return;
-  const auto it = sessions.find(s.req->params.session);
-  if (it == sessions.end()) return;
-  Session& ss = it->second;
-  ss.last_used = steps.now();
-  // The prefix cache found the whole blocks the prompt shares with the
-  // session (or fewer, if some were evicted). The next block is fresh: copy
-  // the session's version of it and keep its positions up to where the two
-  // part (an edit, or where the session stopped).
-  // With the session's logits for exactly this prompt, its last position
-  // needs no computing either.
-  const bool same = ss.logits && ss.tokens == s.tokens;
-  const int32_t bs = blocks->block_size(), start = s.n_computed();
-  if (start % bs != 0) {
-    // A wholly cached prompt: the private copy of its last block holds the
-    // last position's K/V too, which would be recomputed for its logits.
-    if (same && start + 1 == s.n_prompt) {
-      blocks->commit(s.blocks, s.tokens, s.n_prompt);
-      s.start_logits = ss.logits;
-      ready.push_back(&s);
-    }
-    return;
-  }
-  const int32_t h = start / bs;
-  const int32_t limit =
-      std::min({bs, s.n_prompt - (same ? 0 : 1) - start, static_cast<int32_t>(ss.tokens.size()) - start});
-  int32_t r = 0;
-  while (r < limit && s.tokens[start + r] == ss.tokens[start + r]) ++r;
-  if (r <= 0) return;
-  // The session's version of block h in every group: its published whole
-  // block, or the pinned copy of its partly filled last one.
-  std::vector<int32_t> src;  // group 0, then the windowed groups
-  const int32_t nw = blocks->n_windowed();
-  if (h < static_cast<int32_t>(ss.whole.size()) && blocks->holds(ss.whole[h])) {
-    src.push_back(ss.whole[h].block);
-    for (int32_t g = 0; g < nw; ++g)
-      if (blocks->holds(ss.whole_windowed[g][h])) src.push_back(ss.whole_windowed[g][h].block);
-  } else if (h == static_cast<int32_t>(ss.tokens.size()) / bs && !ss.tail.table.empty()) {
-    src.push_back(ss.tail.table[0]);
-    for (const auto& w : ss.tail.windowed) src.push_back(w.table[0]);
-  }
-  if (static_cast<int32_t>(src.size()) != 1 + nw) return;
-  // The windowed groups' tables end at the hits: block h is their next one.
-  if (!blocks->can_append(s.blocks, start + r)) return;
-  blocks->append(s.blocks, start + r);
-  exec->copy_block(src[0], s.blocks.table[h]);
-  for (int32_t g = 0; g < nw; ++g) exec->copy_block(src[1 + g], s.blocks.windowed[g].table[h]);
-  blocks->commit(s.blocks, s.tokens, start + r);
-  if (start + r == s.n_prompt) {
-    s.start_logits = ss.logits;
-    ready.push_back(&s);
-  }
-}
-
 bool Engine::Impl::start_ready() {
-  if (ready.empty()) return false;
+  const std::vector<Sequence*> todo = sessions->take_ready();
+  if (todo.empty()) return false;
   const int32_t nv = model.config().n_vocab;
   const double now = steps.now();
-  std::vector<Sequence*> todo;
-  todo.swap(ready);
   for (Sequence* s : todo) {
     // Preempted since its admission (a later prompt took its blocks): it
     // recomputes its prompt like any other.
@@ -836,59 +760,10 @@ bool Engine::Impl::start_ready() {
   return true;
 }
 
-void Engine::Impl::save_session(Sequence& s) {
-  const int32_t n = s.n_computed(), bs = blocks->block_size();
-  if (n <= 0 || s.evicted > 0) return;  // a streaming window's cache no longer holds the prefix
-  auto it = sessions.find(s.req->params.session);
-  if (it != sessions.end()) blocks->free(it->second.tail);
-  Session& ss = sessions[s.req->params.session];
-  ss.tokens.assign(s.tokens.begin(), s.tokens.begin() + n);
-  ss.whole.assign(s.blocks.prefix.begin(), s.blocks.prefix.begin() + std::min<size_t>(s.blocks.prefix.size(), n / bs));
-  ss.whole_windowed.clear();
-  for (const auto& w : s.blocks.windowed)
-    ss.whole_windowed.emplace_back(w.prefix.begin(), w.prefix.begin() + std::min<size_t>(w.prefix.size(), n / bs));
-  ss.last_used = steps.now();
-  ss.logits = n == static_cast<int32_t>(s.tokens.size()) ? std::move(finishing_logits) : nullptr;
-  const std::vector<int32_t> slots(static_cast<size_t>(bs), 0);
-  if (n % bs != 0 && blocks->can_allocate(slots, false)) {
-    blocks->allocate(ss.tail, slots, false);
-    if (blocks->can_append(ss.tail, bs)) {
-      blocks->append(ss.tail, bs);  // a page in each windowed group too
-      exec->copy_block(s.blocks.table[n / bs], ss.tail.table[0]);
-      for (size_t g = 0; g < ss.tail.windowed.size(); ++g)
-        exec->copy_block(s.blocks.windowed[g].table[n / bs], ss.tail.windowed[g].table[0]);
-    } else {
-      blocks->free(ss.tail);
-    }
-  }
-  while (static_cast<int32_t>(sessions.size()) > cfg.max_sessions) {
-    auto oldest = sessions.begin();
-    for (auto i = sessions.begin(); i != sessions.end(); ++i)
-      if (i->second.last_used < oldest->second.last_used) oldest = i;
-    drop_session(oldest);
-  }
-}
-
-void Engine::Impl::drop_session(std::unordered_map<std::string, Session>::iterator it) {
-  blocks->free(it->second.tail);
-  sessions.erase(it);
-}
-
-void Engine::Impl::expire_sessions(bool all) {
-  const double now = steps.now();
-  if (!all && (sessions.empty() || now - sessions_checked < 1.0)) return;
-  sessions_checked = now;
-  for (auto it = sessions.begin(); it != sessions.end();) {
-    auto next = std::next(it);
-    if (all || now - it->second.last_used > cfg.session_ttl_s) drop_session(it);
-    it = next;
-  }
-}
-
 void Engine::Impl::update_gauges() {
   const BlockStats bs = blocks->stats();
   std::lock_guard<std::mutex> lock(metrics_mu);
-  metrics.sessions = static_cast<int64_t>(sessions.size());
+  metrics.sessions = static_cast<int64_t>(sessions->size());
   metrics.running = static_cast<int64_t>(sched->n_running());
   metrics.waiting = static_cast<int64_t>(sched->n_waiting());
   metrics.swapped = static_cast<int64_t>(sched->n_swapped());
@@ -1075,8 +950,7 @@ void Engine::check_invariants() {
   impl_->sched->for_each([&](Sequence& s) {
     if (s.status == SeqStatus::kRunning) live.push_back({&s.blocks, s.tokens});
   });
-  for (auto& [id, ss] : impl_->sessions)
-    if (!ss.tail.table.empty()) live.push_back({&ss.tail, {}});
+  impl_->sessions->add_live(live);
   impl_->blocks->check_invariants(live);
 }
 
