@@ -19,6 +19,7 @@
 #include "engine/logprobs.h"
 #include "engine/prefill_pacer.h"
 #include "engine/prefill_sessions.h"
+#include "engine/prompt_scoring.h"
 #include "engine/draft_model.h"
 #include "engine/scheduler.h"
 #include "engine/step_log.h"
@@ -112,12 +113,7 @@ struct Engine::Impl {
     std::vector<int32_t> verified;  // speculation: the tokens its rows gave, in order
   };
   std::vector<Sampled> sampled;
-  struct Scored {  // a prompt position whose logprob this step's logits give
-    Sequence* seq;
-    int32_t pos;       // the prompt token scored
-    int64_t logit_row;
-  };
-  std::vector<Scored> scored;
+  PromptScorer scored;  // prompt positions whose logprobs this step's logits give
   std::vector<int64_t> last_row;  // per scheduled sequence: logits row of its last token, or -1
   std::vector<Sequence*> prompt_seqs;  // scheduled sequences computing prompt rows
 
@@ -130,8 +126,6 @@ struct Engine::Impl {
   // then accepts the tokens. False when the sequence finished.
   void accept_verified(Sequence* s, int32_t start, const Sampled& x, int32_t nv);
   void calibrate_spec();
-  void score_prompts();  // prompt logprobs from this step's logits, for `scored`
-  void emit_prompt(Sequence* seq);
   // The first token of a choice (after its prompt's logprobs, when asked).
   void first_token(Sequence* seq, const float* logits, int32_t token);
   void drain_inbox();
@@ -504,7 +498,7 @@ bool Engine::Impl::step() {
     for (int32_t j = 0; j < n; ++j) {
       const int32_t pos = start + j;
       const bool score = pos + 1 >= score_from && pos + 1 < s->n_prompt;
-      if (score) scored.push_back({s, pos + 1, n_logit_rows});
+      if (score) scored.add(s, pos + 1, n_logit_rows);
       const bool last = pos + 1 >= n_tok;
       if (pos + 1 == n_tok) last_row[i] = n_logit_rows;
       const int32_t token = pos < n_tok ? s->tokens[pos] : s->draft[pos - n_tok];
@@ -563,7 +557,7 @@ bool Engine::Impl::step() {
   // tokens do not depend on which thread draws them. Then, in batch order on
   // this thread, commit blocks and accept the tokens (events, stops, forks).
   // A 262k vocabulary makes a greedy pick ~50 us a sequence.
-  score_prompts();
+  scored.score(logits.data(), nv, pool);
   sampled.resize(0);
   for (size_t i = 0; i < sched_batch.size(); ++i)
     if (last_row[i] >= 0) sampled.push_back({sched_batch[i].seq, logits.data() + last_row[i] * nv, -1, nullptr, {}});
@@ -700,38 +694,8 @@ void Engine::Impl::accept_verified(Sequence* s, int32_t start, const Sampled& x,
     if (!accept_token(s, x.verified[j], x.logits + int64_t{j} * nv)) return;  // it ended
 }
 
-void Engine::Impl::score_prompts() {
-  if (scored.empty()) return;
-  // Positions of one sequence come in order and continue its score_next.
-  for (const Scored& x : scored) {
-    Sequence& s = *x.seq;
-    s.score_next = std::max(s.score_next, x.pos + 1);
-    if (s.req->params.prompt_logprobs >= 0) {
-      s.prompt_lp.resize(x.pos + 1);
-      s.prompt_top.resize(x.pos + 1);
-    }
-  }
-  const int32_t nv = model.config().n_vocab;
-  pool.parallel_for(static_cast<int64_t>(scored.size()), 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const Scored& x = scored[i];
-      Sequence& s = *x.seq;
-      const std::span<const float> row(logits.data() + x.logit_row * nv, nv);
-      if (s.req->params.on_prompt_row) s.req->params.on_prompt_row(x.pos - 1, row);
-      else s.prompt_lp[x.pos] = token_logprob(row, s.tokens[x.pos], s.req->params.prompt_logprobs, &s.prompt_top[x.pos]);
-    }
-  });
-}
-
-void Engine::Impl::emit_prompt(Sequence* seq) {
-  RequestEvent ev;
-  ev.prompt_logprobs = seq->prompt_lp;
-  ev.prompt_top_logprobs = seq->prompt_top;
-  emit(seq, std::move(ev));
-}
-
 void Engine::Impl::first_token(Sequence* seq, const float* lg, int32_t token) {
-  if (seq->req->params.prompt_logprobs >= 0) emit_prompt(seq);
+  if (seq->req->params.prompt_logprobs >= 0) emit(seq, prompt_logprobs_event(*seq));
   if (seq->req->params.max_tokens == 0) {
     // The prompt alone was asked for (a prefill, echo, scoring).
     if (seq->choice == 0 && !seq->req->params.session.empty())
@@ -871,13 +835,7 @@ uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params
   s->arrival_order = I.next_arrival++;
   s->tokens = std::move(prompt);
   s->n_prompt = req->n_prompt;
-  if (params.prompt_logprobs >= 0) {  // nothing comes before the first token to score it
-    s->prompt_lp.push_back({s->tokens[0], std::numeric_limits<float>::quiet_NaN()});
-    s->prompt_top.emplace_back();
-    s->score_next = 1;
-  } else if (params.on_prompt_row) {
-    s->score_next = params.rows_from + 1;
-  }
+  start_prompt_scoring(*s);
   s->fork_pending = params.n > 1;
   I.inbox.push_back(std::move(s));
   I.inbox_cv.notify_all();
