@@ -20,8 +20,8 @@
 #include "engine/prefill_pacer.h"
 #include "engine/prefill_sessions.h"
 #include "engine/prompt_scoring.h"
-#include "engine/draft_model.h"
 #include "engine/scheduler.h"
+#include "engine/speculative_decoding.h"
 #include "engine/step_log.h"
 #include "engine/streaming_window.h"
 #include "engine/stop_strings.h"
@@ -52,9 +52,7 @@ struct Engine::Impl {
   std::unique_ptr<Scheduler> sched;
   std::unique_ptr<PrefillPacer> pacer;  // latency policy only
   StepLog steps;
-  // Speculative decoding (cfg.spec.mode != kOff).
-  std::unique_ptr<Drafter> drafter;
-  std::unique_ptr<SpecPolicy> spec_policy;
+  std::unique_ptr<SpeculativeDecoding> spec;  // cfg.spec.mode != kOff
 
   std::unique_ptr<PrefillSessions> sessions;  // progressive prefill
   // Set by first_token for the session save of a prefill that ends there.
@@ -118,14 +116,9 @@ struct Engine::Impl {
   std::vector<Sequence*> prompt_seqs;  // scheduled sequences computing prompt rows
 
   bool step();
-  // Speculation: drafts for this step's decoding sequences (Sequence::draft).
-  void plan_drafts();
-  // Samples a drafted sequence's rows in order until one differs from its draft.
-  void verify(Sampled& x, int32_t nv);
-  // Commits the rows of `s` its verification kept and gives back the rest;
-  // then accepts the tokens. False when the sequence finished.
-  void accept_verified(Sequence* s, int32_t start, const Sampled& x, int32_t nv);
-  void calibrate_spec();
+  // Speculation: keeps the rows of `s` its verification kept, then accepts
+  // their tokens.
+  void accept_verified(Sequence* s, const Sampled& x, int32_t nv);
   // The first token of a choice (after its prompt's logprobs, when asked).
   void first_token(Sequence* seq, const float* logits, int32_t token);
   void drain_inbox();
@@ -220,60 +213,11 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   metrics.kv_window = paging.window;
   metrics.prefix_caching = c.prefix_caching;
 
-  if (c.spec.max_draft < 1 || c.spec.ngram_min < 1 || c.spec.ngram_max < c.spec.ngram_min)
-    fail(ErrorKind::kInvalidArgument, "speculation: --draft-max must be >= 1 and the n-gram sizes 1 <= min <= max");
-  if (c.spec.mode == SpecMode::kDraft && !draft_model)
-    fail(ErrorKind::kInvalidArgument, "speculation with a draft model needs --draft-model FILE");
-  if (c.spec.mode != SpecMode::kDraft && draft_model)
-    fail(ErrorKind::kInvalidArgument, "--draft-model is given but speculation is '{}' (use --spec draft)",
-         spec_mode_name(c.spec.mode));
+  check_speculation(c.spec, draft_model != nullptr);
   if (c.spec.mode != SpecMode::kOff) {
-    spec_policy = std::make_unique<SpecPolicy>(c.spec);
-    if (c.spec.mode == SpecMode::kNgram) drafter = std::make_unique<NgramDrafter>(c.spec);
-    else drafter = make_draft_model_drafter(m, *draft_model, c.spec, max_context, c.max_seqs, pool);
-    calibrate_spec();
+    spec = std::make_unique<SpeculativeDecoding>(c.spec, m, draft_model, max_context, c.max_seqs, pool);
+    spec->calibrate(m, *blocks, *exec, logits, steps);
   }
-}
-
-// The cost of a step of R rows on this machine for this model, measured once
-// for a few R (real steps keep refining it): what the draft length policy
-// weighs drafted rows against.
-void Engine::Impl::calibrate_spec() {
-  // Up to the most rows a step of drafts can take (64 at most; beyond, the
-  // curve is extended and real steps fill it in).
-  const int32_t top = std::min({64, max_context, cfg.max_seqs * (1 + cfg.spec.max_draft)});
-  std::vector<int32_t> sizes;
-  for (int32_t r = 1; r <= top; r *= 2) sizes.push_back(r);
-  SeqBlocks sb;
-  const std::vector<int32_t> ids(static_cast<size_t>(top), model.tokenizer().bos_id() >= 0 ? model.tokenizer().bos_id() : 0);
-  if (!blocks->can_allocate(ids, false)) return;  // a pool this small learns from its steps alone
-  blocks->allocate(sb, ids, false);
-  if (!blocks->can_append(sb, top)) {  // windowed groups' pages
-    blocks->free(sb);
-    return;
-  }
-  blocks->append(sb, top);
-  SeqKv sk;
-  sk.blocks = sb.table;
-  for (const auto& w : sb.windowed) sk.windowed.push_back(w.table);
-  SeqKv* one[] = {&sk};
-  Batch b;
-  for (int32_t rows : sizes) {
-    b.clear();
-    for (int32_t p = 0; p < rows; ++p) b.push_back({ids[p], p, 0, true});
-    if (logits.size() < static_cast<size_t>(rows) * model.config().n_vocab)
-      logits.resize(static_cast<size_t>(rows) * model.config().n_vocab);
-    double best = 0;
-    for (int rep = 0; rep < 2; ++rep) {  // the first also faults in what it touches
-      sk.n_tokens = 0;
-      const double t0 = steps.now();
-      exec->forward(b, one, std::span<float>(logits));
-      const double t = steps.now() - t0;
-      if (rep > 0 && (best == 0 || t < best)) best = t;
-    }
-    spec_policy->target_cost().observe(rows, best);
-  }
-  blocks->free(sb);
 }
 
 std::unique_ptr<Sequence> Engine::Impl::make_seq(const std::shared_ptr<RequestState>& req, int32_t choice) {
@@ -355,7 +299,7 @@ void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::s
   t.drafted = seq->spec.drafted;
   t.accepted = seq->spec.accepted;
   emit(seq, ev);
-  if (drafter) drafter->forget(*seq, -1);
+  if (spec) spec->forget(*seq);
   if (observer && seq->choice == 0) report.finished.push_back({seq->req->id, reason});
   if (seq->fork_pending) {
     // Choice 0 of an n > 1 request ends before its prompt was done (cancelled,
@@ -464,7 +408,7 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
 bool Engine::Impl::step() {
   drain_inbox();
   sessions->expire();
-  plan_drafts();
+  if (spec) spec->plan(*sched, window->limit());
   const int32_t prefill_budget = pacer ? pacer->budget(sched->n_decoding(), sched->n_prefilling()) : INT32_MAX;
   std::vector<ScheduledSeq> sched_batch = sched->schedule(prefill_budget);
   const bool started = start_ready();
@@ -565,7 +509,7 @@ bool Engine::Impl::step() {
     for (int64_t i = i0; i < i1; ++i) {
       Sampled& x = sampled[i];
       try {
-        if (!x.seq->draft.empty()) verify(x, nv);
+        if (!x.seq->draft.empty()) verify_drafts(*x.seq, x.logits, nv, model.tokenizer(), x.verified);
         else x.token = x.seq->sampler->sample(std::span<const float>(x.logits, nv), x.seq->tokens, x.seq->json.get());
       } catch (...) {
         x.error = std::current_exception();
@@ -579,7 +523,7 @@ bool Engine::Impl::step() {
     if (!s->draft.empty() && last_row[i] >= 0) {
       const Sampled& x = sampled[si++];
       if (x.error) std::rethrow_exception(x.error);
-      accept_verified(s, s->n_computed(), x, nv);  // streams before the tokens may finish it
+      accept_verified(s, x, nv);  // streams before the tokens may finish it
       continue;
     }
     blocks->commit(s->blocks, s->tokens, s->blocks.n_computed + sched_batch[i].n_tokens);
@@ -594,8 +538,7 @@ bool Engine::Impl::step() {
   // and drafts): prompt rows skip the output matrix, so a step holding them
   // would make drafts look cheaper than they are. Sampling and verifying
   // the rows count too.
-  if (spec_policy && n_prefill_rows == 0)
-    spec_policy->target_cost().observe(static_cast<int32_t>(batch.size()), steps.now() - t0);
+  if (spec && n_prefill_rows == 0) spec->observe_step(static_cast<int32_t>(batch.size()), steps.now() - t0);
   if (observer) {
     ++report.step;
     report.preempted = static_cast<int32_t>(sched->preemptions() - preemptions_seen);
@@ -607,82 +550,11 @@ bool Engine::Impl::step() {
   return true;
 }
 
-void Engine::Impl::plan_drafts() {
-  if (!drafter) return;
-  std::vector<Sequence*> cand;
-  std::vector<double> acceptance;
-  std::vector<int32_t> avail;
-  sched->for_each([&](Sequence& s) {
-    s.draft.clear();
-    const RequestParams& p = s.req->params;
-    // Decoding now, unconstrained (a JSON constraint's state advances token
-    // by token), and the request allows it.
-    if (s.status != SeqStatus::kRunning || s.n_uncomputed() != 1 || s.fork_pending || s.n_generated() == 0 ||
-        s.json || p.spec_max == 0)
-      return;
-    int32_t cap = p.spec_max > 0 ? std::min(p.spec_max, cfg.spec.max_draft) : cfg.spec.max_draft;
-    // k drafts can give k + 1 tokens, and their positions must fit the context.
-    if (p.max_tokens >= 0) cap = std::min(cap, p.max_tokens - s.n_generated() - 1);
-    cap = std::min(cap, max_context - s.slot(static_cast<int32_t>(s.tokens.size())));
-    // Nor cross a streaming window's eviction point.
-    if (window->limit() > 0) cap = std::min(cap, window->limit() - s.slot(static_cast<int32_t>(s.tokens.size())));
-    if (cap <= 0) return;
-    const int32_t a = drafter->available(s, cap);
-    if (a <= 0) return;
-    if (s.spec.drafted == 0 && s.spec.acceptance == 0) s.spec.acceptance = cfg.spec.prior_acceptance;
-    cand.push_back(&s);
-    acceptance.push_back(s.spec.acceptance);
-    avail.push_back(a);
-  });
-  if (cand.empty()) return;
-  std::vector<int32_t> k(cand.size(), 0);
-  spec_policy->choose(static_cast<int32_t>(sched->n_decoding()), acceptance, avail, drafter.get(), k);
-  std::vector<Sequence*> go;
-  std::vector<int32_t> want;
-  for (size_t i = 0; i < cand.size(); ++i)
-    if (k[i] > 0) {
-      go.push_back(cand[i]);
-      want.push_back(k[i]);
-    }
-  if (go.empty()) return;
-  std::vector<std::vector<int32_t>> out(go.size());
-  drafter->propose(go, want, out);
-  for (size_t i = 0; i < go.size(); ++i) go[i]->draft = std::move(out[i]);
-}
-
-void Engine::Impl::verify(Sampled& x, int32_t nv) {
-  // Each row is sampled exactly as plain decoding would sample that token
-  // (same logits, same sampler state and history); a draft is kept while it
-  // equals the token sampled before it.
-  Sequence& s = *x.seq;
-  std::vector<int32_t> history = s.tokens;
-  const int32_t rows = static_cast<int32_t>(s.draft.size()) + 1;
-  const bool eog_stops = s.req->params.stop_at_eog;
-  for (int32_t j = 0; j < rows; ++j) {
-    const int32_t y = s.sampler->sample(std::span<const float>(x.logits + int64_t{j} * nv, nv), history, nullptr);
-    x.verified.push_back(y);
-    history.push_back(y);
-    if (j + 1 == rows || y != s.draft[j] || (eog_stops && model.tokenizer().is_eog(y))) break;
-  }
-}
-
-void Engine::Impl::accept_verified(Sequence* s, int32_t start, const Sampled& x, int32_t nv) {
+void Engine::Impl::accept_verified(Sequence* s, const Sampled& x, int32_t nv) {
   const int32_t m = static_cast<int32_t>(x.verified.size());
   const int32_t k = static_cast<int32_t>(s->draft.size());
-  int32_t kept = 0;
-  while (kept < std::min(m, k) && x.verified[kept] == s->draft[kept]) ++kept;
-  // Rows [start, start + m) held the last token and the drafts kept before
-  // the last verified one: their K/V stands; the slots after are given back.
-  std::vector<int32_t> fed = s->tokens;
-  fed.insert(fed.end(), s->draft.begin(), s->draft.begin() + (m - 1));
-  blocks->commit(s->blocks, fed, s->slot(start) + m);
-  blocks->truncate(s->blocks, s->slot(start) + m);
+  const int32_t kept = spec->keep(*s, x.verified, *blocks);
   window->slide(*s);
-  // Running acceptance: each draft up to the first miss is one observation.
-  const int32_t observed = std::min(k, kept + 1);
-  for (int32_t j = 0; j < observed; ++j) s->spec.acceptance += 0.1 * ((j < kept ? 1.0 : 0.0) - s->spec.acceptance);
-  s->spec.drafted += k;
-  s->spec.accepted += kept;
   {
     std::lock_guard<std::mutex> lock(metrics_mu);
     metrics.spec_drafted += k;
