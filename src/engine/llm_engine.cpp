@@ -16,7 +16,9 @@
 #include "core/memory_info.h"
 #include "core/thread_pool.h"
 #include "engine/kv_pool_sizing.h"
+#include "engine/kv_event_relay.h"
 #include "engine/logprobs.h"
+#include "engine/metrics_recorder.h"
 #include "engine/prefill_pacer.h"
 #include "engine/prefill_sessions.h"
 #include "engine/prompt_scoring.h"
@@ -60,18 +62,12 @@ struct Engine::Impl {
 
   // The live timeline: what the observer hears after each step.
   std::function<void(const StepReport&)> observer;
-  std::function<void(std::vector<KvCacheEvent>)> kv_event_sink;
-  std::atomic<bool> reset_cache{false};
+  std::unique_ptr<KvEventRelay> kv_events;
   // Runs between steps on the engine's thread: a requested cache reset, then
   // the step's KV events to their sink.
   void after_step() {
-    if (reset_cache.exchange(false)) {
-      blocks->clear_prefix_cache();
-      update_gauges();
-    }
-    if (!kv_event_sink) return;
-    std::vector<KvCacheEvent> ev = blocks->take_events();
-    if (!ev.empty()) kv_event_sink(std::move(ev));
+    if (kv_events->reset_if_requested()) update_gauges();
+    kv_events->publish();
   }
   StepReport report;
   uint64_t preemptions_seen = 0;
@@ -92,8 +88,7 @@ struct Engine::Impl {
   uint64_t next_seq_id = 1;
   uint64_t next_arrival = 1;
 
-  mutable std::mutex metrics_mu;
-  MetricsSnapshot metrics;
+  MetricsRecorder metrics;
 
   std::thread loop;
   std::atomic<bool> stopping{false};
@@ -208,10 +203,8 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
     pc.max_seqs = sc.max_seqs;
     pacer = std::make_unique<PrefillPacer>(pc);
   }
-  metrics.kv_blocks_total = n_blocks;
-  metrics.kv_tokens_total = n_blocks * c.block_size / groups;
-  metrics.kv_window = paging.window;
-  metrics.prefix_caching = c.prefix_caching;
+  metrics.set_pool(n_blocks, n_blocks * c.block_size / groups, paging.window, c.prefix_caching);
+  kv_events = std::make_unique<KvEventRelay>(*blocks);
 
   check_speculation(c.spec, draft_model != nullptr);
   if (c.spec.mode != SpecMode::kOff) {
@@ -315,14 +308,7 @@ void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::s
     seq->req->choices_left -= seq->req->params.n - 1;
   }
   blocks->free(seq->blocks);
-  {
-    std::lock_guard<std::mutex> lock(metrics_mu);
-    if (--seq->req->choices_left == 0) {
-      ++metrics.requests_finished;
-      if (reason == "cancelled") ++metrics.requests_cancelled;  // requests, not their choices
-      metrics.e2e.observe(now - seq->req->arrival_s);
-    }
-  }
+  if (--seq->req->choices_left == 0) metrics.request_finished(reason == "cancelled", now - seq->req->arrival_s);
   seq->status = SeqStatus::kFinished;
   --live;
   sched->remove(seq);  // destroys it
@@ -331,12 +317,7 @@ void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::s
 bool Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
   const RequestParams& p = seq->req->params;
   const double now = steps.now();
-  {
-    std::lock_guard<std::mutex> lock(metrics_mu);
-    if (seq->first_token_s < 0) metrics.ttft.observe(now - seq->req->arrival_s);
-    else metrics.itl.observe(now - seq->last_token_s);
-    ++metrics.generation_tokens;
-  }
+  metrics.token(seq->first_token_s < 0, now - (seq->first_token_s < 0 ? seq->req->arrival_s : seq->last_token_s));
   if (seq->first_token_s < 0) seq->first_token_s = now;
   seq->last_token_s = now;
 
@@ -487,14 +468,7 @@ bool Engine::Impl::step() {
       report.parts.push_back({x.seq->req->id, x.seq->choice, decoding ? 0 : x.n_tokens, decoding ? x.n_tokens : 0});
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(metrics_mu);
-    metrics.prompt_tokens += n_prompt_rows;
-    MetricsSnapshot::PhaseTotals& pt = metrics.phases[static_cast<size_t>(phase)];
-    ++pt.steps;
-    pt.rows += batch.size();
-    pt.seconds += t1 - t0;
-  }
+  metrics.step(phase, static_cast<int32_t>(batch.size()), t1 - t0, n_prompt_rows);
 
   // Sample every sequence whose logits came out, on all threads: each
   // sampler (its own RNG) reads only its own logits and history, so the
@@ -555,13 +529,7 @@ void Engine::Impl::accept_verified(Sequence* s, const Sampled& x, int32_t nv) {
   const int32_t k = static_cast<int32_t>(s->draft.size());
   const int32_t kept = spec->keep(*s, x.verified, *blocks);
   window->slide(*s);
-  {
-    std::lock_guard<std::mutex> lock(metrics_mu);
-    metrics.spec_drafted += k;
-    metrics.spec_accepted += kept;
-    ++metrics.spec_steps;
-    metrics.spec_step_tokens += m;
-  }
+  metrics.speculation(k, kept, m);
   for (int32_t j = 0; j < m; ++j)
     if (!accept_token(s, x.verified[j], x.logits + int64_t{j} * nv)) return;  // it ended
 }
@@ -596,22 +564,7 @@ bool Engine::Impl::start_ready() {
   return true;
 }
 
-void Engine::Impl::update_gauges() {
-  const BlockStats bs = blocks->stats();
-  std::lock_guard<std::mutex> lock(metrics_mu);
-  metrics.sessions = static_cast<int64_t>(sessions->size());
-  metrics.running = static_cast<int64_t>(sched->n_running());
-  metrics.waiting = static_cast<int64_t>(sched->n_waiting());
-  metrics.swapped = static_cast<int64_t>(sched->n_swapped());
-  metrics.swap_outs = sched->swap_outs();
-  metrics.kv_blocks_used = bs.used;
-  metrics.kv_blocks_free = bs.free;
-  metrics.kv_blocks_cached = bs.cached_free;
-  metrics.kv_blocks_published = bs.published;
-  metrics.prefix_cache_queried_tokens = bs.queried_tokens;
-  metrics.prefix_cache_hit_tokens = bs.hit_tokens;
-  metrics.preemptions = sched->preemptions();
-}
+void Engine::Impl::update_gauges() { metrics.gauges(*blocks, *sched, static_cast<int64_t>(sessions->size())); }
 
 void Engine::Impl::fail_all(const std::string& error) {
   std::vector<Sequence*> all;
@@ -644,7 +597,7 @@ void Engine::start() {
         I.inbox_cv.wait_for(lock, std::chrono::milliseconds(50),
                             [&] {
                               return I.stopping.load() || !I.inbox.empty() || !I.cancels.empty() ||
-                                     I.reset_cache.load();
+                                     I.kv_events->reset_requested();
                             });
       }
     }
@@ -696,8 +649,7 @@ uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params
   // max_seqs that run at once.
   const int64_t would_wait = std::max<int64_t>(0, I.live + 1 - cfg_.max_seqs);
   if (would_wait > cfg_.max_waiting) {
-    std::lock_guard<std::mutex> ml(I.metrics_mu);
-    ++I.metrics.requests_rejected;
+    I.metrics.request_rejected();
     fail(ErrorKind::kResource, "the server is overloaded: {} requests are already waiting", would_wait - 1);
   }
   ++I.live;
@@ -721,10 +673,7 @@ void Engine::cancel(uint64_t request_id) {
   impl_->inbox_cv.notify_all();
 }
 
-MetricsSnapshot Engine::metrics() const {
-  std::lock_guard<std::mutex> lock(impl_->metrics_mu);
-  return impl_->metrics;
-}
+MetricsSnapshot Engine::metrics() const { return impl_->metrics.snapshot(); }
 
 bool Engine::step() {
   const bool busy = impl_->step();
@@ -766,12 +715,11 @@ const Intake& Engine::intake() const { return *impl_->intake; }
 void Engine::set_step_observer(std::function<void(const StepReport&)> fn) { impl_->observer = std::move(fn); }
 
 void Engine::set_kv_event_sink(std::function<void(std::vector<KvCacheEvent>)> fn, std::string_view hash_seed) {
-  impl_->kv_event_sink = std::move(fn);
-  if (impl_->kv_event_sink) impl_->blocks->record_events(hash_seed);
+  impl_->kv_events->set_sink(std::move(fn), hash_seed);
 }
 
 void Engine::reset_prefix_cache() {
-  impl_->reset_cache = true;
+  impl_->kv_events->request_reset();
   impl_->inbox_cv.notify_all();
 }
 
