@@ -24,6 +24,7 @@
 #include "engine/prompt_scoring.h"
 #include "engine/scheduler.h"
 #include "engine/speculative_decoding.h"
+#include "engine/step_batch.h"
 #include "engine/step_log.h"
 #include "engine/streaming_window.h"
 #include "engine/stop_strings.h"
@@ -94,9 +95,7 @@ struct Engine::Impl {
   std::atomic<bool> stopping{false};
 
   // Step scratch.
-  Batch batch;
-  std::vector<SeqKv> seq_kv;
-  std::vector<SeqKv*> seq_kv_ptrs;
+  StepBatch batch;
   Logits logits;  // sized for the largest step so far, reused
   struct Sampled {
     Sequence* seq;
@@ -107,10 +106,12 @@ struct Engine::Impl {
   };
   std::vector<Sampled> sampled;
   PromptScorer scored;  // prompt positions whose logprobs this step's logits give
-  std::vector<int64_t> last_row;  // per scheduled sequence: logits row of its last token, or -1
-  std::vector<Sequence*> prompt_seqs;  // scheduled sequences computing prompt rows
 
   bool step();
+  // The step's named points after scheduling. forward returns when it began.
+  double forward(std::span<const ScheduledSeq> scheduled);
+  void sample(std::span<const ScheduledSeq> scheduled);
+  void accept(std::span<const ScheduledSeq> scheduled);
   // Speculation: keeps the rows of `s` its verification kept, then accepts
   // their tokens.
   void accept_verified(Sequence* s, const Sampled& x, int32_t nv);
@@ -386,100 +387,82 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
   else accept_token(seq, t, lg);
 }
 
+// One step at its named points: intake (requests, cancellations, expired
+// sessions, drafts) -> schedule -> forward -> sample -> accept (commit,
+// slide the window, tokens out, stops) -> end of step (costs, the timeline).
 bool Engine::Impl::step() {
   drain_inbox();
   sessions->expire();
   if (spec) spec->plan(*sched, window->limit());
+
   const int32_t prefill_budget = pacer ? pacer->budget(sched->n_decoding(), sched->n_prefilling()) : INT32_MAX;
-  std::vector<ScheduledSeq> sched_batch = sched->schedule(prefill_budget);
-  const bool started = start_ready();
+  const std::vector<ScheduledSeq> scheduled = sched->schedule(prefill_budget);
+  const bool started = start_ready();  // sessions' whole prompts, from their logits
   update_gauges();
-  if (sched_batch.empty()) return started;
+  if (scheduled.empty()) return started;
 
-  // Rows of every scheduled sequence, in order; a row wants logits when it is
-  // the sequence's last uncomputed token, or when it predicts a prompt token
-  // whose logprob is asked for (the logits of row p score token p + 1).
-  batch.clear();
-  prompt_seqs.clear();
-  seq_kv.resize(sched_batch.size());
-  seq_kv_ptrs.resize(sched_batch.size());
-  scored.clear();
-  last_row.assign(sched_batch.size(), -1);
-  // A decoding sequence with drafts runs its last token and then each draft,
-  // every one of those rows with logits.
-  int32_t n_decode = 0, n_decode_rows = 0, n_prefill_rows = 0, n_prompt_rows = 0, n_logit_rows = 0;
-  for (size_t i = 0; i < sched_batch.size(); ++i) {
-    Sequence* s = sched_batch[i].seq;
-    const int32_t n = sched_batch[i].n_tokens, start = s->n_computed();
-    const int32_t n_tok = static_cast<int32_t>(s->tokens.size());
-    const int32_t score_from = s->wants_prompt_logits() ? s->score_next : s->n_prompt;
-    seq_kv[i].blocks = s->blocks.table;
-    seq_kv[i].windowed.resize(s->blocks.windowed.size());
-    for (size_t g = 0; g < s->blocks.windowed.size(); ++g) seq_kv[i].windowed[g] = s->blocks.windowed[g].table;
-    seq_kv[i].n_tokens = s->slot(start);
-    seq_kv[i].rope_shift = s->evicted;
-    window->attach(*s, seq_kv[i]);
-    seq_kv_ptrs[i] = &seq_kv[i];
-    for (int32_t j = 0; j < n; ++j) {
-      const int32_t pos = start + j;
-      const bool score = pos + 1 >= score_from && pos + 1 < s->n_prompt;
-      if (score) scored.add(s, pos + 1, n_logit_rows);
-      const bool last = pos + 1 >= n_tok;
-      if (pos + 1 == n_tok) last_row[i] = n_logit_rows;
-      const int32_t token = pos < n_tok ? s->tokens[pos] : s->draft[pos - n_tok];
-      batch.push_back({token, s->slot(pos), static_cast<int32_t>(i), score || last});
-      n_logit_rows += score || last;
-      if (pos < s->n_prompt) ++n_prompt_rows;
-    }
-    if (start + 1 == n_tok && start >= s->n_prompt) {
-      ++n_decode;
-      n_decode_rows += n;
-      ++s->spec.steps;
-    } else {
-      n_prefill_rows += n;
-    }
-    if (start < s->n_prompt) prompt_seqs.push_back(s);
+  batch.build(scheduled, *window, scored);
+  const double t0 = forward(scheduled);
+  sample(scheduled);
+  accept(scheduled);
+
+  sched->for_each([](Sequence& q) { q.draft.clear(); });
+  // The draft policy's cost of a step of R rows, each with logits (decodes
+  // and drafts): prompt rows skip the output matrix, so a step holding them
+  // would make drafts look cheaper than they are. Sampling and verifying
+  // the rows count too.
+  if (spec && batch.n_prefill_rows == 0) spec->observe_step(static_cast<int32_t>(batch.rows.size()), steps.now() - t0);
+  if (observer) {
+    ++report.step;
+    report.preempted = static_cast<int32_t>(sched->preemptions() - preemptions_seen);
+    preemptions_seen = sched->preemptions();
+    observer(report);
+    report.arrived.clear();
+    report.finished.clear();
   }
+  return true;
+}
 
+double Engine::Impl::forward(std::span<const ScheduledSeq> scheduled) {
   const int32_t nv = model.config().n_vocab;
-  const size_t n_out = rows_with_logits(batch) * static_cast<size_t>(nv);
+  const size_t n_out = rows_with_logits(batch.rows) * static_cast<size_t>(nv);
   if (logits.size() < n_out) logits.resize(n_out);
   const double t0 = steps.now();
-  exec->forward(batch, seq_kv_ptrs, std::span<float>(logits));
+  exec->forward(batch.rows, batch.seq_kv_ptrs, std::span<float>(logits));
   const double t1 = steps.now();
-  for (Sequence* s : prompt_seqs) {
+  for (Sequence* s : batch.prompt_seqs) {
     if (s->first_step_s < 0) s->first_step_s = t0;
     s->prefill_s += t1 - t0;
   }
-  const Phase phase = n_prefill_rows == 0 ? Phase::kDecode : (n_decode == 0 ? Phase::kPrefill : Phase::kMixed);
-  steps.add({phase, t0, t1, static_cast<int32_t>(batch.size()), static_cast<int32_t>(sched_batch.size())});
+  const Phase phase = batch.phase();
+  const int32_t rows = static_cast<int32_t>(batch.rows.size());
+  steps.add({phase, t0, t1, rows, static_cast<int32_t>(scheduled.size())});
   // The pacer counts decoding sequences, as its budget is asked for them:
   // their drafts are part of what a decode step of theirs costs.
-  if (pacer) pacer->observe(t1 - t0, n_decode, n_prefill_rows);
+  if (pacer) pacer->observe(t1 - t0, batch.n_decode, batch.n_prefill_rows);
   if (observer) {
     report.start_s = t0;
     report.end_s = t1;
     report.phase = phase;
-    report.rows = static_cast<int32_t>(batch.size());
-    report.parts.clear();
-    for (const ScheduledSeq& x : sched_batch) {
-      const bool decoding = x.seq->n_computed() + 1 == static_cast<int32_t>(x.seq->tokens.size()) &&
-                            x.seq->n_computed() >= x.seq->n_prompt;
-      report.parts.push_back({x.seq->req->id, x.seq->choice, decoding ? 0 : x.n_tokens, decoding ? x.n_tokens : 0});
-    }
+    report.rows = rows;
+    report_parts(scheduled, report);
   }
-  metrics.step(phase, static_cast<int32_t>(batch.size()), t1 - t0, n_prompt_rows);
+  metrics.step(phase, rows, t1 - t0, batch.n_prompt_rows);
+  return t0;
+}
 
-  // Sample every sequence whose logits came out, on all threads: each
-  // sampler (its own RNG) reads only its own logits and history, so the
-  // tokens do not depend on which thread draws them. Then, in batch order on
-  // this thread, commit blocks and accept the tokens (events, stops, forks).
-  // A 262k vocabulary makes a greedy pick ~50 us a sequence.
+void Engine::Impl::sample(std::span<const ScheduledSeq> scheduled) {
+  // Every sequence whose logits came out, on all threads: each sampler (its
+  // own RNG) reads only its own logits and history, so the tokens do not
+  // depend on which thread draws them. A 262k vocabulary makes a greedy
+  // pick ~50 us a sequence.
+  const int32_t nv = model.config().n_vocab;
   scored.score(logits.data(), nv, pool);
   sampled.resize(0);
-  for (size_t i = 0; i < sched_batch.size(); ++i)
-    if (last_row[i] >= 0) sampled.push_back({sched_batch[i].seq, logits.data() + last_row[i] * nv, -1, nullptr, {}});
-  auto sample = [&](int64_t i0, int64_t i1) {
+  for (size_t i = 0; i < scheduled.size(); ++i)
+    if (batch.last_row[i] >= 0)
+      sampled.push_back({scheduled[i].seq, logits.data() + batch.last_row[i] * nv, -1, nullptr, {}});
+  auto draw = [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       Sampled& x = sampled[i];
       try {
@@ -490,38 +473,29 @@ bool Engine::Impl::step() {
       }
     }
   };
-  pool.parallel_for(static_cast<int64_t>(sampled.size()), 1, sample);  // inline for one sequence
+  pool.parallel_for(static_cast<int64_t>(sampled.size()), 1, draw);  // inline for one sequence
+}
+
+void Engine::Impl::accept(std::span<const ScheduledSeq> scheduled) {
+  // In batch order on this thread: commit blocks and accept the tokens
+  // (events, stops, forks).
+  const int32_t nv = model.config().n_vocab;
   size_t si = 0;
-  for (size_t i = 0; i < sched_batch.size(); ++i) {
-    Sequence* s = sched_batch[i].seq;
-    if (!s->draft.empty() && last_row[i] >= 0) {
+  for (size_t i = 0; i < scheduled.size(); ++i) {
+    Sequence* s = scheduled[i].seq;
+    if (!s->draft.empty() && batch.last_row[i] >= 0) {
       const Sampled& x = sampled[si++];
       if (x.error) std::rethrow_exception(x.error);
       accept_verified(s, x, nv);  // streams before the tokens may finish it
       continue;
     }
-    blocks->commit(s->blocks, s->tokens, s->blocks.n_computed + sched_batch[i].n_tokens);
+    blocks->commit(s->blocks, s->tokens, s->blocks.n_computed + scheduled[i].n_tokens);
     window->slide(*s);
-    if (last_row[i] < 0) continue;
+    if (batch.last_row[i] < 0) continue;
     const Sampled& x = sampled[si++];
     if (x.error) std::rethrow_exception(x.error);
     handle_logits(s, x.logits, x.token);
   }
-  sched->for_each([](Sequence& q) { q.draft.clear(); });
-  // The draft policy's cost of a step of R rows, each with logits (decodes
-  // and drafts): prompt rows skip the output matrix, so a step holding them
-  // would make drafts look cheaper than they are. Sampling and verifying
-  // the rows count too.
-  if (spec && n_prefill_rows == 0) spec->observe_step(static_cast<int32_t>(batch.size()), steps.now() - t0);
-  if (observer) {
-    ++report.step;
-    report.preempted = static_cast<int32_t>(sched->preemptions() - preemptions_seen);
-    preemptions_seen = sched->preemptions();
-    observer(report);
-    report.arrived.clear();
-    report.finished.clear();
-  }
-  return true;
 }
 
 void Engine::Impl::accept_verified(Sequence* s, const Sampled& x, int32_t nv) {
