@@ -17,17 +17,16 @@
 #include "core/thread_pool.h"
 #include "engine/kv_pool_sizing.h"
 #include "engine/kv_event_relay.h"
-#include "engine/logprobs.h"
 #include "engine/metrics_recorder.h"
 #include "engine/prefill_pacer.h"
 #include "engine/prefill_sessions.h"
 #include "engine/prompt_scoring.h"
 #include "engine/scheduler.h"
+#include "engine/sequence_output.h"
 #include "engine/speculative_decoding.h"
 #include "engine/step_batch.h"
 #include "engine/step_log.h"
 #include "engine/streaming_window.h"
-#include "engine/stop_strings.h"
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
 #include "model/executor.h"
@@ -264,14 +263,7 @@ void Engine::Impl::emit(Sequence* seq, RequestEvent ev) {
 void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::string& cause,
                           const std::string& error) {
   RequestEvent ev;
-  if (reason != "cancelled" && reason != "error") {
-    // Whatever the stop-string check held back is now final.
-    if (reason != "stop") seq->text += seq->decoder->flush();
-    StopMatch m = find_stop(seq->text, seq->req->params.stop);
-    const size_t end = m.pos != std::string::npos ? m.pos : seq->text.size();
-    if (end > seq->emitted) ev.text = seq->text.substr(seq->emitted, end - seq->emitted);
-    seq->emitted = std::max(seq->emitted, end);
-  }
+  if (reason != "cancelled" && reason != "error") final_text(*seq, reason != "stop", ev);
   ev.finished = true;
   ev.finish_reason = reason;
   ev.stop_cause = cause;
@@ -279,33 +271,14 @@ void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::s
   const double now = steps.now();
   if ((reason == "stop" || reason == "length") && seq->choice == 0 && !seq->req->params.session.empty())
     sessions->save(*seq, std::move(finishing_logits));
-  RequestTimings& t = ev.timings;
-  const double arrival = seq->req->arrival_s;
-  t.prompt_tokens = seq->n_prompt;
-  t.cached_tokens = seq->n_cached_prompt;
-  t.generated_tokens = seq->n_generated();
-  t.queued_s = (seq->first_step_s >= 0 ? seq->first_step_s : now) - arrival;
-  t.prefill_s = seq->prefill_s;
-  t.ttft_s = seq->first_token_s >= 0 ? seq->first_token_s - arrival : 0;
-  t.decode_s = seq->first_token_s >= 0 ? seq->last_token_s - seq->first_token_s : 0;
-  t.preemptions = seq->preemptions;
-  t.decode_steps = std::max(0, seq->spec.steps);
-  t.drafted = seq->spec.drafted;
-  t.accepted = seq->spec.accepted;
+  ev.timings = sequence_timings(*seq, now);
   emit(seq, ev);
   if (spec) spec->forget(*seq);
   if (observer && seq->choice == 0) report.finished.push_back({seq->req->id, reason});
   if (seq->fork_pending) {
     // Choice 0 of an n > 1 request ends before its prompt was done (cancelled,
     // failed): the other choices, never forked, end with it.
-    for (int32_t c = 1; c < seq->req->params.n; ++c) {
-      RequestEvent other = ev;
-      other.text.clear();
-      other.request_id = seq->req->id;
-      other.choice = c;
-      other.completion_tokens = 0;
-      if (seq->req->sink) seq->req->sink(other);
-    }
+    end_unforked_choices(*seq, ev);
     seq->req->choices_left -= seq->req->params.n - 1;
   }
   blocks->free(seq->blocks);
@@ -329,22 +302,12 @@ bool Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
   if (seq->json) seq->json->accept(token);
   RequestEvent ev;
   ev.tokens.push_back(token);
-  if (p.logprobs >= 0) {
-    std::vector<TokenLogprob> top;
-    ev.logprobs.push_back(token_logprob(std::span<const float>(lg, model.config().n_vocab), token, p.logprobs, &top));
-    ev.top_logprobs.push_back(std::move(top));
-  }
+  if (p.logprobs >= 0) add_logprobs(ev, lg, model.config().n_vocab, token, p.logprobs);
   seq->tokens.push_back(token);
-  seq->text += seq->decoder->push(token);
-  StopMatch m = find_stop(seq->text, p.stop);
-  const size_t upto = m.pos != std::string::npos ? m.pos : m.safe_len;
-  if (upto > seq->emitted) {
-    ev.text = seq->text.substr(seq->emitted, upto - seq->emitted);
-    seq->emitted = upto;
-  }
+  const bool stop_string = push_text(*seq, token, ev);
   emit(seq, std::move(ev));
-  if (m.pos != std::string::npos || (seq->json && seq->json->complete())) {
-    finish(seq, "stop", m.pos != std::string::npos ? "stop" : "json");
+  if (stop_string || (seq->json && seq->json->complete())) {
+    finish(seq, "stop", stop_string ? "stop" : "json");
   } else if (p.max_tokens >= 0 && seq->n_generated() >= p.max_tokens) {
     finish(seq, "length", "length");
   } else if (seq->slot(static_cast<int32_t>(seq->tokens.size())) >= max_context) {
@@ -364,20 +327,8 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
     live += seq->req->params.n - 1;
     for (int32_t c = 1; c < seq->req->params.n; ++c) {
       auto child = make_seq(seq->req, c);
-      child->arrival_order = seq->arrival_order;
-      child->tokens = seq->tokens;
-      child->n_prompt = seq->n_prompt;
-      child->n_cached_prompt = seq->n_cached_prompt;
-      child->score_next = seq->score_next;
-      child->first_step_s = seq->first_step_s;
-      child->prefill_s = seq->prefill_s;
-      child->prompt_lp = seq->prompt_lp;
-      child->prompt_top = seq->prompt_top;
+      copy_prompt_state(*seq, *child);
       child->blocks = blocks->fork(seq->blocks);
-      child->evicted = seq->evicted;
-      child->kept_keys = seq->kept_keys;
-      child->kept_rotation = seq->kept_rotation;
-      child->attn_mass = seq->attn_mass;
       Sequence* raw = child.get();
       sched->add_running(std::move(child));
       first_token(raw, lg, raw->sampler->sample(std::span<const float>(lg, nv), raw->tokens, raw->json.get()));
