@@ -21,6 +21,7 @@
 #include "engine/prefill_pacer.h"
 #include "engine/prefill_sessions.h"
 #include "engine/prompt_scoring.h"
+#include "engine/request_checks.h"
 #include "engine/scheduler.h"
 #include "engine/sequence_output.h"
 #include "engine/speculative_decoding.h"
@@ -36,7 +37,6 @@
 namespace tandem {
 namespace {
 
-constexpr int32_t kMaxChoices = 16;
 constexpr int64_t kPromptLogitBytes = int64_t{64} << 20;
 
 }  // namespace
@@ -538,30 +538,7 @@ void Engine::stop() {
 
 uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params, EventSink sink) {
   Impl& I = *impl_;
-  const int32_t nv = model_.config().n_vocab;
-  if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt is empty");
-  for (int32_t t : prompt)
-    if (t < 0 || t >= nv) fail(ErrorKind::kInvalidArgument, "prompt token id {} is outside the vocabulary (0..{})", t, nv - 1);
-  // A prompt alone (max_tokens 0: scored, not continued) may fill the
-  // context; a streaming window slides through any prompt.
-  if (I.cfg.kv_cache.window == 0 &&
-      (static_cast<int64_t>(prompt.size()) > I.max_context ||
-       (static_cast<int64_t>(prompt.size()) == I.max_context && params.max_tokens != 0)))
-    fail(ErrorKind::kInvalidArgument,
-         "the prompt has {} tokens, which leaves no room in the context of {} tokens", prompt.size(), I.max_context);
-  if (params.n < 1 || params.n > kMaxChoices)
-    fail(ErrorKind::kInvalidArgument, "n = {} is outside [1, {}]", params.n, kMaxChoices);
-  if (params.logprobs > 20) fail(ErrorKind::kInvalidArgument, "logprobs = {} is more than 20", params.logprobs);
-  if (params.prompt_logprobs > 20)
-    fail(ErrorKind::kInvalidArgument, "prompt_logprobs = {} is more than 20", params.prompt_logprobs);
-  if (params.on_prompt_row && (params.prompt_logprobs >= 0 || params.rows_from < 0 ||
-                               params.rows_from >= static_cast<int32_t>(prompt.size())))
-    fail(ErrorKind::kInvalidArgument, "prompt rows from {} of a {}-token prompt cannot be scored", params.rows_from,
-         prompt.size());
-  for (const auto& [id, bias] : params.sampling.logit_bias)
-    if (id < 0 || id >= nv)
-      fail(ErrorKind::kInvalidArgument, "logit_bias token id {} is outside the vocabulary (0..{})", id, nv - 1);
-  Sampler check(params.sampling);  // throws on absurd sampling parameters
+  check_request(prompt, params, model_.config().n_vocab, I.max_context, I.cfg.kv_cache.window > 0);
 
   auto req = std::make_shared<RequestState>();
   req->params = params;
