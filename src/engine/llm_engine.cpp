@@ -22,6 +22,7 @@
 #include "engine/prefill_sessions.h"
 #include "engine/prompt_scoring.h"
 #include "engine/request_checks.h"
+#include "engine/request_inbox.h"
 #include "engine/scheduler.h"
 #include "engine/sequence_output.h"
 #include "engine/speculative_decoding.h"
@@ -76,11 +77,8 @@ struct Engine::Impl {
   // the step's forward pass. True when there were any.
   bool start_ready();
 
-  // Inbox: filled by submit()/cancel() on any thread, drained by step().
-  std::mutex inbox_mu;
-  std::condition_variable inbox_cv;
-  std::vector<std::unique_ptr<Sequence>> inbox;
-  std::vector<uint64_t> cancels;
+  RequestInbox inbox;  // filled by submit()/cancel() on any thread, drained by step()
+  // Numbered under the inbox's lock.
   uint64_t next_request_id = 1;
   // Sequences submitted and not finished (the inbox's, waiting, running,
   // swapped): what admission counts, exact at every moment.
@@ -234,11 +232,7 @@ std::shared_ptr<const std::vector<std::string>> Engine::Impl::token_pieces() {
 void Engine::Impl::drain_inbox() {
   std::vector<std::unique_ptr<Sequence>> fresh;
   std::vector<uint64_t> cancel_ids;
-  {
-    std::lock_guard<std::mutex> lock(inbox_mu);
-    fresh.swap(inbox);
-    cancel_ids.swap(cancels);
-  }
+  inbox.take(fresh, cancel_ids);
   for (auto& s : fresh) {
     if (observer) report.arrived.push_back({s->req->id, s->req->arrival_s});
     sched->add(std::move(s));
@@ -517,14 +511,9 @@ void Engine::start() {
         I.fail_all(e.what());
       }
       I.after_step();
-      if (!busy) {
-        std::unique_lock<std::mutex> lock(I.inbox_mu);
-        I.inbox_cv.wait_for(lock, std::chrono::milliseconds(50),
-                            [&] {
-                              return I.stopping.load() || !I.inbox.empty() || !I.cancels.empty() ||
-                                     I.kv_events->reset_requested();
-                            });
-      }
+      if (!busy)
+        I.inbox.wait(std::chrono::milliseconds(50),
+                     [&] { return I.stopping.load() || I.kv_events->reset_requested(); });
     }
   });
 }
@@ -532,7 +521,7 @@ void Engine::start() {
 void Engine::stop() {
   if (!impl_ || !impl_->loop.joinable()) return;
   impl_->stopping = true;
-  impl_->inbox_cv.notify_all();
+  impl_->inbox.notify();
   impl_->loop.join();
 }
 
@@ -546,33 +535,31 @@ uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params
   req->n_prompt = static_cast<int32_t>(prompt.size());
   req->arrival_s = I.steps.now();
   req->choices_left = params.n;
-  std::lock_guard<std::mutex> lock(I.inbox_mu);
-  // Only sequences that cannot start count as waiting: those beyond the
-  // max_seqs that run at once.
-  const int64_t would_wait = std::max<int64_t>(0, I.live + 1 - cfg_.max_seqs);
-  if (would_wait > cfg_.max_waiting) {
-    I.metrics.request_rejected();
-    fail(ErrorKind::kResource, "the server is overloaded: {} requests are already waiting", would_wait - 1);
-  }
-  ++I.live;
-  req->id = I.next_request_id++;
-  auto s = I.make_seq(req, 0);
-  s->id = I.next_seq_id++;
-  s->arrival_order = I.next_arrival++;
-  s->tokens = std::move(prompt);
-  s->n_prompt = req->n_prompt;
-  start_prompt_scoring(*s);
-  s->fork_pending = params.n > 1;
-  I.inbox.push_back(std::move(s));
-  I.inbox_cv.notify_all();
+  I.inbox.push([&] {
+    // Only sequences that cannot start count as waiting: those beyond the
+    // max_seqs that run at once.
+    const int64_t would_wait = std::max<int64_t>(0, I.live + 1 - cfg_.max_seqs);
+    if (would_wait > cfg_.max_waiting) {
+      I.metrics.request_rejected();
+      fail(ErrorKind::kResource, "the server is overloaded: {} requests are already waiting", would_wait - 1);
+    }
+    ++I.live;
+    req->id = I.next_request_id++;
+    auto s = I.make_seq(req, 0);
+    s->id = I.next_seq_id++;
+    s->arrival_order = I.next_arrival++;
+    s->tokens = std::move(prompt);
+    s->n_prompt = req->n_prompt;
+    start_prompt_scoring(*s);
+    s->fork_pending = params.n > 1;
+    return s;
+  });
   return req->id;
 }
 
 void Engine::cancel(uint64_t request_id) {
-  std::lock_guard<std::mutex> lock(impl_->inbox_mu);
   // A request still in the inbox is finished through the same path on the next step.
-  impl_->cancels.push_back(request_id);
-  impl_->inbox_cv.notify_all();
+  impl_->inbox.cancel(request_id);
 }
 
 MetricsSnapshot Engine::metrics() const { return impl_->metrics.snapshot(); }
@@ -622,7 +609,7 @@ void Engine::set_kv_event_sink(std::function<void(std::vector<KvCacheEvent>)> fn
 
 void Engine::reset_prefix_cache() {
   impl_->kv_events->request_reset();
-  impl_->inbox_cv.notify_all();
+  impl_->inbox.notify();
 }
 
 void Engine::check_invariants() {
