@@ -1,19 +1,11 @@
 #include "engine/llm_engine.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <deque>
 #include <exception>
-#include <limits>
 #include <mutex>
-#include <numeric>
-#include <optional>
 #include <string>
-#include <unordered_map>
 
 #include "core/error.h"
-#include "core/memory_info.h"
 #include "core/thread_pool.h"
 #include "engine/kv_pool_sizing.h"
 #include "engine/kv_event_relay.h"
@@ -24,13 +16,12 @@
 #include "engine/request_checks.h"
 #include "engine/request_inbox.h"
 #include "engine/scheduler.h"
+#include "engine/sequence_factory.h"
 #include "engine/sequence_output.h"
 #include "engine/speculative_decoding.h"
 #include "engine/step_batch.h"
-#include "engine/step_log.h"
 #include "engine/streaming_window.h"
 #include "kv/block_manager.h"
-#include "kv/kv_cache.h"
 #include "model/executor.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -49,47 +40,35 @@ struct Engine::Impl {
   const EngineConfig cfg;
   int32_t max_context = 0;
   std::unique_ptr<Intake> intake;
+  SequenceFactory seqs;
   ThreadPool pool;
+  StepLog steps;  // the clock, and a record of the last steps
+  MetricsRecorder metrics;
+
+  // What a step goes through, and the modules it calls at its named points.
   std::unique_ptr<Executor> exec;  // the forward passes and the KV pool they write
   std::unique_ptr<BlockManager> blocks;
   std::unique_ptr<Scheduler> sched;
   std::unique_ptr<PrefillPacer> pacer;  // latency policy only
-  StepLog steps;
-  std::unique_ptr<SpeculativeDecoding> spec;  // cfg.spec.mode != kOff
-
-  std::unique_ptr<PrefillSessions> sessions;  // progressive prefill
-  // Set by first_token for the session save of a prefill that ends there.
-  std::shared_ptr<const std::vector<float>> finishing_logits;
-
-  // The live timeline: what the observer hears after each step.
-  std::function<void(const StepReport&)> observer;
-  std::unique_ptr<KvEventRelay> kv_events;
-  // Runs between steps on the engine's thread: a requested cache reset, then
-  // the step's KV events to their sink.
-  void after_step() {
-    if (kv_events->reset_if_requested()) update_gauges();
-    kv_events->publish();
-  }
-  StepReport report;
-  uint64_t preemptions_seen = 0;
   std::unique_ptr<StreamingWindow> window;  // --kv-window: evicts between a sequence's sinks and its window
-  // Samples the first token of the sequences a session resumed whole, before
-  // the step's forward pass. True when there were any.
-  bool start_ready();
+  std::unique_ptr<PrefillSessions> sessions;  // progressive prefill
+  std::unique_ptr<SpeculativeDecoding> spec;  // cfg.spec.mode != kOff
+  std::unique_ptr<KvEventRelay> kv_events;
+  PromptScorer scored;  // prompt positions whose logprobs this step's logits give
 
-  RequestInbox inbox;  // filled by submit()/cancel() on any thread, drained by step()
-  // Numbered under the inbox's lock.
-  uint64_t next_request_id = 1;
+  // Intake: filled by submit()/cancel() on any thread, drained by step().
+  RequestInbox inbox;
+  uint64_t next_request_id = 1, next_seq_id = 1, next_arrival = 1;  // under the inbox's lock
   // Sequences submitted and not finished (the inbox's, waiting, running,
   // swapped): what admission counts, exact at every moment.
   std::atomic<int64_t> live{0};
-  uint64_t next_seq_id = 1;
-  uint64_t next_arrival = 1;
-
-  MetricsRecorder metrics;
-
   std::thread loop;
   std::atomic<bool> stopping{false};
+
+  // The live timeline: what the observer hears after each step.
+  std::function<void(const StepReport&)> observer;
+  StepReport report;
+  uint64_t preemptions_seen = 0;
 
   // Step scratch.
   StepBatch batch;
@@ -102,36 +81,43 @@ struct Engine::Impl {
     std::vector<int32_t> verified;  // speculation: the tokens its rows gave, in order
   };
   std::vector<Sampled> sampled;
-  PromptScorer scored;  // prompt positions whose logprobs this step's logits give
+  // Set by first_token for the session save of a prefill that ends there.
+  std::shared_ptr<const std::vector<float>> finishing_logits;
 
   bool step();
-  // The step's named points after scheduling. forward returns when it began.
-  double forward(std::span<const ScheduledSeq> scheduled);
+  // The step's named points, in order.
+  void drain_inbox();
+  // Samples the first token of the sequences a session resumed whole, before
+  // the step's forward pass. True when there were any.
+  bool start_ready();
+  double forward(std::span<const ScheduledSeq> scheduled);  // returns when it began
   void sample(std::span<const ScheduledSeq> scheduled);
   void accept(std::span<const ScheduledSeq> scheduled);
+  // Runs between steps on the engine's thread: a requested cache reset, then
+  // the step's KV events to their sink.
+  void after_step() {
+    if (kv_events->reset_if_requested()) update_gauges();
+    kv_events->publish();
+  }
+
   // Speculation: keeps the rows of `s` its verification kept, then accepts
   // their tokens.
   void accept_verified(Sequence* s, const Sampled& x, int32_t nv);
-  // The first token of a choice (after its prompt's logprobs, when asked).
-  void first_token(Sequence* seq, const float* logits, int32_t token);
-  void drain_inbox();
   // Accepts `token`, sampled from `logits` (and forks the other choices of an n > 1 request).
   void handle_logits(Sequence* seq, const float* logits, int32_t token);
+  // The first token of a choice (after its prompt's logprobs, when asked).
+  void first_token(Sequence* seq, const float* logits, int32_t token);
   // False when the token ended the sequence (it is gone then).
   bool accept_token(Sequence* seq, int32_t token, const float* logits);
   // reason: OpenAI's finish_reason; cause: what ended it (RequestEvent::stop_cause).
   void finish(Sequence* seq, const std::string& reason, const std::string& cause, const std::string& error = "");
   void emit(Sequence* seq, RequestEvent ev);
   void fail_all(const std::string& error);
-  std::unique_ptr<Sequence> make_seq(const std::shared_ptr<RequestState>& req, int32_t choice);
-  // Every token's text, made at the first constrained request (any thread).
-  std::shared_ptr<const std::vector<std::string>> token_pieces();
-  std::once_flag pieces_once;
-  std::shared_ptr<const std::vector<std::string>> pieces;
   void update_gauges();
 };
 
-Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(m), cfg(c), pool(c.threads) {
+Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model)
+    : model(m), cfg(c), seqs(m.tokenizer()), pool(c.threads) {
   const ModelConfig& mc = m.config();
   max_context = c.max_context > 0 ? c.max_context : std::min(mc.n_ctx_train, 4096);
   if (max_context > mc.n_ctx_train)
@@ -209,24 +195,6 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
     spec = std::make_unique<SpeculativeDecoding>(c.spec, m, draft_model, max_context, c.max_seqs, pool);
     spec->calibrate(m, *blocks, *exec, logits, steps);
   }
-}
-
-std::unique_ptr<Sequence> Engine::Impl::make_seq(const std::shared_ptr<RequestState>& req, int32_t choice) {
-  auto s = std::make_unique<Sequence>();
-  s->req = req;
-  s->choice = choice;
-  SamplingParams sp = req->params.sampling;
-  if (sp.seed != 0xFFFFFFFF) sp.seed += static_cast<uint64_t>(choice);  // distinct, reproducible choices
-  s->sampler = std::make_unique<Sampler>(sp);
-  s->decoder = std::make_unique<StreamDecoder>(model.tokenizer());
-  if (req->params.json_object || req->params.json_schema)
-    s->json = std::make_unique<JsonConstraint>(token_pieces(), model.tokenizer(), req->params.json_schema);
-  return s;
-}
-
-std::shared_ptr<const std::vector<std::string>> Engine::Impl::token_pieces() {
-  std::call_once(pieces_once, [this] { pieces = tandem::token_pieces(model.tokenizer()); });
-  return pieces;
 }
 
 void Engine::Impl::drain_inbox() {
@@ -320,7 +288,7 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
     seq->fork_pending = false;
     live += seq->req->params.n - 1;
     for (int32_t c = 1; c < seq->req->params.n; ++c) {
-      auto child = make_seq(seq->req, c);
+      auto child = seqs.make(seq->req, c);
       copy_prompt_state(*seq, *child);
       child->blocks = blocks->fork(seq->blocks);
       Sequence* raw = child.get();
@@ -545,7 +513,7 @@ uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params
     }
     ++I.live;
     req->id = I.next_request_id++;
-    auto s = I.make_seq(req, 0);
+    auto s = I.seqs.make(req, 0);
     s->id = I.next_seq_id++;
     s->arrival_order = I.next_arrival++;
     s->tokens = std::move(prompt);
