@@ -1,27 +1,27 @@
 #include "engine/llm_engine.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <deque>
 #include <exception>
-#include <limits>
 #include <mutex>
-#include <numeric>
-#include <optional>
 #include <string>
-#include <unordered_map>
 
 #include "core/error.h"
-#include "core/memory_info.h"
 #include "core/thread_pool.h"
-#include "engine/logprobs.h"
+#include "engine/kv_pool_sizing.h"
+#include "engine/kv_event_relay.h"
+#include "engine/metrics_recorder.h"
 #include "engine/prefill_pacer.h"
-#include "engine/draft_model.h"
+#include "engine/prefill_sessions.h"
+#include "engine/prompt_scoring.h"
+#include "engine/request_checks.h"
+#include "engine/request_inbox.h"
 #include "engine/scheduler.h"
-#include "engine/step_log.h"
+#include "engine/sequence_factory.h"
+#include "engine/sequence_output.h"
+#include "engine/speculative_decoding.h"
+#include "engine/step_batch.h"
+#include "engine/streaming_window.h"
 #include "kv/block_manager.h"
-#include "kv/kv_cache.h"
 #include "model/executor.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -29,8 +29,6 @@
 namespace tandem {
 namespace {
 
-constexpr int32_t kMaxChoices = 16;
-constexpr int64_t kDefaultKvCapBytes = int64_t{2} << 30;
 constexpr int64_t kPromptLogitBytes = int64_t{64} << 20;
 
 }  // namespace
@@ -42,88 +40,38 @@ struct Engine::Impl {
   const EngineConfig cfg;
   int32_t max_context = 0;
   std::unique_ptr<Intake> intake;
+  SequenceFactory seqs;
   ThreadPool pool;
+  StepLog steps;  // the clock, and a record of the last steps
+  MetricsRecorder metrics;
+
+  // What a step goes through, and the modules it calls at its named points.
   std::unique_ptr<Executor> exec;  // the forward passes and the KV pool they write
   std::unique_ptr<BlockManager> blocks;
   std::unique_ptr<Scheduler> sched;
   std::unique_ptr<PrefillPacer> pacer;  // latency policy only
-  StepLog steps;
-  // Speculative decoding (cfg.spec.mode != kOff).
-  std::unique_ptr<Drafter> drafter;
-  std::unique_ptr<SpecPolicy> spec_policy;
+  std::unique_ptr<StreamingWindow> window;  // --kv-window: evicts between a sequence's sinks and its window
+  std::unique_ptr<PrefillSessions> sessions;  // progressive prefill
+  std::unique_ptr<SpeculativeDecoding> spec;  // cfg.spec.mode != kOff
+  std::unique_ptr<KvEventRelay> kv_events;
+  PromptScorer scored;  // prompt positions whose logprobs this step's logits give
 
-  // Progressive prefill: what each session's last request left. Its whole
-  // blocks stay ordinary cached blocks (the LRU may take them; a reference
-  // here does not pin them); its last, partly filled block is a private copy,
-  // so the next request resumes to the token.
-  // A prefill also keeps the logits of its last position (a vocabulary of
-  // floats), so a request for the same tokens samples its first token from
-  // them at admission instead of recomputing that position in a step.
-  struct Session {
-    std::vector<int32_t> tokens;  // whose K/V was computed
-    std::vector<BlockRef> whole;  // the published blocks of its whole blocks
-    std::vector<std::vector<BlockRef>> whole_windowed;  // the same per windowed group
-    SeqBlocks tail;               // one pinned block: the copy of the partly filled one
-    std::shared_ptr<const std::vector<float>> logits;  // after `tokens`, when its request computed them
-    double last_used = 0;
-  };
-  std::unordered_map<std::string, Session> sessions;
-  double sessions_checked = 0;
-  // Set by first_token for the session save of a prefill that ends there.
-  std::shared_ptr<const std::vector<float>> finishing_logits;
-  // Admitted this step with their whole prompt's K/V and the session's logits.
-  std::vector<Sequence*> ready;
-
-  // The live timeline: what the observer hears after each step.
-  std::function<void(const StepReport&)> observer;
-  std::function<void(std::vector<KvCacheEvent>)> kv_event_sink;
-  std::atomic<bool> reset_cache{false};
-  // Runs between steps on the engine's thread: a requested cache reset, then
-  // the step's KV events to their sink.
-  void after_step() {
-    if (reset_cache.exchange(false)) {
-      blocks->clear_prefix_cache();
-      update_gauges();
-    }
-    if (!kv_event_sink) return;
-    std::vector<KvCacheEvent> ev = blocks->take_events();
-    if (!ev.empty()) kv_event_sink(std::move(ev));
-  }
-  StepReport report;
-  uint64_t preemptions_seen = 0;
-  void resume_session(Sequence& s);
-  void stream(Sequence& s);
-  // A streaming window's eviction point: sinks + window + a block (0: none).
-  int32_t stream_limit = 0;
-  // Samples the first token of the sequences `ready` holds, before the step's
-  // forward pass. True when there were any.
-  bool start_ready();
-  void save_session(Sequence& s);
-  void drop_session(std::unordered_map<std::string, Session>::iterator it);
-  void expire_sessions(bool all = false);
-
-  // Inbox: filled by submit()/cancel() on any thread, drained by step().
-  std::mutex inbox_mu;
-  std::condition_variable inbox_cv;
-  std::vector<std::unique_ptr<Sequence>> inbox;
-  std::vector<uint64_t> cancels;
-  uint64_t next_request_id = 1;
+  // Intake: filled by submit()/cancel() on any thread, drained by step().
+  RequestInbox inbox;
+  uint64_t next_request_id = 1, next_seq_id = 1, next_arrival = 1;  // under the inbox's lock
   // Sequences submitted and not finished (the inbox's, waiting, running,
   // swapped): what admission counts, exact at every moment.
   std::atomic<int64_t> live{0};
-  uint64_t next_seq_id = 1;
-  uint64_t next_arrival = 1;
-
-  mutable std::mutex metrics_mu;
-  MetricsSnapshot metrics;
-
   std::thread loop;
   std::atomic<bool> stopping{false};
 
+  // The live timeline: what the observer hears after each step.
+  std::function<void(const StepReport&)> observer;
+  StepReport report;
+  uint64_t preemptions_seen = 0;
+
   // Step scratch.
-  Batch batch;
-  std::vector<SeqKv> seq_kv;
-  std::vector<SeqKv*> seq_kv_ptrs;
+  StepBatch batch;
   Logits logits;  // sized for the largest step so far, reused
   struct Sampled {
     Sequence* seq;
@@ -133,46 +81,43 @@ struct Engine::Impl {
     std::vector<int32_t> verified;  // speculation: the tokens its rows gave, in order
   };
   std::vector<Sampled> sampled;
-  struct Scored {  // a prompt position whose logprob this step's logits give
-    Sequence* seq;
-    int32_t pos;       // the prompt token scored
-    int64_t logit_row;
-  };
-  std::vector<Scored> scored;
-  std::vector<int64_t> last_row;  // per scheduled sequence: logits row of its last token, or -1
-  std::vector<Sequence*> prompt_seqs;  // scheduled sequences computing prompt rows
+  // Set by first_token for the session save of a prefill that ends there.
+  std::shared_ptr<const std::vector<float>> finishing_logits;
 
   bool step();
-  // Speculation: drafts for this step's decoding sequences (Sequence::draft).
-  void plan_drafts();
-  // Samples a drafted sequence's rows in order until one differs from its draft.
-  void verify(Sampled& x, int32_t nv);
-  // Commits the rows of `s` its verification kept and gives back the rest;
-  // then accepts the tokens. False when the sequence finished.
-  void accept_verified(Sequence* s, int32_t start, const Sampled& x, int32_t nv);
-  void calibrate_spec();
-  void score_prompts();  // prompt logprobs from this step's logits, for `scored`
-  void emit_prompt(Sequence* seq);
-  // The first token of a choice (after its prompt's logprobs, when asked).
-  void first_token(Sequence* seq, const float* logits, int32_t token);
+  // The step's named points, in order.
   void drain_inbox();
+  // Samples the first token of the sequences a session resumed whole, before
+  // the step's forward pass. True when there were any.
+  bool start_ready();
+  double forward(std::span<const ScheduledSeq> scheduled);  // returns when it began
+  void sample(std::span<const ScheduledSeq> scheduled);
+  void accept(std::span<const ScheduledSeq> scheduled);
+  // Runs between steps on the engine's thread: a requested cache reset, then
+  // the step's KV events to their sink.
+  void after_step() {
+    if (kv_events->reset_if_requested()) update_gauges();
+    kv_events->publish();
+  }
+
+  // Speculation: keeps the rows of `s` its verification kept, then accepts
+  // their tokens.
+  void accept_verified(Sequence* s, const Sampled& x, int32_t nv);
   // Accepts `token`, sampled from `logits` (and forks the other choices of an n > 1 request).
   void handle_logits(Sequence* seq, const float* logits, int32_t token);
+  // The first token of a choice (after its prompt's logprobs, when asked).
+  void first_token(Sequence* seq, const float* logits, int32_t token);
   // False when the token ended the sequence (it is gone then).
   bool accept_token(Sequence* seq, int32_t token, const float* logits);
   // reason: OpenAI's finish_reason; cause: what ended it (RequestEvent::stop_cause).
   void finish(Sequence* seq, const std::string& reason, const std::string& cause, const std::string& error = "");
   void emit(Sequence* seq, RequestEvent ev);
   void fail_all(const std::string& error);
-  std::unique_ptr<Sequence> make_seq(const std::shared_ptr<RequestState>& req, int32_t choice);
-  // Every token's text, made at the first constrained request (any thread).
-  std::shared_ptr<const std::vector<std::string>> token_pieces();
-  std::once_flag pieces_once;
-  std::shared_ptr<const std::vector<std::string>> pieces;
   void update_gauges();
 };
 
-Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(m), cfg(c), pool(c.threads) {
+Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model)
+    : model(m), cfg(c), seqs(m.tokenizer()), pool(c.threads) {
   const ModelConfig& mc = m.config();
   max_context = c.max_context > 0 ? c.max_context : std::min(mc.n_ctx_train, 4096);
   if (max_context > mc.n_ctx_train)
@@ -181,80 +126,28 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   intake = std::make_unique<Intake>(m, max_context);
   if (c.block_size <= 0 || c.max_seqs <= 0 || c.max_waiting < 0)
     fail(ErrorKind::kInvalidArgument, "block size, max sequences must be positive and max waiting >= 0");
-  const KvShape shape = m.kv_shape();
   const KvFormat kv_fmt = kv_format(c.kv_cache);
-  const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(shape, kv_fmt));
-  // Sliding-window layers on pages of their own, given back as the window
-  // passes them; every size below is in tokens that hold all layers.
   const KvCacheTypes& kc = c.kv_cache;
-  if (kc.window < 0 || kc.sinks < 0)
-    fail(ErrorKind::kInvalidArgument, "--kv-window and --kv-sinks must be >= 0 (got {} and {})", kc.window, kc.sinks);
-  if (kc.heavy != 0) {
-    if (kc.window <= 0)
-      fail(ErrorKind::kInvalidArgument, "--kv-heavy {} needs a streaming window (--kv-window)", kc.heavy);
-    if (kc.heavy < 0 || kc.heavy % c.block_size != 0)
-      fail(ErrorKind::kInvalidArgument, "--kv-heavy {} is not a multiple of the block size ({})", kc.heavy,
-           c.block_size);
-    // Rejected drafts' rows would add their attention to the positions'
-    // mass, and so change what is evicted.
-    if (c.spec.mode != SpecMode::kOff)
-      fail(ErrorKind::kInvalidArgument, "--kv-heavy does not combine with speculative decoding (--spec {})",
-           spec_mode_name(c.spec.mode));
-  }
-  if (kc.window > 0) {
-    if (kc.window < kc.sinks)
-      fail(ErrorKind::kInvalidArgument, "the streaming window (--kv-window {}) is smaller than its sinks (--kv-sinks {})",
-           kc.window, kc.sinks);
-    if (stream_positions(kc, c.block_size) > max_context)
-      fail(ErrorKind::kInvalidArgument,
-           "a streaming window of {} positions and {} sinks{} needs a context of at least {} tokens, not {}", kc.window,
-           kc.sinks, kc.heavy > 0 ? fmt::format(" and {} heavy hitters", kc.heavy) : "",
-           stream_positions(kc, c.block_size), max_context);
-    if (c.device != "cpu") fail(ErrorKind::kUnsupported, "--kv-window runs on the CPU only (--device {})", c.device);
-    if (c.spec.mode == SpecMode::kDraft)
-      fail(ErrorKind::kInvalidArgument, "--kv-window does not combine with a draft model (--spec draft)");
-  }
-  // A streaming window keeps its own positions in every layer.
-  const KvPaging paging = kc.swa_full || kc.window > 0 || c.device != "cpu"
-                              ? kv_paging(shape.n_layer)
-                              : kv_paging(mc.layer_is_swa, mc.sliding_window);
-  const int64_t groups = paging.n_groups;
-  if (c.swap_bytes < 0) fail(ErrorKind::kInvalidArgument, "swap space must be >= 0 bytes, got {}", c.swap_bytes);
-  // The pool and the swap space are committed as they fill, so the kernel
-  // accepts sizes beyond the machine's memory and the OOM killer settles it
-  // later: a size asked for must fit what is available now, and the default
-  // takes at most half of it.
-  const std::optional<uint64_t> avail = available_memory_bytes(c.memory_available);
-  int64_t tokens = c.kv_tokens;
-  if (tokens <= 0 && c.kv_bytes > 0) tokens = c.kv_bytes / per_token;
-  const bool sized_by_default = tokens <= 0;
-  if (sized_by_default) {
-    tokens = std::min<int64_t>(int64_t{c.max_seqs} * max_context, kDefaultKvCapBytes / per_token);
-    if (avail) tokens = std::min<int64_t>(tokens, static_cast<int64_t>(*avail / 2) / per_token);
-  }
-  // A block of every group is one token block of every layer (the padding
-  // of a last, partly filled group aside).
-  const int64_t n_blocks = tokens / c.block_size * groups;
-  const int64_t ctx_blocks = (max_context + c.block_size - 1) / c.block_size;
-  // A windowed group holds a window and the prompt chunk being written.
+  check_streaming_window(kc, c.block_size, max_context, c.spec.mode, c.device);
   const bool latency = c.policy == SchedulePolicy::kLatency;
   const int32_t batch_tokens = c.max_batch_tokens > 0 ? c.max_batch_tokens : (latency ? 256 : 1024);
   const int32_t chunk = latency ? std::min(batch_tokens, 128) : batch_tokens;
-  const int64_t one_context =
-      ctx_blocks +
-      (groups - 1) * ((std::min<int64_t>(max_context, int64_t{paging.window} + chunk) + c.block_size - 1) / c.block_size + 1);
-  if (n_blocks < std::min(one_context, ctx_blocks * groups))
-    fail(sized_by_default ? ErrorKind::kResource : ErrorKind::kInvalidArgument,
-         "the KV pool ({} tokens{}) cannot hold one full context of {} tokens", tokens,
-         sized_by_default ? ", half the memory available" : "", max_context);
-  if (n_blocks > INT32_MAX) fail(ErrorKind::kInvalidArgument, "KV pool of {} blocks is too large", n_blocks);
-  const uint64_t pool_bytes = static_cast<uint64_t>(n_blocks) * c.block_size *
-                              KvCache::layer_bytes_per_token(shape, kv_fmt) * uint64_t(paging.layers_per_page);
-  if (avail && pool_bytes + static_cast<uint64_t>(c.swap_bytes) > *avail)
-    fail(ErrorKind::kResource,
-         "the KV pool ({} MiB) and swap space ({} MiB) need more than the {} MiB of memory available; ask for less",
-         pool_bytes >> 20, c.swap_bytes >> 20, *avail >> 20);
-  const KvPlan plan{shape, static_cast<int32_t>(n_blocks), c.block_size, kv_fmt, paging, max_context};
+  KvPoolAsk ask;
+  ask.kv_cache = kc;
+  ask.format = kv_fmt;
+  ask.block_size = c.block_size;
+  ask.max_context = max_context;
+  ask.max_seqs = c.max_seqs;
+  ask.kv_tokens = c.kv_tokens;
+  ask.kv_bytes = c.kv_bytes;
+  ask.swap_bytes = c.swap_bytes;
+  ask.prefill_chunk = chunk;
+  // A streaming window keeps its own positions in every layer.
+  ask.page_windowed_layers = !kc.swa_full && kc.window == 0 && c.device == "cpu";
+  ask.memory_available = c.memory_available;
+  const KvPlan plan = size_kv_pool(m, ask);
+  const KvPaging& paging = plan.paging;
+  const int64_t n_blocks = plan.n_blocks, groups = paging.n_groups;
   if (c.device == "cpu") exec = make_cpu_executor(m, plan, pool);
   else if (c.device == "cuda") exec = make_cuda_executor(m, plan);
   else fail(ErrorKind::kInvalidArgument, "unknown device '{}' (cpu or cuda)", c.device);
@@ -270,14 +163,15 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
   sc.shortest_prompt_first = latency;
   sc.max_seqs = c.max_seqs;
   sc.max_context = max_context;
-  stream_limit = static_cast<int32_t>(stream_positions(kc, c.block_size));
-  sc.stream_limit = stream_limit;
+  window = std::make_unique<StreamingWindow>(kc, c.block_size, mc.n_layer * m.kv_shape().k_width, *blocks, *exec);
+  sc.stream_limit = window->limit();
   // Scoring a prompt keeps a row of logits per position: at most 64 MiB of
   // them a step (64 rows of Gemma 3's 262k vocabulary, 512 of a 32k one).
   sc.max_prompt_logit_rows = static_cast<int32_t>(
       std::max<int64_t>(16, kPromptLogitBytes / (int64_t{mc.n_vocab} * int64_t{sizeof(float)})));
   sched = std::make_unique<Scheduler>(sc, *blocks);
-  sched->set_on_admit([this](Sequence& s) { resume_session(s); });
+  sessions = std::make_unique<PrefillSessions>(*blocks, *exec, steps, c.max_sessions, c.session_ttl_s);
+  sched->set_on_admit([this](Sequence& s) { sessions->resume(s); });
   if (c.swap_bytes > 0) {
     SwapSpace swap;
     swap.bytes = static_cast<size_t>(c.swap_bytes);
@@ -293,93 +187,20 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model) : model(
     pc.max_seqs = sc.max_seqs;
     pacer = std::make_unique<PrefillPacer>(pc);
   }
-  metrics.kv_blocks_total = n_blocks;
-  metrics.kv_tokens_total = n_blocks * c.block_size / groups;
-  metrics.kv_window = paging.window;
-  metrics.prefix_caching = c.prefix_caching;
+  metrics.set_pool(n_blocks, n_blocks * c.block_size / groups, paging.window, c.prefix_caching);
+  kv_events = std::make_unique<KvEventRelay>(*blocks);
 
-  if (c.spec.max_draft < 1 || c.spec.ngram_min < 1 || c.spec.ngram_max < c.spec.ngram_min)
-    fail(ErrorKind::kInvalidArgument, "speculation: --draft-max must be >= 1 and the n-gram sizes 1 <= min <= max");
-  if (c.spec.mode == SpecMode::kDraft && !draft_model)
-    fail(ErrorKind::kInvalidArgument, "speculation with a draft model needs --draft-model FILE");
-  if (c.spec.mode != SpecMode::kDraft && draft_model)
-    fail(ErrorKind::kInvalidArgument, "--draft-model is given but speculation is '{}' (use --spec draft)",
-         spec_mode_name(c.spec.mode));
+  check_speculation(c.spec, draft_model != nullptr);
   if (c.spec.mode != SpecMode::kOff) {
-    spec_policy = std::make_unique<SpecPolicy>(c.spec);
-    if (c.spec.mode == SpecMode::kNgram) drafter = std::make_unique<NgramDrafter>(c.spec);
-    else drafter = make_draft_model_drafter(m, *draft_model, c.spec, max_context, c.max_seqs, pool);
-    calibrate_spec();
+    spec = std::make_unique<SpeculativeDecoding>(c.spec, m, draft_model, max_context, c.max_seqs, pool);
+    spec->calibrate(m, *blocks, *exec, logits, steps);
   }
-}
-
-// The cost of a step of R rows on this machine for this model, measured once
-// for a few R (real steps keep refining it): what the draft length policy
-// weighs drafted rows against.
-void Engine::Impl::calibrate_spec() {
-  // Up to the most rows a step of drafts can take (64 at most; beyond, the
-  // curve is extended and real steps fill it in).
-  const int32_t top = std::min({64, max_context, cfg.max_seqs * (1 + cfg.spec.max_draft)});
-  std::vector<int32_t> sizes;
-  for (int32_t r = 1; r <= top; r *= 2) sizes.push_back(r);
-  SeqBlocks sb;
-  const std::vector<int32_t> ids(static_cast<size_t>(top), model.tokenizer().bos_id() >= 0 ? model.tokenizer().bos_id() : 0);
-  if (!blocks->can_allocate(ids, false)) return;  // a pool this small learns from its steps alone
-  blocks->allocate(sb, ids, false);
-  if (!blocks->can_append(sb, top)) {  // windowed groups' pages
-    blocks->free(sb);
-    return;
-  }
-  blocks->append(sb, top);
-  SeqKv sk;
-  sk.blocks = sb.table;
-  for (const auto& w : sb.windowed) sk.windowed.push_back(w.table);
-  SeqKv* one[] = {&sk};
-  Batch b;
-  for (int32_t rows : sizes) {
-    b.clear();
-    for (int32_t p = 0; p < rows; ++p) b.push_back({ids[p], p, 0, true});
-    if (logits.size() < static_cast<size_t>(rows) * model.config().n_vocab)
-      logits.resize(static_cast<size_t>(rows) * model.config().n_vocab);
-    double best = 0;
-    for (int rep = 0; rep < 2; ++rep) {  // the first also faults in what it touches
-      sk.n_tokens = 0;
-      const double t0 = steps.now();
-      exec->forward(b, one, std::span<float>(logits));
-      const double t = steps.now() - t0;
-      if (rep > 0 && (best == 0 || t < best)) best = t;
-    }
-    spec_policy->target_cost().observe(rows, best);
-  }
-  blocks->free(sb);
-}
-
-std::unique_ptr<Sequence> Engine::Impl::make_seq(const std::shared_ptr<RequestState>& req, int32_t choice) {
-  auto s = std::make_unique<Sequence>();
-  s->req = req;
-  s->choice = choice;
-  SamplingParams sp = req->params.sampling;
-  if (sp.seed != 0xFFFFFFFF) sp.seed += static_cast<uint64_t>(choice);  // distinct, reproducible choices
-  s->sampler = std::make_unique<Sampler>(sp);
-  s->decoder = std::make_unique<StreamDecoder>(model.tokenizer());
-  if (req->params.json_object || req->params.json_schema)
-    s->json = std::make_unique<JsonConstraint>(token_pieces(), model.tokenizer(), req->params.json_schema);
-  return s;
-}
-
-std::shared_ptr<const std::vector<std::string>> Engine::Impl::token_pieces() {
-  std::call_once(pieces_once, [this] { pieces = tandem::token_pieces(model.tokenizer()); });
-  return pieces;
 }
 
 void Engine::Impl::drain_inbox() {
   std::vector<std::unique_ptr<Sequence>> fresh;
   std::vector<uint64_t> cancel_ids;
-  {
-    std::lock_guard<std::mutex> lock(inbox_mu);
-    fresh.swap(inbox);
-    cancel_ids.swap(cancels);
-  }
+  inbox.take(fresh, cancel_ids);
   for (auto& s : fresh) {
     if (observer) report.arrived.push_back({s->req->id, s->req->arrival_s});
     sched->add(std::move(s));
@@ -404,59 +225,26 @@ void Engine::Impl::emit(Sequence* seq, RequestEvent ev) {
 void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::string& cause,
                           const std::string& error) {
   RequestEvent ev;
-  if (reason != "cancelled" && reason != "error") {
-    // Whatever the stop-string check held back is now final.
-    if (reason != "stop") seq->text += seq->decoder->flush();
-    StopMatch m = find_stop(seq->text, seq->req->params.stop);
-    const size_t end = m.pos != std::string::npos ? m.pos : seq->text.size();
-    if (end > seq->emitted) ev.text = seq->text.substr(seq->emitted, end - seq->emitted);
-    seq->emitted = std::max(seq->emitted, end);
-  }
+  if (reason != "cancelled" && reason != "error") final_text(*seq, reason != "stop", ev);
   ev.finished = true;
   ev.finish_reason = reason;
   ev.stop_cause = cause;
   ev.error = error;
   const double now = steps.now();
   if ((reason == "stop" || reason == "length") && seq->choice == 0 && !seq->req->params.session.empty())
-    save_session(*seq);
-  RequestTimings& t = ev.timings;
-  const double arrival = seq->req->arrival_s;
-  t.prompt_tokens = seq->n_prompt;
-  t.cached_tokens = seq->n_cached_prompt;
-  t.generated_tokens = seq->n_generated();
-  t.queued_s = (seq->first_step_s >= 0 ? seq->first_step_s : now) - arrival;
-  t.prefill_s = seq->prefill_s;
-  t.ttft_s = seq->first_token_s >= 0 ? seq->first_token_s - arrival : 0;
-  t.decode_s = seq->first_token_s >= 0 ? seq->last_token_s - seq->first_token_s : 0;
-  t.preemptions = seq->preemptions;
-  t.decode_steps = std::max(0, seq->spec.steps);
-  t.drafted = seq->spec.drafted;
-  t.accepted = seq->spec.accepted;
+    sessions->save(*seq, std::move(finishing_logits));
+  ev.timings = sequence_timings(*seq, now);
   emit(seq, ev);
-  if (drafter) drafter->forget(*seq, -1);
+  if (spec) spec->forget(*seq);
   if (observer && seq->choice == 0) report.finished.push_back({seq->req->id, reason});
   if (seq->fork_pending) {
     // Choice 0 of an n > 1 request ends before its prompt was done (cancelled,
     // failed): the other choices, never forked, end with it.
-    for (int32_t c = 1; c < seq->req->params.n; ++c) {
-      RequestEvent other = ev;
-      other.text.clear();
-      other.request_id = seq->req->id;
-      other.choice = c;
-      other.completion_tokens = 0;
-      if (seq->req->sink) seq->req->sink(other);
-    }
+    end_unforked_choices(*seq, ev);
     seq->req->choices_left -= seq->req->params.n - 1;
   }
   blocks->free(seq->blocks);
-  {
-    std::lock_guard<std::mutex> lock(metrics_mu);
-    if (--seq->req->choices_left == 0) {
-      ++metrics.requests_finished;
-      if (reason == "cancelled") ++metrics.requests_cancelled;  // requests, not their choices
-      metrics.e2e.observe(now - seq->req->arrival_s);
-    }
-  }
+  if (--seq->req->choices_left == 0) metrics.request_finished(reason == "cancelled", now - seq->req->arrival_s);
   seq->status = SeqStatus::kFinished;
   --live;
   sched->remove(seq);  // destroys it
@@ -465,12 +253,7 @@ void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::s
 bool Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
   const RequestParams& p = seq->req->params;
   const double now = steps.now();
-  {
-    std::lock_guard<std::mutex> lock(metrics_mu);
-    if (seq->first_token_s < 0) metrics.ttft.observe(now - seq->req->arrival_s);
-    else metrics.itl.observe(now - seq->last_token_s);
-    ++metrics.generation_tokens;
-  }
+  metrics.token(seq->first_token_s < 0, now - (seq->first_token_s < 0 ? seq->req->arrival_s : seq->last_token_s));
   if (seq->first_token_s < 0) seq->first_token_s = now;
   seq->last_token_s = now;
 
@@ -481,22 +264,12 @@ bool Engine::Impl::accept_token(Sequence* seq, int32_t token, const float* lg) {
   if (seq->json) seq->json->accept(token);
   RequestEvent ev;
   ev.tokens.push_back(token);
-  if (p.logprobs >= 0) {
-    std::vector<TokenLogprob> top;
-    ev.logprobs.push_back(token_logprob(std::span<const float>(lg, model.config().n_vocab), token, p.logprobs, &top));
-    ev.top_logprobs.push_back(std::move(top));
-  }
+  if (p.logprobs >= 0) add_logprobs(ev, lg, model.config().n_vocab, token, p.logprobs);
   seq->tokens.push_back(token);
-  seq->text += seq->decoder->push(token);
-  StopMatch m = find_stop(seq->text, p.stop);
-  const size_t upto = m.pos != std::string::npos ? m.pos : m.safe_len;
-  if (upto > seq->emitted) {
-    ev.text = seq->text.substr(seq->emitted, upto - seq->emitted);
-    seq->emitted = upto;
-  }
+  const bool stop_string = push_text(*seq, token, ev);
   emit(seq, std::move(ev));
-  if (m.pos != std::string::npos || (seq->json && seq->json->complete())) {
-    finish(seq, "stop", m.pos != std::string::npos ? "stop" : "json");
+  if (stop_string || (seq->json && seq->json->complete())) {
+    finish(seq, "stop", stop_string ? "stop" : "json");
   } else if (p.max_tokens >= 0 && seq->n_generated() >= p.max_tokens) {
     finish(seq, "length", "length");
   } else if (seq->slot(static_cast<int32_t>(seq->tokens.size())) >= max_context) {
@@ -515,21 +288,9 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
     seq->fork_pending = false;
     live += seq->req->params.n - 1;
     for (int32_t c = 1; c < seq->req->params.n; ++c) {
-      auto child = make_seq(seq->req, c);
-      child->arrival_order = seq->arrival_order;
-      child->tokens = seq->tokens;
-      child->n_prompt = seq->n_prompt;
-      child->n_cached_prompt = seq->n_cached_prompt;
-      child->score_next = seq->score_next;
-      child->first_step_s = seq->first_step_s;
-      child->prefill_s = seq->prefill_s;
-      child->prompt_lp = seq->prompt_lp;
-      child->prompt_top = seq->prompt_top;
+      auto child = seqs.make(seq->req, c);
+      copy_prompt_state(*seq, *child);
       child->blocks = blocks->fork(seq->blocks);
-      child->evicted = seq->evicted;
-      child->kept_keys = seq->kept_keys;
-      child->kept_rotation = seq->kept_rotation;
-      child->attn_mass = seq->attn_mass;
       Sequence* raw = child.get();
       sched->add_running(std::move(child));
       first_token(raw, lg, raw->sampler->sample(std::span<const float>(lg, nv), raw->tokens, raw->json.get()));
@@ -539,145 +300,31 @@ void Engine::Impl::handle_logits(Sequence* seq, const float* lg, int32_t t) {
   else accept_token(seq, t, lg);
 }
 
+// One step at its named points: intake (requests, cancellations, expired
+// sessions, drafts) -> schedule -> forward -> sample -> accept (commit,
+// slide the window, tokens out, stops) -> end of step (costs, the timeline).
 bool Engine::Impl::step() {
   drain_inbox();
-  expire_sessions();
-  plan_drafts();
+  sessions->expire();
+  if (spec) spec->plan(*sched, window->limit());
+
   const int32_t prefill_budget = pacer ? pacer->budget(sched->n_decoding(), sched->n_prefilling()) : INT32_MAX;
-  std::vector<ScheduledSeq> sched_batch = sched->schedule(prefill_budget);
-  const bool started = start_ready();
+  const std::vector<ScheduledSeq> scheduled = sched->schedule(prefill_budget);
+  const bool started = start_ready();  // sessions' whole prompts, from their logits
   update_gauges();
-  if (sched_batch.empty()) return started;
+  if (scheduled.empty()) return started;
 
-  // Rows of every scheduled sequence, in order; a row wants logits when it is
-  // the sequence's last uncomputed token, or when it predicts a prompt token
-  // whose logprob is asked for (the logits of row p score token p + 1).
-  batch.clear();
-  prompt_seqs.clear();
-  seq_kv.resize(sched_batch.size());
-  seq_kv_ptrs.resize(sched_batch.size());
-  scored.clear();
-  last_row.assign(sched_batch.size(), -1);
-  // A decoding sequence with drafts runs its last token and then each draft,
-  // every one of those rows with logits.
-  int32_t n_decode = 0, n_decode_rows = 0, n_prefill_rows = 0, n_prompt_rows = 0, n_logit_rows = 0;
-  for (size_t i = 0; i < sched_batch.size(); ++i) {
-    Sequence* s = sched_batch[i].seq;
-    const int32_t n = sched_batch[i].n_tokens, start = s->n_computed();
-    const int32_t n_tok = static_cast<int32_t>(s->tokens.size());
-    const int32_t score_from = s->wants_prompt_logits() ? s->score_next : s->n_prompt;
-    seq_kv[i].blocks = s->blocks.table;
-    seq_kv[i].windowed.resize(s->blocks.windowed.size());
-    for (size_t g = 0; g < s->blocks.windowed.size(); ++g) seq_kv[i].windowed[g] = s->blocks.windowed[g].table;
-    seq_kv[i].n_tokens = s->slot(start);
-    seq_kv[i].rope_shift = s->evicted;
-    seq_kv[i].attn_mass = nullptr;
-    if (cfg.kv_cache.heavy > 0) {
-      if (s->attn_mass.empty()) s->attn_mass.assign(size_t(stream_limit), 0.0f);
-      seq_kv[i].attn_mass = s->attn_mass.data();
-    }
-    seq_kv_ptrs[i] = &seq_kv[i];
-    for (int32_t j = 0; j < n; ++j) {
-      const int32_t pos = start + j;
-      const bool score = pos + 1 >= score_from && pos + 1 < s->n_prompt;
-      if (score) scored.push_back({s, pos + 1, n_logit_rows});
-      const bool last = pos + 1 >= n_tok;
-      if (pos + 1 == n_tok) last_row[i] = n_logit_rows;
-      const int32_t token = pos < n_tok ? s->tokens[pos] : s->draft[pos - n_tok];
-      batch.push_back({token, s->slot(pos), static_cast<int32_t>(i), score || last});
-      n_logit_rows += score || last;
-      if (pos < s->n_prompt) ++n_prompt_rows;
-    }
-    if (start + 1 == n_tok && start >= s->n_prompt) {
-      ++n_decode;
-      n_decode_rows += n;
-      ++s->spec.steps;
-    } else {
-      n_prefill_rows += n;
-    }
-    if (start < s->n_prompt) prompt_seqs.push_back(s);
-  }
+  batch.build(scheduled, *window, scored);
+  const double t0 = forward(scheduled);
+  sample(scheduled);
+  accept(scheduled);
 
-  const int32_t nv = model.config().n_vocab;
-  const size_t n_out = rows_with_logits(batch) * static_cast<size_t>(nv);
-  if (logits.size() < n_out) logits.resize(n_out);
-  const double t0 = steps.now();
-  exec->forward(batch, seq_kv_ptrs, std::span<float>(logits));
-  const double t1 = steps.now();
-  for (Sequence* s : prompt_seqs) {
-    if (s->first_step_s < 0) s->first_step_s = t0;
-    s->prefill_s += t1 - t0;
-  }
-  const Phase phase = n_prefill_rows == 0 ? Phase::kDecode : (n_decode == 0 ? Phase::kPrefill : Phase::kMixed);
-  steps.add({phase, t0, t1, static_cast<int32_t>(batch.size()), static_cast<int32_t>(sched_batch.size())});
-  // The pacer counts decoding sequences, as its budget is asked for them:
-  // their drafts are part of what a decode step of theirs costs.
-  if (pacer) pacer->observe(t1 - t0, n_decode, n_prefill_rows);
-  if (observer) {
-    report.start_s = t0;
-    report.end_s = t1;
-    report.phase = phase;
-    report.rows = static_cast<int32_t>(batch.size());
-    report.parts.clear();
-    for (const ScheduledSeq& x : sched_batch) {
-      const bool decoding = x.seq->n_computed() + 1 == static_cast<int32_t>(x.seq->tokens.size()) &&
-                            x.seq->n_computed() >= x.seq->n_prompt;
-      report.parts.push_back({x.seq->req->id, x.seq->choice, decoding ? 0 : x.n_tokens, decoding ? x.n_tokens : 0});
-    }
-  }
-  {
-    std::lock_guard<std::mutex> lock(metrics_mu);
-    metrics.prompt_tokens += n_prompt_rows;
-    MetricsSnapshot::PhaseTotals& pt = metrics.phases[static_cast<size_t>(phase)];
-    ++pt.steps;
-    pt.rows += batch.size();
-    pt.seconds += t1 - t0;
-  }
-
-  // Sample every sequence whose logits came out, on all threads: each
-  // sampler (its own RNG) reads only its own logits and history, so the
-  // tokens do not depend on which thread draws them. Then, in batch order on
-  // this thread, commit blocks and accept the tokens (events, stops, forks).
-  // A 262k vocabulary makes a greedy pick ~50 us a sequence.
-  score_prompts();
-  sampled.resize(0);
-  for (size_t i = 0; i < sched_batch.size(); ++i)
-    if (last_row[i] >= 0) sampled.push_back({sched_batch[i].seq, logits.data() + last_row[i] * nv, -1, nullptr, {}});
-  auto sample = [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      Sampled& x = sampled[i];
-      try {
-        if (!x.seq->draft.empty()) verify(x, nv);
-        else x.token = x.seq->sampler->sample(std::span<const float>(x.logits, nv), x.seq->tokens, x.seq->json.get());
-      } catch (...) {
-        x.error = std::current_exception();
-      }
-    }
-  };
-  pool.parallel_for(static_cast<int64_t>(sampled.size()), 1, sample);  // inline for one sequence
-  size_t si = 0;
-  for (size_t i = 0; i < sched_batch.size(); ++i) {
-    Sequence* s = sched_batch[i].seq;
-    if (!s->draft.empty() && last_row[i] >= 0) {
-      const Sampled& x = sampled[si++];
-      if (x.error) std::rethrow_exception(x.error);
-      accept_verified(s, s->n_computed(), x, nv);  // streams before the tokens may finish it
-      continue;
-    }
-    blocks->commit(s->blocks, s->tokens, s->blocks.n_computed + sched_batch[i].n_tokens);
-    stream(*s);
-    if (last_row[i] < 0) continue;
-    const Sampled& x = sampled[si++];
-    if (x.error) std::rethrow_exception(x.error);
-    handle_logits(s, x.logits, x.token);
-  }
   sched->for_each([](Sequence& q) { q.draft.clear(); });
   // The draft policy's cost of a step of R rows, each with logits (decodes
   // and drafts): prompt rows skip the output matrix, so a step holding them
   // would make drafts look cheaper than they are. Sampling and verifying
   // the rows count too.
-  if (spec_policy && n_prefill_rows == 0)
-    spec_policy->target_cost().observe(static_cast<int32_t>(batch.size()), steps.now() - t0);
+  if (spec && batch.n_prefill_rows == 0) spec->observe_step(static_cast<int32_t>(batch.rows.size()), steps.now() - t0);
   if (observer) {
     ++report.step;
     report.preempted = static_cast<int32_t>(sched->preemptions() - preemptions_seen);
@@ -689,125 +336,93 @@ bool Engine::Impl::step() {
   return true;
 }
 
-void Engine::Impl::plan_drafts() {
-  if (!drafter) return;
-  std::vector<Sequence*> cand;
-  std::vector<double> acceptance;
-  std::vector<int32_t> avail;
-  sched->for_each([&](Sequence& s) {
-    s.draft.clear();
-    const RequestParams& p = s.req->params;
-    // Decoding now, unconstrained (a JSON constraint's state advances token
-    // by token), and the request allows it.
-    if (s.status != SeqStatus::kRunning || s.n_uncomputed() != 1 || s.fork_pending || s.n_generated() == 0 ||
-        s.json || p.spec_max == 0)
-      return;
-    int32_t cap = p.spec_max > 0 ? std::min(p.spec_max, cfg.spec.max_draft) : cfg.spec.max_draft;
-    // k drafts can give k + 1 tokens, and their positions must fit the context.
-    if (p.max_tokens >= 0) cap = std::min(cap, p.max_tokens - s.n_generated() - 1);
-    cap = std::min(cap, max_context - s.slot(static_cast<int32_t>(s.tokens.size())));
-    // Nor cross a streaming window's eviction point.
-    if (stream_limit > 0) cap = std::min(cap, stream_limit - s.slot(static_cast<int32_t>(s.tokens.size())));
-    if (cap <= 0) return;
-    const int32_t a = drafter->available(s, cap);
-    if (a <= 0) return;
-    if (s.spec.drafted == 0 && s.spec.acceptance == 0) s.spec.acceptance = cfg.spec.prior_acceptance;
-    cand.push_back(&s);
-    acceptance.push_back(s.spec.acceptance);
-    avail.push_back(a);
-  });
-  if (cand.empty()) return;
-  std::vector<int32_t> k(cand.size(), 0);
-  spec_policy->choose(static_cast<int32_t>(sched->n_decoding()), acceptance, avail, drafter.get(), k);
-  std::vector<Sequence*> go;
-  std::vector<int32_t> want;
-  for (size_t i = 0; i < cand.size(); ++i)
-    if (k[i] > 0) {
-      go.push_back(cand[i]);
-      want.push_back(k[i]);
-    }
-  if (go.empty()) return;
-  std::vector<std::vector<int32_t>> out(go.size());
-  drafter->propose(go, want, out);
-  for (size_t i = 0; i < go.size(); ++i) go[i]->draft = std::move(out[i]);
+double Engine::Impl::forward(std::span<const ScheduledSeq> scheduled) {
+  const int32_t nv = model.config().n_vocab;
+  const size_t n_out = rows_with_logits(batch.rows) * static_cast<size_t>(nv);
+  if (logits.size() < n_out) logits.resize(n_out);
+  const double t0 = steps.now();
+  exec->forward(batch.rows, batch.seq_kv_ptrs, std::span<float>(logits));
+  const double t1 = steps.now();
+  for (Sequence* s : batch.prompt_seqs) {
+    if (s->first_step_s < 0) s->first_step_s = t0;
+    s->prefill_s += t1 - t0;
+  }
+  const Phase phase = batch.phase();
+  const int32_t rows = static_cast<int32_t>(batch.rows.size());
+  steps.add({phase, t0, t1, rows, static_cast<int32_t>(scheduled.size())});
+  // The pacer counts decoding sequences, as its budget is asked for them:
+  // their drafts are part of what a decode step of theirs costs.
+  if (pacer) pacer->observe(t1 - t0, batch.n_decode, batch.n_prefill_rows);
+  if (observer) {
+    report.start_s = t0;
+    report.end_s = t1;
+    report.phase = phase;
+    report.rows = rows;
+    report_parts(scheduled, report);
+  }
+  metrics.step(phase, rows, t1 - t0, batch.n_prompt_rows);
+  return t0;
 }
 
-void Engine::Impl::verify(Sampled& x, int32_t nv) {
-  // Each row is sampled exactly as plain decoding would sample that token
-  // (same logits, same sampler state and history); a draft is kept while it
-  // equals the token sampled before it.
-  Sequence& s = *x.seq;
-  std::vector<int32_t> history = s.tokens;
-  const int32_t rows = static_cast<int32_t>(s.draft.size()) + 1;
-  const bool eog_stops = s.req->params.stop_at_eog;
-  for (int32_t j = 0; j < rows; ++j) {
-    const int32_t y = s.sampler->sample(std::span<const float>(x.logits + int64_t{j} * nv, nv), history, nullptr);
-    x.verified.push_back(y);
-    history.push_back(y);
-    if (j + 1 == rows || y != s.draft[j] || (eog_stops && model.tokenizer().is_eog(y))) break;
+void Engine::Impl::sample(std::span<const ScheduledSeq> scheduled) {
+  // Every sequence whose logits came out, on all threads: each sampler (its
+  // own RNG) reads only its own logits and history, so the tokens do not
+  // depend on which thread draws them. A 262k vocabulary makes a greedy
+  // pick ~50 us a sequence.
+  const int32_t nv = model.config().n_vocab;
+  scored.score(logits.data(), nv, pool);
+  sampled.resize(0);
+  for (size_t i = 0; i < scheduled.size(); ++i)
+    if (batch.last_row[i] >= 0)
+      sampled.push_back({scheduled[i].seq, logits.data() + batch.last_row[i] * nv, -1, nullptr, {}});
+  auto draw = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      Sampled& x = sampled[i];
+      try {
+        if (!x.seq->draft.empty()) verify_drafts(*x.seq, x.logits, nv, model.tokenizer(), x.verified);
+        else x.token = x.seq->sampler->sample(std::span<const float>(x.logits, nv), x.seq->tokens, x.seq->json.get());
+      } catch (...) {
+        x.error = std::current_exception();
+      }
+    }
+  };
+  pool.parallel_for(static_cast<int64_t>(sampled.size()), 1, draw);  // inline for one sequence
+}
+
+void Engine::Impl::accept(std::span<const ScheduledSeq> scheduled) {
+  // In batch order on this thread: commit blocks and accept the tokens
+  // (events, stops, forks).
+  const int32_t nv = model.config().n_vocab;
+  size_t si = 0;
+  for (size_t i = 0; i < scheduled.size(); ++i) {
+    Sequence* s = scheduled[i].seq;
+    if (!s->draft.empty() && batch.last_row[i] >= 0) {
+      const Sampled& x = sampled[si++];
+      if (x.error) std::rethrow_exception(x.error);
+      accept_verified(s, x, nv);  // streams before the tokens may finish it
+      continue;
+    }
+    blocks->commit(s->blocks, s->tokens, s->blocks.n_computed + scheduled[i].n_tokens);
+    window->slide(*s);
+    if (batch.last_row[i] < 0) continue;
+    const Sampled& x = sampled[si++];
+    if (x.error) std::rethrow_exception(x.error);
+    handle_logits(s, x.logits, x.token);
   }
 }
 
-void Engine::Impl::accept_verified(Sequence* s, int32_t start, const Sampled& x, int32_t nv) {
+void Engine::Impl::accept_verified(Sequence* s, const Sampled& x, int32_t nv) {
   const int32_t m = static_cast<int32_t>(x.verified.size());
   const int32_t k = static_cast<int32_t>(s->draft.size());
-  int32_t kept = 0;
-  while (kept < std::min(m, k) && x.verified[kept] == s->draft[kept]) ++kept;
-  // Rows [start, start + m) held the last token and the drafts kept before
-  // the last verified one: their K/V stands; the slots after are given back.
-  std::vector<int32_t> fed = s->tokens;
-  fed.insert(fed.end(), s->draft.begin(), s->draft.begin() + (m - 1));
-  blocks->commit(s->blocks, fed, s->slot(start) + m);
-  blocks->truncate(s->blocks, s->slot(start) + m);
-  stream(*s);
-  // Running acceptance: each draft up to the first miss is one observation.
-  const int32_t observed = std::min(k, kept + 1);
-  for (int32_t j = 0; j < observed; ++j) s->spec.acceptance += 0.1 * ((j < kept ? 1.0 : 0.0) - s->spec.acceptance);
-  s->spec.drafted += k;
-  s->spec.accepted += kept;
-  {
-    std::lock_guard<std::mutex> lock(metrics_mu);
-    metrics.spec_drafted += k;
-    metrics.spec_accepted += kept;
-    ++metrics.spec_steps;
-    metrics.spec_step_tokens += m;
-  }
+  const int32_t kept = spec->keep(*s, x.verified, *blocks);
+  window->slide(*s);
+  metrics.speculation(k, kept, m);
   for (int32_t j = 0; j < m; ++j)
     if (!accept_token(s, x.verified[j], x.logits + int64_t{j} * nv)) return;  // it ended
 }
 
-void Engine::Impl::score_prompts() {
-  if (scored.empty()) return;
-  // Positions of one sequence come in order and continue its score_next.
-  for (const Scored& x : scored) {
-    Sequence& s = *x.seq;
-    s.score_next = std::max(s.score_next, x.pos + 1);
-    if (s.req->params.prompt_logprobs >= 0) {
-      s.prompt_lp.resize(x.pos + 1);
-      s.prompt_top.resize(x.pos + 1);
-    }
-  }
-  const int32_t nv = model.config().n_vocab;
-  pool.parallel_for(static_cast<int64_t>(scored.size()), 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const Scored& x = scored[i];
-      Sequence& s = *x.seq;
-      const std::span<const float> row(logits.data() + x.logit_row * nv, nv);
-      if (s.req->params.on_prompt_row) s.req->params.on_prompt_row(x.pos - 1, row);
-      else s.prompt_lp[x.pos] = token_logprob(row, s.tokens[x.pos], s.req->params.prompt_logprobs, &s.prompt_top[x.pos]);
-    }
-  });
-}
-
-void Engine::Impl::emit_prompt(Sequence* seq) {
-  RequestEvent ev;
-  ev.prompt_logprobs = seq->prompt_lp;
-  ev.prompt_top_logprobs = seq->prompt_top;
-  emit(seq, std::move(ev));
-}
-
 void Engine::Impl::first_token(Sequence* seq, const float* lg, int32_t token) {
-  if (seq->req->params.prompt_logprobs >= 0) emit_prompt(seq);
+  if (seq->req->params.prompt_logprobs >= 0) emit(seq, prompt_logprobs_event(*seq));
   if (seq->req->params.max_tokens == 0) {
     // The prompt alone was asked for (a prefill, echo, scoring).
     if (seq->choice == 0 && !seq->req->params.session.empty())
@@ -819,126 +434,11 @@ void Engine::Impl::first_token(Sequence* seq, const float* lg, int32_t token) {
   accept_token(seq, token, lg);
 }
 
-// A streaming window (--kv-window N --kv-sinks S, StreamingLLM): once a
-// sequence holds a block more than S + N positions, the oldest positions
-// after the first S go, whole blocks of them, and the keys before the gap
-// turn on by as many positions, so that every distance a query sees is the
-// one in the cache. With heavy hitters (--kv-heavy H, H2O) H more positions
-// are kept between: each eviction takes the block of positions, among the
-// H / block + 1 after the sinks, that has had the least attention so far.
-// Tried again next step when the pool cannot copy a shared block.
-void Engine::Impl::stream(Sequence& s) {
-  const int32_t window = cfg.kv_cache.window, sinks = cfg.kv_cache.sinks, heavy = cfg.kv_cache.heavy;
-  const int32_t bs = blocks->block_size();
-  if (stream_limit == 0 || s.blocks.n_computed < stream_limit || s.status != SeqStatus::kRunning) return;
-  if (heavy > 0) s.attn_mass.resize(size_t(stream_limit), 0.0f);  // (a step has sized it already)
-  while (s.blocks.n_computed - sinks - heavy - window >= bs) {
-    const int32_t held = s.blocks.n_computed;
-    int32_t from = sinks, count = (held - sinks - heavy - window) / bs * bs;
-    if (heavy > 0) {
-      // One block at a time: the candidates' masses change with each.
-      count = bs;
-      double least = 0;
-      for (int32_t a = sinks; a + bs <= held - window; a += bs) {
-        const double m = std::accumulate(s.attn_mass.begin() + a, s.attn_mass.begin() + a + bs, 0.0);
-        if (a == sinks || m < least) {
-          least = m;
-          from = a;
-        }
-      }
-    }
-    if (blocks->evict_cost(s.blocks, from) > blocks->n_free()) return;
-    SeqKv sk;
-    sk.blocks = s.blocks.table;
-    // The keys before the gap as they are now (slot + evicted rotated),
-    // read once.
-    const int32_t width = model.config().n_layer * model.kv_shape().k_width;
-    const int32_t have = static_cast<int32_t>(s.kept_rotation.size());
-    if (have < from) {
-      s.kept_keys.resize(size_t(from) * size_t(width));
-      exec->read_keys(sk, have, from - have, s.kept_keys.data() + size_t(have) * width);
-      for (int32_t i = have; i < from; ++i) s.kept_rotation.push_back(i + s.evicted);
-    }
-    blocks->evict(s.blocks, from, count);
-    s.evicted += count;
-    if (heavy > 0) {
-      s.attn_mass.erase(s.attn_mass.begin() + from, s.attn_mass.begin() + from + count);
-      s.attn_mass.resize(size_t(stream_limit), 0.0f);
-    }
-    if (static_cast<int32_t>(s.kept_rotation.size()) > from) {  // the kept copies stop at the gap
-      s.kept_rotation.resize(size_t(from));
-      s.kept_keys.resize(size_t(from) * size_t(width));
-    }
-    if (from > 0) {
-      std::vector<int32_t> delta(static_cast<size_t>(from));
-      for (int32_t i = 0; i < from; ++i) delta[i] = i + s.evicted - s.kept_rotation[i];
-      sk.blocks = s.blocks.table;
-      exec->write_keys(sk, 0, from, s.kept_keys.data(), delta.data());
-    }
-  }
-}
-
-void Engine::Impl::resume_session(Sequence& s) {
-  if (s.req->params.session.empty() || s.n_generated() > 0) return;
-  const auto it = sessions.find(s.req->params.session);
-  if (it == sessions.end()) return;
-  Session& ss = it->second;
-  ss.last_used = steps.now();
-  // The prefix cache found the whole blocks the prompt shares with the
-  // session (or fewer, if some were evicted). The next block is fresh: copy
-  // the session's version of it and keep its positions up to where the two
-  // part (an edit, or where the session stopped).
-  // With the session's logits for exactly this prompt, its last position
-  // needs no computing either.
-  const bool same = ss.logits && ss.tokens == s.tokens;
-  const int32_t bs = blocks->block_size(), start = s.n_computed();
-  if (start % bs != 0) {
-    // A wholly cached prompt: the private copy of its last block holds the
-    // last position's K/V too, which would be recomputed for its logits.
-    if (same && start + 1 == s.n_prompt) {
-      blocks->commit(s.blocks, s.tokens, s.n_prompt);
-      s.start_logits = ss.logits;
-      ready.push_back(&s);
-    }
-    return;
-  }
-  const int32_t h = start / bs;
-  const int32_t limit =
-      std::min({bs, s.n_prompt - (same ? 0 : 1) - start, static_cast<int32_t>(ss.tokens.size()) - start});
-  int32_t r = 0;
-  while (r < limit && s.tokens[start + r] == ss.tokens[start + r]) ++r;
-  if (r <= 0) return;
-  // The session's version of block h in every group: its published whole
-  // block, or the pinned copy of its partly filled last one.
-  std::vector<int32_t> src;  // group 0, then the windowed groups
-  const int32_t nw = blocks->n_windowed();
-  if (h < static_cast<int32_t>(ss.whole.size()) && blocks->holds(ss.whole[h])) {
-    src.push_back(ss.whole[h].block);
-    for (int32_t g = 0; g < nw; ++g)
-      if (blocks->holds(ss.whole_windowed[g][h])) src.push_back(ss.whole_windowed[g][h].block);
-  } else if (h == static_cast<int32_t>(ss.tokens.size()) / bs && !ss.tail.table.empty()) {
-    src.push_back(ss.tail.table[0]);
-    for (const auto& w : ss.tail.windowed) src.push_back(w.table[0]);
-  }
-  if (static_cast<int32_t>(src.size()) != 1 + nw) return;
-  // The windowed groups' tables end at the hits: block h is their next one.
-  if (!blocks->can_append(s.blocks, start + r)) return;
-  blocks->append(s.blocks, start + r);
-  exec->copy_block(src[0], s.blocks.table[h]);
-  for (int32_t g = 0; g < nw; ++g) exec->copy_block(src[1 + g], s.blocks.windowed[g].table[h]);
-  blocks->commit(s.blocks, s.tokens, start + r);
-  if (start + r == s.n_prompt) {
-    s.start_logits = ss.logits;
-    ready.push_back(&s);
-  }
-}
-
 bool Engine::Impl::start_ready() {
-  if (ready.empty()) return false;
+  const std::vector<Sequence*> todo = sessions->take_ready();
+  if (todo.empty()) return false;
   const int32_t nv = model.config().n_vocab;
   const double now = steps.now();
-  std::vector<Sequence*> todo;
-  todo.swap(ready);
   for (Sequence* s : todo) {
     // Preempted since its admission (a later prompt took its blocks): it
     // recomputes its prompt like any other.
@@ -951,71 +451,7 @@ bool Engine::Impl::start_ready() {
   return true;
 }
 
-void Engine::Impl::save_session(Sequence& s) {
-  const int32_t n = s.n_computed(), bs = blocks->block_size();
-  if (n <= 0 || s.evicted > 0) return;  // a streaming window's cache no longer holds the prefix
-  auto it = sessions.find(s.req->params.session);
-  if (it != sessions.end()) blocks->free(it->second.tail);
-  Session& ss = sessions[s.req->params.session];
-  ss.tokens.assign(s.tokens.begin(), s.tokens.begin() + n);
-  ss.whole.assign(s.blocks.prefix.begin(), s.blocks.prefix.begin() + std::min<size_t>(s.blocks.prefix.size(), n / bs));
-  ss.whole_windowed.clear();
-  for (const auto& w : s.blocks.windowed)
-    ss.whole_windowed.emplace_back(w.prefix.begin(), w.prefix.begin() + std::min<size_t>(w.prefix.size(), n / bs));
-  ss.last_used = steps.now();
-  ss.logits = n == static_cast<int32_t>(s.tokens.size()) ? std::move(finishing_logits) : nullptr;
-  const std::vector<int32_t> slots(static_cast<size_t>(bs), 0);
-  if (n % bs != 0 && blocks->can_allocate(slots, false)) {
-    blocks->allocate(ss.tail, slots, false);
-    if (blocks->can_append(ss.tail, bs)) {
-      blocks->append(ss.tail, bs);  // a page in each windowed group too
-      exec->copy_block(s.blocks.table[n / bs], ss.tail.table[0]);
-      for (size_t g = 0; g < ss.tail.windowed.size(); ++g)
-        exec->copy_block(s.blocks.windowed[g].table[n / bs], ss.tail.windowed[g].table[0]);
-    } else {
-      blocks->free(ss.tail);
-    }
-  }
-  while (static_cast<int32_t>(sessions.size()) > cfg.max_sessions) {
-    auto oldest = sessions.begin();
-    for (auto i = sessions.begin(); i != sessions.end(); ++i)
-      if (i->second.last_used < oldest->second.last_used) oldest = i;
-    drop_session(oldest);
-  }
-}
-
-void Engine::Impl::drop_session(std::unordered_map<std::string, Session>::iterator it) {
-  blocks->free(it->second.tail);
-  sessions.erase(it);
-}
-
-void Engine::Impl::expire_sessions(bool all) {
-  const double now = steps.now();
-  if (!all && (sessions.empty() || now - sessions_checked < 1.0)) return;
-  sessions_checked = now;
-  for (auto it = sessions.begin(); it != sessions.end();) {
-    auto next = std::next(it);
-    if (all || now - it->second.last_used > cfg.session_ttl_s) drop_session(it);
-    it = next;
-  }
-}
-
-void Engine::Impl::update_gauges() {
-  const BlockStats bs = blocks->stats();
-  std::lock_guard<std::mutex> lock(metrics_mu);
-  metrics.sessions = static_cast<int64_t>(sessions.size());
-  metrics.running = static_cast<int64_t>(sched->n_running());
-  metrics.waiting = static_cast<int64_t>(sched->n_waiting());
-  metrics.swapped = static_cast<int64_t>(sched->n_swapped());
-  metrics.swap_outs = sched->swap_outs();
-  metrics.kv_blocks_used = bs.used;
-  metrics.kv_blocks_free = bs.free;
-  metrics.kv_blocks_cached = bs.cached_free;
-  metrics.kv_blocks_published = bs.published;
-  metrics.prefix_cache_queried_tokens = bs.queried_tokens;
-  metrics.prefix_cache_hit_tokens = bs.hit_tokens;
-  metrics.preemptions = sched->preemptions();
-}
+void Engine::Impl::update_gauges() { metrics.gauges(*blocks, *sched, static_cast<int64_t>(sessions->size())); }
 
 void Engine::Impl::fail_all(const std::string& error) {
   std::vector<Sequence*> all;
@@ -1043,14 +479,9 @@ void Engine::start() {
         I.fail_all(e.what());
       }
       I.after_step();
-      if (!busy) {
-        std::unique_lock<std::mutex> lock(I.inbox_mu);
-        I.inbox_cv.wait_for(lock, std::chrono::milliseconds(50),
-                            [&] {
-                              return I.stopping.load() || !I.inbox.empty() || !I.cancels.empty() ||
-                                     I.reset_cache.load();
-                            });
-      }
+      if (!busy)
+        I.inbox.wait(std::chrono::milliseconds(50),
+                     [&] { return I.stopping.load() || I.kv_events->reset_requested(); });
     }
   });
 }
@@ -1058,36 +489,13 @@ void Engine::start() {
 void Engine::stop() {
   if (!impl_ || !impl_->loop.joinable()) return;
   impl_->stopping = true;
-  impl_->inbox_cv.notify_all();
+  impl_->inbox.notify();
   impl_->loop.join();
 }
 
 uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params, EventSink sink) {
   Impl& I = *impl_;
-  const int32_t nv = model_.config().n_vocab;
-  if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt is empty");
-  for (int32_t t : prompt)
-    if (t < 0 || t >= nv) fail(ErrorKind::kInvalidArgument, "prompt token id {} is outside the vocabulary (0..{})", t, nv - 1);
-  // A prompt alone (max_tokens 0: scored, not continued) may fill the
-  // context; a streaming window slides through any prompt.
-  if (I.cfg.kv_cache.window == 0 &&
-      (static_cast<int64_t>(prompt.size()) > I.max_context ||
-       (static_cast<int64_t>(prompt.size()) == I.max_context && params.max_tokens != 0)))
-    fail(ErrorKind::kInvalidArgument,
-         "the prompt has {} tokens, which leaves no room in the context of {} tokens", prompt.size(), I.max_context);
-  if (params.n < 1 || params.n > kMaxChoices)
-    fail(ErrorKind::kInvalidArgument, "n = {} is outside [1, {}]", params.n, kMaxChoices);
-  if (params.logprobs > 20) fail(ErrorKind::kInvalidArgument, "logprobs = {} is more than 20", params.logprobs);
-  if (params.prompt_logprobs > 20)
-    fail(ErrorKind::kInvalidArgument, "prompt_logprobs = {} is more than 20", params.prompt_logprobs);
-  if (params.on_prompt_row && (params.prompt_logprobs >= 0 || params.rows_from < 0 ||
-                               params.rows_from >= static_cast<int32_t>(prompt.size())))
-    fail(ErrorKind::kInvalidArgument, "prompt rows from {} of a {}-token prompt cannot be scored", params.rows_from,
-         prompt.size());
-  for (const auto& [id, bias] : params.sampling.logit_bias)
-    if (id < 0 || id >= nv)
-      fail(ErrorKind::kInvalidArgument, "logit_bias token id {} is outside the vocabulary (0..{})", id, nv - 1);
-  Sampler check(params.sampling);  // throws on absurd sampling parameters
+  check_request(prompt, params, model_.config().n_vocab, I.max_context, I.cfg.kv_cache.window > 0);
 
   auto req = std::make_shared<RequestState>();
   req->params = params;
@@ -1095,46 +503,34 @@ uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params
   req->n_prompt = static_cast<int32_t>(prompt.size());
   req->arrival_s = I.steps.now();
   req->choices_left = params.n;
-  std::lock_guard<std::mutex> lock(I.inbox_mu);
-  // Only sequences that cannot start count as waiting: those beyond the
-  // max_seqs that run at once.
-  const int64_t would_wait = std::max<int64_t>(0, I.live + 1 - cfg_.max_seqs);
-  if (would_wait > cfg_.max_waiting) {
-    std::lock_guard<std::mutex> ml(I.metrics_mu);
-    ++I.metrics.requests_rejected;
-    fail(ErrorKind::kResource, "the server is overloaded: {} requests are already waiting", would_wait - 1);
-  }
-  ++I.live;
-  req->id = I.next_request_id++;
-  auto s = I.make_seq(req, 0);
-  s->id = I.next_seq_id++;
-  s->arrival_order = I.next_arrival++;
-  s->tokens = std::move(prompt);
-  s->n_prompt = req->n_prompt;
-  if (params.prompt_logprobs >= 0) {  // nothing comes before the first token to score it
-    s->prompt_lp.push_back({s->tokens[0], std::numeric_limits<float>::quiet_NaN()});
-    s->prompt_top.emplace_back();
-    s->score_next = 1;
-  } else if (params.on_prompt_row) {
-    s->score_next = params.rows_from + 1;
-  }
-  s->fork_pending = params.n > 1;
-  I.inbox.push_back(std::move(s));
-  I.inbox_cv.notify_all();
+  I.inbox.push([&] {
+    // Only sequences that cannot start count as waiting: those beyond the
+    // max_seqs that run at once.
+    const int64_t would_wait = std::max<int64_t>(0, I.live + 1 - cfg_.max_seqs);
+    if (would_wait > cfg_.max_waiting) {
+      I.metrics.request_rejected();
+      fail(ErrorKind::kResource, "the server is overloaded: {} requests are already waiting", would_wait - 1);
+    }
+    ++I.live;
+    req->id = I.next_request_id++;
+    auto s = I.seqs.make(req, 0);
+    s->id = I.next_seq_id++;
+    s->arrival_order = I.next_arrival++;
+    s->tokens = std::move(prompt);
+    s->n_prompt = req->n_prompt;
+    start_prompt_scoring(*s);
+    s->fork_pending = params.n > 1;
+    return s;
+  });
   return req->id;
 }
 
 void Engine::cancel(uint64_t request_id) {
-  std::lock_guard<std::mutex> lock(impl_->inbox_mu);
   // A request still in the inbox is finished through the same path on the next step.
-  impl_->cancels.push_back(request_id);
-  impl_->inbox_cv.notify_all();
+  impl_->inbox.cancel(request_id);
 }
 
-MetricsSnapshot Engine::metrics() const {
-  std::lock_guard<std::mutex> lock(impl_->metrics_mu);
-  return impl_->metrics;
-}
+MetricsSnapshot Engine::metrics() const { return impl_->metrics.snapshot(); }
 
 bool Engine::step() {
   const bool busy = impl_->step();
@@ -1176,13 +572,12 @@ const Intake& Engine::intake() const { return *impl_->intake; }
 void Engine::set_step_observer(std::function<void(const StepReport&)> fn) { impl_->observer = std::move(fn); }
 
 void Engine::set_kv_event_sink(std::function<void(std::vector<KvCacheEvent>)> fn, std::string_view hash_seed) {
-  impl_->kv_event_sink = std::move(fn);
-  if (impl_->kv_event_sink) impl_->blocks->record_events(hash_seed);
+  impl_->kv_events->set_sink(std::move(fn), hash_seed);
 }
 
 void Engine::reset_prefix_cache() {
-  impl_->reset_cache = true;
-  impl_->inbox_cv.notify_all();
+  impl_->kv_events->request_reset();
+  impl_->inbox.notify();
 }
 
 void Engine::check_invariants() {
@@ -1190,8 +585,7 @@ void Engine::check_invariants() {
   impl_->sched->for_each([&](Sequence& s) {
     if (s.status == SeqStatus::kRunning) live.push_back({&s.blocks, s.tokens});
   });
-  for (auto& [id, ss] : impl_->sessions)
-    if (!ss.tail.table.empty()) live.push_back({&ss.tail, {}});
+  impl_->sessions->add_live(live);
   impl_->blocks->check_invariants(live);
 }
 

@@ -9,7 +9,6 @@
 #include <random>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace tandem {
@@ -58,15 +57,5 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> cand_;  // reused scratch
   std::vector<float> masked_;                    // reused scratch
 };
-
-// Finds the earliest occurrence of any stop string in `text` (empty stop
-// strings are ignored). `safe_len` is how much of the text can be emitted now:
-// up to the match, or, without one, everything before the longest tail of the
-// text that is a proper prefix of some stop string (held back when streaming).
-struct StopMatch {
-  size_t pos = std::string::npos;      // where a full stop string starts
-  size_t safe_len = 0;                 // prefix of text that can be emitted now
-};
-StopMatch find_stop(std::string_view text, std::span<const std::string> stops);
 
 }  // namespace tandem

@@ -1,0 +1,61 @@
+#include "engine/kv_pool_sizing.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "core/error.h"
+#include "core/memory_info.h"
+#include "model/model.h"
+
+namespace tandem {
+namespace {
+
+constexpr int64_t kDefaultKvCapBytes = int64_t{2} << 30;
+
+}  // namespace
+
+KvPlan size_kv_pool(const Model& m, const KvPoolAsk& a) {
+  const ModelConfig& mc = m.config();
+  const KvShape shape = m.kv_shape();
+  const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(shape, a.format));
+  // Sliding-window layers on pages of their own, given back as the window
+  // passes them; every size below is in tokens that hold all layers.
+  const KvPaging paging =
+      a.page_windowed_layers ? kv_paging(mc.layer_is_swa, mc.sliding_window) : kv_paging(shape.n_layer);
+  const int64_t groups = paging.n_groups;
+  if (a.swap_bytes < 0) fail(ErrorKind::kInvalidArgument, "swap space must be >= 0 bytes, got {}", a.swap_bytes);
+  // The pool and the swap space are committed as they fill, so the kernel
+  // accepts sizes beyond the machine's memory and the OOM killer settles it
+  // later: a size asked for must fit what is available now, and the default
+  // takes at most half of it.
+  const std::optional<uint64_t> avail = available_memory_bytes(a.memory_available);
+  int64_t tokens = a.kv_tokens;
+  if (tokens <= 0 && a.kv_bytes > 0) tokens = a.kv_bytes / per_token;
+  const bool sized_by_default = tokens <= 0;
+  if (sized_by_default) {
+    tokens = std::min<int64_t>(int64_t{a.max_seqs} * a.max_context, kDefaultKvCapBytes / per_token);
+    if (avail) tokens = std::min<int64_t>(tokens, static_cast<int64_t>(*avail / 2) / per_token);
+  }
+  // A block of every group is one token block of every layer (the padding
+  // of a last, partly filled group aside).
+  const int64_t n_blocks = tokens / a.block_size * groups;
+  const int64_t ctx_blocks = (a.max_context + a.block_size - 1) / a.block_size;
+  // A windowed group holds a window and the prompt chunk being written.
+  const int64_t one_context =
+      ctx_blocks + (groups - 1) * ((std::min<int64_t>(a.max_context, int64_t{paging.window} + a.prefill_chunk) +
+                                    a.block_size - 1) / a.block_size + 1);
+  if (n_blocks < std::min(one_context, ctx_blocks * groups))
+    fail(sized_by_default ? ErrorKind::kResource : ErrorKind::kInvalidArgument,
+         "the KV pool ({} tokens{}) cannot hold one full context of {} tokens", tokens,
+         sized_by_default ? ", half the memory available" : "", a.max_context);
+  if (n_blocks > INT32_MAX) fail(ErrorKind::kInvalidArgument, "KV pool of {} blocks is too large", n_blocks);
+  const uint64_t pool_bytes = static_cast<uint64_t>(n_blocks) * a.block_size *
+                              KvCache::layer_bytes_per_token(shape, a.format) * uint64_t(paging.layers_per_page);
+  if (avail && pool_bytes + static_cast<uint64_t>(a.swap_bytes) > *avail)
+    fail(ErrorKind::kResource,
+         "the KV pool ({} MiB) and swap space ({} MiB) need more than the {} MiB of memory available; ask for less",
+         pool_bytes >> 20, a.swap_bytes >> 20, *avail >> 20);
+  return KvPlan{shape, static_cast<int32_t>(n_blocks), a.block_size, a.format, paging, a.max_context};
+}
+
+}  // namespace tandem
