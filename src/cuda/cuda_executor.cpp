@@ -1,6 +1,6 @@
 // The model on a CUDA device: weights uploaded once in their stored formats,
-// the KV pool in device memory in the CPU KvCache's layout, and the same
-// forward pass as Model::forward (model/model.cpp), step for step.
+// the KV pool in device memory in the CPU KvCache's layout, and the layer
+// steps Model::forward follows (model/layer_recipe.h), in device kernels.
 //
 // Rows and paths. A forward pass first orders its rows: rows of sequences
 // with two or more rows in the batch (prompt chunks, "run rows") first, then
@@ -38,6 +38,7 @@
 #include "gguf/gguf.h"
 #include "kernels/ops.h"
 #include "model/executor.h"
+#include "model/layer_recipe.h"
 
 namespace tandem {
 namespace {
@@ -179,6 +180,7 @@ class CudaExecutor final : public Executor {
 
   // The pass over the layers for the rows staged in the metadata buffer.
   void run(int32_t R, int32_t Rp, int32_t n_out, int32_t n_tiles);
+  struct LayerSteps;
   std::vector<ActForm> forms_for(std::initializer_list<const DevWeight*> ws, int32_t Rp, int32_t R) const;
   DevActs acts(ActType t) const;
   void linear(std::initializer_list<std::pair<const DevWeight*, float*>> jobs, std::initializer_list<int64_t> lds,
@@ -700,52 +702,62 @@ void CudaExecutor::linear(std::initializer_list<std::pair<const DevWeight*, floa
   }
 }
 
-void CudaExecutor::run(int32_t R, int32_t Rp, int32_t n_out, int32_t n_tiles) {
-  const ModelConfig& c = cfg_;
-  const int32_t* meta = meta_.get<int32_t>();
-  const int32_t* tok = meta + m_tok_;
-  const int64_t E = c.n_embd, F = c.n_ff;
-  const int64_t QW = int64_t{c.n_head} * c.head_dim, KW = int64_t{c.n_head_kv} * c.head_dim;
-  const int64_t VW = int64_t{c.n_head_kv} * c.head_dim_v, OW = int64_t{c.n_head} * c.head_dim_v;
-  float* x = x_.get<float>();
-  float* o = o_.get<float>();
-  const size_t esize = tandem::kv_bytes(plan_.format.k, 1);
-  const size_t layer_k = size_t(c.n_head_kv) * plan_.n_blocks * plan_.block_size * c.head_dim * esize;
-  const size_t layer_v = size_t(c.n_head_kv) * plan_.n_blocks * plan_.block_size * c.head_dim_v * esize;
+// A pass's steps of decoder_layer (model/layer_recipe.h) on the device:
+// rows [0, Rp) run rows, [Rp, R) decode rows, staged in the metadata buffer.
+// Each norm kernel also makes the activation forms the products after it
+// read, and a feed-forward's residual add joins the next norm kernel.
+struct CudaExecutor::LayerSteps {
+  CudaExecutor& e;
+  int32_t R, Rp, n_tiles;
+  bool ffn_pending = false;  // the previous layer's feed-forward output waits in o_
 
-  embed_rows(tok_embd_->m, tok, R, c.embed_scale, x, E, stream_);
-  auto norm_op = [&](float* add, const float* add_w, const float* norm_w, std::vector<ActForm> forms) {
+  // x += add (through add_w when given), then the norm of x by norm_w into
+  // the forms the next products read.
+  void norm(const float* add, const float* add_w, const float* norm_w, const std::vector<ActForm>& forms) {
+    const ModelConfig& c = e.cfg_;
     RowOp op;
     op.n_rows = R;
-    op.E = static_cast<int32_t>(E);
+    op.E = static_cast<int32_t>(c.n_embd);
     op.mode = RowMode::kNorm;
-    op.x = x;
-    op.x_ld = E;
+    op.x = e.x_.get<float>();
+    op.x_ld = c.n_embd;
     op.add = add;
-    op.add_ld = E;
+    op.add_ld = c.n_embd;
     op.add_w = add_w;
     op.norm_w = norm_w;
     op.eps = c.rms_eps;
     op.n_forms = static_cast<int32_t>(forms.size());
     for (size_t i = 0; i < forms.size(); ++i) op.forms[i] = forms[i];
-    row_op(op, stream_);
-  };
+    row_op(op, e.stream_);
+  }
 
-  for (int32_t il = 0; il < c.n_layer; ++il) {
-    const Layer& L = layers_[il];
-    const Layer* prev = il > 0 ? &layers_[il - 1] : nullptr;
-    // The previous layer's feed-forward output joins the residual here, then
-    // this layer's attention norm.
-    norm_op(prev ? o : nullptr, prev ? prev->post_ffn_norm : nullptr, L.attn_norm, forms_for({L.wq, L.wk, L.wv}, Rp, R));
-    linear({{L.wq, q_.get<float>()}, {L.wk, k_.get<float>()}, {L.wv, v_.get<float>()}}, {QW, KW, VW}, Rp, R);
+  void attention_norm(int32_t il) {
+    const Layer& L = e.layers_[il];
+    const Layer* prev = ffn_pending ? &e.layers_[il - 1] : nullptr;
+    norm(prev ? e.o_.get<float>() : nullptr, prev ? prev->post_ffn_norm : nullptr, L.attn_norm,
+         e.forms_for({L.wq, L.wk, L.wv}, Rp, R));
+    ffn_pending = false;
+  }
+
+  void attention(int32_t il) {
+    const ModelConfig& c = e.cfg_;
+    const Layer& L = e.layers_[il];
+    const int32_t* meta = e.meta_.get<int32_t>();
+    const int64_t E = c.n_embd;
+    const int64_t QW = int64_t{c.n_head} * c.head_dim, KW = int64_t{c.n_head_kv} * c.head_dim;
+    const int64_t VW = int64_t{c.n_head_kv} * c.head_dim_v, OW = int64_t{c.n_head} * c.head_dim_v;
+    const size_t esize = tandem::kv_bytes(e.plan_.format.k, 1);
+    const size_t layer_k = size_t(c.n_head_kv) * e.plan_.n_blocks * e.plan_.block_size * c.head_dim * esize;
+    const size_t layer_v = size_t(c.n_head_kv) * e.plan_.n_blocks * e.plan_.block_size * c.head_dim_v * esize;
+    e.linear({{L.wq, e.q_.get<float>()}, {L.wk, e.k_.get<float>()}, {L.wv, e.v_.get<float>()}}, {QW, KW, VW}, Rp, R);
 
     const bool swa = L.swa;
-    const Rope& rope = swa && swa_rope_differs_ ? rope_swa_ : rope_global_;
+    const Rope& rope = swa && e.swa_rope_differs_ ? e.rope_swa_ : e.rope_global_;
     QkvPost p;
     p.n_rows = R;
-    p.q = q_.get<float>();
-    p.k = k_.get<float>();
-    p.v = v_.get<float>();
+    p.q = e.q_.get<float>();
+    p.k = e.k_.get<float>();
+    p.v = e.v_.get<float>();
     p.q_ld = QW, p.k_ld = KW, p.v_ld = VW;
     p.bq = L.bq, p.bk = L.bk, p.bv = L.bv;
     p.q_norm = L.q_norm, p.k_norm = L.k_norm;
@@ -756,69 +768,90 @@ void CudaExecutor::run(int32_t R, int32_t Rp, int32_t n_out, int32_t n_tiles) {
     p.rope_cos = rope.cos.get<float>();
     p.rope_sin = rope.sin.get<float>();
     p.attn_scale = c.attn_scale;
-    p.pos = meta + m_pos_;
-    p.seq = meta + m_seq_;
-    p.tables = meta + m_tables_;
-    p.table_ld = cap_table_;
-    p.k_cache = k_cache_.get() + il * layer_k;
-    p.v_cache = v_cache_.get() + il * layer_v;
-    p.kv_f16 = plan_.format.k == KvType::kF16;
-    p.block_size = plan_.block_size;
-    p.n_blocks = plan_.n_blocks;
-    qkv_post(p, stream_);
+    p.pos = meta + e.m_pos_;
+    p.seq = meta + e.m_seq_;
+    p.tables = meta + e.m_tables_;
+    p.table_ld = e.cap_table_;
+    p.k_cache = e.k_cache_.get() + il * layer_k;
+    p.v_cache = e.v_cache_.get() + il * layer_v;
+    p.kv_f16 = e.plan_.format.k == KvType::kF16;
+    p.block_size = e.plan_.block_size;
+    p.n_blocks = e.plan_.n_blocks;
+    qkv_post(p, e.stream_);
 
     AttnArgs a;
-    a.q = q_.get<float>();
+    a.q = e.q_.get<float>();
     a.q_ld = QW;
-    a.out = attn_.get<float>();
+    a.out = e.attn_.get<float>();
     a.out_ld = OW;
     a.n_head = c.n_head, a.n_head_kv = c.n_head_kv, a.head_dim = c.head_dim, a.head_dim_v = c.head_dim_v;
     a.window = swa ? c.sliding_window : 0;
     a.k_cache = p.k_cache;
     a.v_cache = p.v_cache;
     a.kv_f16 = p.kv_f16;
-    a.block_size = plan_.block_size;
-    a.n_blocks = plan_.n_blocks;
+    a.block_size = e.plan_.block_size;
+    a.n_blocks = e.plan_.n_blocks;
     a.pos = p.pos;
     a.seq = p.seq;
     a.tables = p.tables;
-    a.table_ld = cap_table_;
-    if (Rp > 0) attention_prefill(a, reinterpret_cast<const PrefillTile*>(meta + m_tiles_), n_tiles, stream_);
+    a.table_ld = e.cap_table_;
+    if (Rp > 0) attention_prefill(a, reinterpret_cast<const PrefillTile*>(meta + e.m_tiles_), n_tiles, e.stream_);
     if (R > Rp)
-      attention_decode(a, Rp, R - Rp, {dec_partials_.get<float>(), dec_counters_.get<int32_t>()}, stream_);
+      attention_decode(a, Rp, R - Rp, {e.dec_partials_.get<float>(), e.dec_counters_.get<int32_t>()}, e.stream_);
 
-    {
-      RowOp op;
-      op.n_rows = R;
-      op.E = static_cast<int32_t>(OW);
-      op.mode = RowMode::kPlain;
-      op.x = attn_.get<float>();
-      op.x_ld = OW;
-      const auto forms = forms_for({L.wo}, Rp, R);
-      op.n_forms = static_cast<int32_t>(forms.size());
-      for (size_t i = 0; i < forms.size(); ++i) op.forms[i] = forms[i];
-      row_op(op, stream_);
-    }
-    linear({{L.wo, o}}, {E}, Rp, R);
-    norm_op(o, L.post_attn_norm, L.ffn_norm, forms_for({L.gate, L.up}, Rp, R));
-    linear({{L.gate, gate_.get<float>()}, {L.up, up_.get<float>()}}, {F, F}, Rp, R);
-    {
-      RowOp op;
-      op.n_rows = R;
-      op.E = static_cast<int32_t>(F);
-      op.mode = RowMode::kGated;
-      op.gate = gate_.get<float>();
-      op.up = up_.get<float>();
-      op.gate_ld = F;
-      op.act = c.act == Activation::kGeluTanh ? ActFn::kGeluTanh : ActFn::kSilu;
-      op.gelu_table = gelu_table_.get<uint16_t>();
-      const auto forms = forms_for({L.down}, Rp, R);
-      op.n_forms = static_cast<int32_t>(forms.size());
-      for (size_t i = 0; i < forms.size(); ++i) op.forms[i] = forms[i];
-      row_op(op, stream_);
-    }
-    linear({{L.down, o}}, {E}, Rp, R);
+    RowOp op;
+    op.n_rows = R;
+    op.E = static_cast<int32_t>(OW);
+    op.mode = RowMode::kPlain;
+    op.x = e.attn_.get<float>();
+    op.x_ld = OW;
+    const auto forms = e.forms_for({L.wo}, Rp, R);
+    op.n_forms = static_cast<int32_t>(forms.size());
+    for (size_t i = 0; i < forms.size(); ++i) op.forms[i] = forms[i];
+    row_op(op, e.stream_);
+    e.linear({{L.wo, e.o_.get<float>()}}, {E}, Rp, R);
   }
+
+  void attention_residual(int32_t il) {
+    const Layer& L = e.layers_[il];
+    norm(e.o_.get<float>(), L.post_attn_norm, L.ffn_norm, e.forms_for({L.gate, L.up}, Rp, R));
+  }
+
+  void feed_forward(int32_t il) {
+    const ModelConfig& c = e.cfg_;
+    const Layer& L = e.layers_[il];
+    const int64_t F = c.n_ff;
+    e.linear({{L.gate, e.gate_.get<float>()}, {L.up, e.up_.get<float>()}}, {F, F}, Rp, R);
+    RowOp op;
+    op.n_rows = R;
+    op.E = static_cast<int32_t>(F);
+    op.mode = RowMode::kGated;
+    op.gate = e.gate_.get<float>();
+    op.up = e.up_.get<float>();
+    op.gate_ld = F;
+    op.act = c.act == Activation::kGeluTanh ? ActFn::kGeluTanh : ActFn::kSilu;
+    op.gelu_table = e.gelu_table_.get<uint16_t>();
+    const auto forms = e.forms_for({L.down}, Rp, R);
+    op.n_forms = static_cast<int32_t>(forms.size());
+    for (size_t i = 0; i < forms.size(); ++i) op.forms[i] = forms[i];
+    row_op(op, e.stream_);
+    e.linear({{L.down, e.o_.get<float>()}}, {c.n_embd}, Rp, R);
+  }
+
+  // The add joins the next norm: the next layer's, or the output norm.
+  void ffn_residual(int32_t) { ffn_pending = true; }
+};
+
+void CudaExecutor::run(int32_t R, int32_t Rp, int32_t n_out, int32_t n_tiles) {
+  const ModelConfig& c = cfg_;
+  const int32_t* meta = meta_.get<int32_t>();
+  const int64_t E = c.n_embd;
+  float* x = x_.get<float>();
+  float* o = o_.get<float>();
+
+  embed_rows(tok_embd_->m, meta + m_tok_, R, c.embed_scale, x, E, stream_);
+  LayerSteps steps{*this, R, Rp, n_tiles};
+  for (int32_t il = 0; il < c.n_layer; ++il) decoder_layer(steps, il);
 
   // The rows that want logits: the last residual add, the output norm, the
   // output matrix (matrix-vector kernels for every such row).
@@ -852,23 +885,8 @@ void CudaExecutor::forward(const Batch& batch, std::span<SeqKv* const> seqs, std
   const ModelConfig& c = cfg_;
   const int32_t R = static_cast<int32_t>(batch.size());
   if (R == 0) return;
-  // The checks Model::forward makes, with its messages.
-  for (int32_t r = 0; r < R; ++r) {
-    const BatchRow& row = batch[r];
-    if (row.token < 0 || row.token >= c.n_vocab)
-      fail(ErrorKind::kInvalidArgument, "token id {} is outside the vocabulary (0..{})", row.token, c.n_vocab - 1);
-    if (row.seq < 0 || row.seq >= static_cast<int32_t>(seqs.size()))
-      fail(ErrorKind::kInvalidArgument, "batch row names sequence {} of {}", row.seq, seqs.size());
-    const SeqKv& sk = *seqs[row.seq];
-    if (row.pos < 0 || row.pos >= static_cast<int64_t>(sk.blocks.size()) * plan_.block_size)
-      fail(ErrorKind::kInvalidArgument, "position {} has no KV block reserved", row.pos);
-    if (r > 0 && batch[r - 1].seq == row.seq && batch[r - 1].pos + 1 != row.pos)
-      fail(ErrorKind::kInvalidArgument, "rows of sequence {} are not at consecutive positions", row.seq);
-  }
+  check_batch(batch, seqs, c.n_vocab, plan_.block_size, plan_.paging, logits.size());
   const size_t n_out = rows_with_logits(batch);
-  if (logits.size() < n_out * static_cast<size_t>(c.n_vocab))
-    fail(ErrorKind::kInvalidArgument, "forward: {} rows want logits but the buffer holds {} floats", n_out,
-         logits.size());
 
   // Runs of one sequence; rows of runs of kRunRows or more first. A
   // sequence's rows must be one run (the attention tiles assume it).

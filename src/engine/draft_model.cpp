@@ -10,6 +10,7 @@
 #include "engine/sequence.h"
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
+#include "model/executor.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -41,14 +42,19 @@ void check_vocab(const Tokenizer& t, const Tokenizer& d) {
 class DraftModelDrafter final : public Drafter {
  public:
   DraftModelDrafter(Model& draft, const SpecConfig& cfg, int32_t max_context, int32_t max_seqs, ThreadPool& pool)
-      : m_(draft), cfg_(cfg), pool_(pool) {
-    const KvShape shape = draft.kv_shape();
-    const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(shape, KvFormat{}));
+      : n_vocab_(draft.config().n_vocab), cfg_(cfg) {
+    // The draft runs on a runner of its own: the draft model on the same
+    // threads over an f16 cache of its own, every layer in one block table.
+    KvPlan plan;
+    plan.shape = draft.kv_shape();
+    plan.block_size = kBlockSize;
+    plan.format = kv_format(KvType::kF16, KvType::kF16);
+    const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(plan.shape, plan.format));
     int64_t tokens = std::min<int64_t>(int64_t{max_seqs} * max_context, kMaxPoolBytes / per_token);
     tokens = std::max<int64_t>(tokens, max_context + kBlockSize);
-    const int32_t n_blocks = static_cast<int32_t>(tokens / kBlockSize);
-    kv_ = std::make_unique<KvCache>(shape, n_blocks, kBlockSize, KvType::kF16);
-    blocks_ = std::make_unique<BlockManager>(n_blocks, kBlockSize, false);
+    plan.n_blocks = static_cast<int32_t>(tokens / kBlockSize);
+    runner_ = make_cpu_executor(draft, plan, pool);
+    blocks_ = std::make_unique<BlockManager>(plan.n_blocks, kBlockSize, false);
     calibrate(std::min({64, max_context, max_seqs * (1 + cfg.max_draft)}));
   }
 
@@ -127,13 +133,13 @@ class DraftModelDrafter final : public Drafter {
   // who); each sequence's one row with logits gives its greedy pick.
   void pass(const Batch& b, std::vector<SeqKv>& kvs, const std::vector<size_t>& who,
             std::span<std::vector<int32_t>> out) {
-    const int32_t nv = m_.config().n_vocab;
+    const int32_t nv = n_vocab_;
     std::vector<SeqKv*> ptrs;
     for (size_t i : who) ptrs.push_back(&kvs[i]);
     const size_t rows = rows_with_logits(b);
     if (logits_.size() < rows * nv) logits_.resize(rows * nv);
     const double t0 = now_s();
-    m_.forward(b, ptrs, *kv_, pool_, std::span<float>(logits_));
+    runner_->forward(b, ptrs, std::span<float>(logits_));
     cost_.observe(static_cast<int32_t>(b.size()), now_s() - t0);
     for (size_t j = 0; j < who.size(); ++j) {
       const float* l = logits_.data() + j * nv;
@@ -152,12 +158,12 @@ class DraftModelDrafter final : public Drafter {
     for (int32_t rows = 1; rows <= top; rows *= 2) {
       Batch b;
       for (int32_t p = 0; p < rows; ++p) b.push_back({0, p, 0, p + 1 == rows});
-      if (logits_.size() < static_cast<size_t>(m_.config().n_vocab)) logits_.resize(m_.config().n_vocab);
+      if (logits_.size() < static_cast<size_t>(n_vocab_)) logits_.resize(n_vocab_);
       double best = 0;
       for (int rep = 0; rep < 2; ++rep) {
         sk.n_tokens = 0;
         const double t0 = now_s();
-        m_.forward(b, one, *kv_, pool_, std::span<float>(logits_));
+        runner_->forward(b, one, std::span<float>(logits_));
         const double t = now_s() - t0;
         if (rep > 0 && (best == 0 || t < best)) best = t;
       }
@@ -166,10 +172,9 @@ class DraftModelDrafter final : public Drafter {
     blocks_->free(sb);
   }
 
-  Model& m_;
+  int32_t n_vocab_;
   SpecConfig cfg_;
-  ThreadPool& pool_;
-  std::unique_ptr<KvCache> kv_;
+  std::unique_ptr<Executor> runner_;
   std::unique_ptr<BlockManager> blocks_;
   std::unordered_map<uint64_t, Own> own_;
   Logits logits_;

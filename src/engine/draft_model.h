@@ -1,8 +1,9 @@
 // The draft-model drafter: a second, smaller model with the target's
-// vocabulary guesses the next tokens greedily. It keeps a paged KV cache of
-// its own, one block table per target sequence, in step with the target: what
-// the target rejected is rolled back, what it accepted is caught up in the
-// next draft pass, and every sequence drafts in the same forward passes.
+// vocabulary guesses the next tokens greedily. It runs on a CPU runner of its
+// own (model/executor.h) over a paged KV cache of its own, one block table per
+// target sequence, in step with the target: what the target rejected is
+// rolled back, what it accepted is caught up in the next draft pass, and
+// every sequence drafts in the same forward passes.
 #pragma once
 
 #include <cstdint>

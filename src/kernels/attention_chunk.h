@@ -1,7 +1,8 @@
 // The chunk kernel of attention_impl.h, written once over a vector "Ops"
 // type and included by each instruction-set file inside its own namespace
-// (after defining Ops and TD_FN, the function attributes of that level), the
-// way vec_dot_avx512_q32.h is. No includes here: the includer provides them.
+// (after defining Ops and TD_FN, the function attributes of that level):
+// attention_ref.cpp, attention_avx2.cpp, attention_avx512.cpp. No includes
+// here: the includer provides them.
 //
 // Ops provides: V (vector of W floats), W, zero(), bcast(f),
 // load(const float*), load(const uint16_t*) (f16 -> f32), load_part(p, n)

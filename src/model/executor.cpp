@@ -63,13 +63,4 @@ std::unique_ptr<Executor> make_cpu_executor(Model& model, const KvPlan& plan, Th
   return std::make_unique<CpuExecutor>(model, plan, pool);
 }
 
-#ifndef TANDEM_CUDA
-std::unique_ptr<Executor> make_cuda_executor(Model&, const KvPlan&) {
-  fail(ErrorKind::kUnsupported, "this build of Tandem has no CUDA backend (configure with -DTANDEM_CUDA=ON)");
-}
-double cuda_read_bandwidth_gb_s(size_t) {
-  fail(ErrorKind::kUnsupported, "this build of Tandem has no CUDA backend (configure with -DTANDEM_CUDA=ON)");
-}
-#endif  // the CUDA build defines both in src/cuda/cuda_executor.cpp
-
 }  // namespace tandem

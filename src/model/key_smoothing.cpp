@@ -1,10 +1,13 @@
 #include "model/key_smoothing.h"
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numbers>
 #include <string_view>
 
 #include "core/error.h"
+#include "model/executor.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -85,17 +88,29 @@ KeySmoothing key_smoothing(Model& model, ThreadPool& pool, int32_t max_positions
   const std::vector<int32_t> tokens = model.tokenizer().encode(kText, true, false);
   const int32_t n = static_cast<int32_t>(tokens.size());
   if (n < 2) fail(ErrorKind::kUnsupported, "key smoothing: the built-in text is {} token(s) for this tokenizer", n);
+  // The paragraph through a runner of its own over a plain f32 cache.
   constexpr int32_t kBlock = 16;
-  KvCache kv(shape, (n + kBlock - 1) / kBlock, kBlock, KvFormat{KvType::kF32, KvType::kF32});
+  KvPlan plan;
+  plan.shape = shape;
+  plan.n_blocks = (n + kBlock - 1) / kBlock;
+  plan.block_size = kBlock;
+  plan.format = KvFormat{KvType::kF32, KvType::kF32};
+  const std::unique_ptr<Executor> runner = make_cpu_executor(model, plan, pool);
   SeqKv seq;
-  if (!seq.reserve(kv, n)) fail(ErrorKind::kResource, "key smoothing: a cache for {} tokens", n);
+  for (int32_t b = 0; b < plan.n_blocks; ++b) seq.blocks.push_back(b);
   const int32_t qw = c.n_head * c.head_dim;
   std::vector<double> q_energy(size_t(shape.n_layer) * qw, 0.0);
   {
     QueryEnergy measuring(model, q_energy);
-    Logits logits;
-    model.prefill(seq, tokens, kv, pool, logits);
+    Batch batch(tokens.size());
+    for (int32_t i = 0; i < n; ++i) batch[size_t(i)] = {tokens[size_t(i)], i, 0, i + 1 == n};
+    Logits logits(size_t(c.n_vocab));
+    SeqKv* one[] = {&seq};
+    runner->forward(batch, one, std::span<float>(logits));
   }
+  // Every key but position 0's, every layer, in the model's space.
+  std::vector<float> all_keys(size_t(n - 1) * shape.n_layer * shape.k_width);
+  runner->read_keys(seq, 1, n - 1, all_keys.data());
 
   const int32_t w = shape.k_width, head_dim = w / shape.n_head_kv, group = c.n_head / shape.n_head_kv;
   const size_t wn = static_cast<size_t>(w);
@@ -106,7 +121,7 @@ KeySmoothing key_smoothing(Model& model, ThreadPool& pool, int32_t max_positions
   const double mean_pos = n / 2.0;
   for (int32_t l = 0; l < shape.n_layer; ++l) {
     for (int32_t p = 1; p < n; ++p)
-      kv.read_key(l, seq.blocks[size_t(p / kBlock)], p % kBlock, keys[size_t(p - 1)].data());
+      std::copy_n(all_keys.data() + (size_t(p - 1) * shape.n_layer + l) * wn, wn, keys[size_t(p - 1)].data());
     std::fill(mean.begin(), mean.end(), 0.0);
     for (const std::vector<float>& k : keys)
       for (size_t i = 0; i < wn; ++i) mean[i] += k[i];
@@ -132,7 +147,6 @@ KeySmoothing key_smoothing(Model& model, ThreadPool& pool, int32_t max_positions
       element_scales(rope, head_dim, q_mean.data() + at, k_energy.data() + at, out.scale.data() + size_t(l) * wn + at);
     }
   }
-  seq.release(kv);
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include "kernels/ops.h"
 #include "kernels/layouts.h"
 #include "kv/kv_cache.h"
+#include "model/layer_recipe.h"
 #include "model/repack_cache.h"
 #include "tokenizer/tokenizer.h"
 
@@ -230,6 +231,152 @@ std::vector<std::span<const uint8_t>> Model::decode_weight_regions() const {
   return out;
 }
 
+// One pass's layer steps on the CPU (decoder_layer's Steps): every row of
+// the batch, until the last layer's attention keeps only the rows in `keep`.
+struct Model::LayerSteps {
+  Model& m;
+  const Batch& batch;
+  std::span<SeqKv* const> seqs;
+  KvCache& kv;
+  ThreadPool& pool;
+  const std::vector<int64_t>* keep;  // set for the last layer when rows skip its end
+  int64_t R;                         // rows going on
+
+  void attention_norm(int32_t il) {
+    const ModelConfig& c = m.cfg_;
+    const LayerWeights& L = m.w_.layers[il];
+    Scratch& s = *m.s_;
+    const int64_t E = c.n_embd;
+    pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        rms_norm_at(m.level_, s.x.data() + r * E, L.attn_norm.data(), E, c.rms_eps, s.xn.data() + r * E);
+    });
+  }
+
+  void attention(int32_t il) {
+    const ModelConfig& c = m.cfg_;
+    const LayerWeights& L = m.w_.layers[il];
+    Scratch& s = *m.s_;
+    const int64_t E = c.n_embd;
+    const int64_t OW = int64_t{c.n_head} * c.head_dim_v;
+    s.o.resize(R * E);
+    // In chunks of rows, like the feed-forward block: q and the attention
+    // output are a long prompt's next widest activations. A chunk's rows see
+    // the KV of every earlier row, written by earlier chunks, so a row's
+    // result does not depend on the chunking.
+    const int64_t CA = std::min(R, kAttnChunkRows);
+    size_t k = 0;  // next kept row
+    if (keep) s.attn_kept.resize(keep->size() * OW);
+    for (int64_t c0 = 0; c0 < R; c0 += CA) {
+      const int64_t n = std::min(CA, R - c0);
+      m.attention_rows(il, batch, c0, n, seqs, kv, pool);
+      if (!keep) {
+        s.mm.run(L.wo, s.attn.data(), OW, n, s.o.data() + c0 * E, E, pool);
+        continue;
+      }
+      for (; k < keep->size() && (*keep)[k] < c0 + n; ++k)
+        std::copy_n(s.attn.data() + ((*keep)[k] - c0) * OW, OW, s.attn_kept.data() + k * OW);
+    }
+    if (keep) {
+      // From here on the kept rows only, moved to the front: keep[i] >= i, so
+      // copying in increasing order never overwrites a row still to move.
+      R = static_cast<int64_t>(keep->size());
+      s.mm.run(L.wo, s.attn_kept.data(), OW, R, s.o.data(), E, pool);
+      for (int64_t i = 0; i < R; ++i)
+        if ((*keep)[i] != i) std::copy_n(s.x.data() + (*keep)[i] * E, E, s.x.data() + i * E);
+    }
+  }
+
+  void attention_residual(int32_t il) {
+    if (R == 0) return;
+    const ModelConfig& c = m.cfg_;
+    const LayerWeights& L = m.w_.layers[il];
+    Scratch& s = *m.s_;
+    const int64_t E = c.n_embd;
+    pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        float* o = s.o.data() + r * E;
+        float* x = s.x.data() + r * E;
+        if (c.sandwich_norm) rms_norm_at(m.level_, o, L.post_attn_norm.data(), E, c.rms_eps, o);
+        for (int64_t i = 0; i < E; ++i) x[i] += o[i];
+        rms_norm_at(m.level_, x, L.ffn_norm.data(), E, c.rms_eps, s.xn.data() + r * E);
+      }
+    });
+  }
+
+  void feed_forward(int32_t il) {
+    if (R == 0) return;
+    const ModelConfig& c = m.cfg_;
+    const LayerWeights& L = m.w_.layers[il];
+    Scratch& s = *m.s_;
+    const int64_t E = c.n_embd;
+    // In chunks of rows: the gate and up rows (2 x n_ff floats each) are the
+    // widest activations, and a long prompt's would set the peak memory. A
+    // row's result does not depend on the rows computed beside it.
+    const int64_t F = c.n_ff;
+    const int64_t CR = std::min(R, kFfnChunkRows);
+    s.gate.resize(CR * F);
+    s.up.resize(CR * F);
+    for (int64_t c0 = 0; c0 < R; c0 += CR) {
+      const int64_t n = std::min(CR, R - c0);
+      const WeightMatrix* gate_up[] = {&L.w_gate, &L.w_up};
+      float* const gate_up_out[] = {s.gate.data(), s.up.data()};
+      const int64_t gate_up_ld[] = {F, F};
+      s.mm.run_many(gate_up, s.xn.data() + c0 * E, E, n, gate_up_out, gate_up_ld, pool);
+      pool.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          gated_activation_at(m.level_, c.act, s.gate.data() + r * F, s.up.data() + r * F, F);
+      });
+      s.mm.run(L.w_down, s.gate.data(), F, n, s.o.data() + c0 * E, E, pool);
+    }
+  }
+
+  void ffn_residual(int32_t il) {
+    if (R == 0) return;
+    const ModelConfig& c = m.cfg_;
+    const LayerWeights& L = m.w_.layers[il];
+    Scratch& s = *m.s_;
+    const int64_t E = c.n_embd;
+    pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        float* o = s.o.data() + r * E;
+        float* x = s.x.data() + r * E;
+        if (c.sandwich_norm) rms_norm_at(m.level_, o, L.post_ffn_norm.data(), E, c.rms_eps, o);
+        for (int64_t i = 0; i < E; ++i) x[i] += o[i];
+      }
+    });
+  }
+};
+
+void check_batch(const Batch& batch, std::span<SeqKv* const> seqs, int32_t n_vocab, int32_t block_size,
+                 const KvPaging& pg, size_t logits_floats) {
+  for (size_t r = 0; r < batch.size(); ++r) {
+    const BatchRow& row = batch[r];
+    if (row.token < 0 || row.token >= n_vocab)
+      fail(ErrorKind::kInvalidArgument, "token id {} is outside the vocabulary (0..{})", row.token, n_vocab - 1);
+    if (row.seq < 0 || row.seq >= static_cast<int32_t>(seqs.size()))
+      fail(ErrorKind::kInvalidArgument, "batch row names sequence {} of {}", row.seq, seqs.size());
+    const SeqKv& sk = *seqs[row.seq];
+    if (row.pos < 0 || row.pos >= static_cast<int64_t>(sk.blocks.size()) * block_size)
+      fail(ErrorKind::kInvalidArgument, "position {} has no KV block reserved", row.pos);
+    // A windowed group's table may have given back pages its window has
+    // passed, never one this row's attention reads.
+    if (sk.windowed.size() != size_t(pg.n_windowed()))
+      fail(ErrorKind::kInvalidArgument, "sequence has {} windowed block tables, the cache {} groups of them",
+           sk.windowed.size(), pg.n_windowed());
+    for (const auto& t : sk.windowed)
+      for (int32_t p = std::max(0, row.pos - pg.window + 1) / block_size; p <= row.pos / block_size; ++p)
+        if (p >= static_cast<int32_t>(t.size()) || t[p] < 0)
+          fail(ErrorKind::kInvalidArgument, "position {} of a sliding-window layer has no KV block", row.pos);
+    if (r > 0 && batch[r - 1].seq == row.seq && batch[r - 1].pos + 1 != row.pos)
+      fail(ErrorKind::kInvalidArgument, "rows of sequence {} are not at consecutive positions", row.seq);
+  }
+  const size_t n_out = rows_with_logits(batch);
+  if (logits_floats < n_out * static_cast<size_t>(n_vocab))
+    fail(ErrorKind::kInvalidArgument, "forward: {} rows want logits but the buffer holds {} floats", n_out,
+         logits_floats);
+}
+
 void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
                     Logits& logits) {
   const size_t base = logits.size();
@@ -242,32 +389,7 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
   const ModelConfig& c = cfg_;
   const int64_t R = static_cast<int64_t>(batch.size());
   if (R == 0) return;
-  for (int64_t r = 0; r < R; ++r) {
-    const BatchRow& row = batch[r];
-    if (row.token < 0 || row.token >= c.n_vocab)
-      fail(ErrorKind::kInvalidArgument, "token id {} is outside the vocabulary (0..{})", row.token, c.n_vocab - 1);
-    if (row.seq < 0 || row.seq >= static_cast<int32_t>(seqs.size()))
-      fail(ErrorKind::kInvalidArgument, "batch row names sequence {} of {}", row.seq, seqs.size());
-    const SeqKv& sk = *seqs[row.seq];
-    if (row.pos < 0 || row.pos >= static_cast<int64_t>(sk.blocks.size()) * kv.block_size())
-      fail(ErrorKind::kInvalidArgument, "position {} has no KV block reserved", row.pos);
-    // A windowed group's table may have given back pages its window has
-    // passed, never one this row's attention reads.
-    const KvPaging& pg = kv.paging();
-    if (sk.windowed.size() != size_t(pg.n_windowed()))
-      fail(ErrorKind::kInvalidArgument, "sequence has {} windowed block tables, the cache {} groups of them",
-           sk.windowed.size(), pg.n_windowed());
-    for (const auto& t : sk.windowed)
-      for (int32_t p = std::max(0, row.pos - pg.window + 1) / kv.block_size(); p <= row.pos / kv.block_size(); ++p)
-        if (p >= static_cast<int32_t>(t.size()) || t[p] < 0)
-          fail(ErrorKind::kInvalidArgument, "position {} of a sliding-window layer has no KV block", row.pos);
-    if (r > 0 && batch[r - 1].seq == row.seq && batch[r - 1].pos + 1 != row.pos)
-      fail(ErrorKind::kInvalidArgument, "rows of sequence {} are not at consecutive positions", row.seq);
-  }
-
-  const size_t n_out = rows_with_logits(batch);
-  if (out.size() < n_out * static_cast<size_t>(c.n_vocab))
-    fail(ErrorKind::kInvalidArgument, "forward: {} rows want logits but the buffer holds {} floats", n_out, out.size());
+  check_batch(batch, seqs, c.n_vocab, kv.block_size(), kv.paging(), out.size());
 
   Scratch& s = *s_;
   const int64_t E = c.n_embd;
@@ -301,8 +423,11 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
   for (int64_t r = 0; r < R; ++r)
     if (batch[r].logits) want.push_back(r);
   const bool compacted = static_cast<int64_t>(want.size()) < R;  // by the last layer
-  for (int32_t il = 0; il < c.n_layer; ++il)
-    layer(il, batch, seqs, kv, pool, il + 1 == c.n_layer && compacted ? &want : nullptr);
+  LayerSteps steps{*this, batch, seqs, kv, pool, nullptr, R};
+  for (int32_t il = 0; il < c.n_layer; ++il) {
+    if (il + 1 == c.n_layer && compacted) steps.keep = &want;
+    decoder_layer(steps, il);
+  }
   for (size_t i = 0; i < want.size(); ++i)
     rms_norm_at(level_, s.x.data() + (compacted ? static_cast<int64_t>(i) : want[i]) * E, w_.output_norm.data(), E,
                 c.rms_eps, s.xn.data() + i * E);
@@ -447,87 +572,6 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
     pool.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) kv.unrotate_outputs(s.attn.data() + r * OW, c.n_head, c.head_dim_v);
     });
-}
-
-void Model::layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
-                  const std::vector<int64_t>* keep) {
-  const ModelConfig& c = cfg_;
-  const LayerWeights& L = w_.layers[il];
-  Scratch& s = *s_;
-  int64_t R = static_cast<int64_t>(batch.size());
-  const int64_t E = c.n_embd;
-  const int64_t OW = int64_t{c.n_head} * c.head_dim_v;
-
-  // --- attention block ---
-  pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      rms_norm_at(level_, s.x.data() + r * E, L.attn_norm.data(), E, c.rms_eps, s.xn.data() + r * E);
-  });
-  s.o.resize(R * E);
-  // In chunks of rows, like the feed-forward block below: q and the attention
-  // output are a long prompt's next widest activations. A chunk's rows see
-  // the KV of every earlier row, written by earlier chunks, so a row's result
-  // does not depend on the chunking.
-  const int64_t CA = std::min(R, kAttnChunkRows);
-  size_t k = 0;  // next kept row
-  if (keep) s.attn_kept.resize(keep->size() * OW);
-  for (int64_t c0 = 0; c0 < R; c0 += CA) {
-    const int64_t n = std::min(CA, R - c0);
-    attention_rows(il, batch, c0, n, seqs, kv, pool);
-    if (!keep) {
-      s.mm.run(L.wo, s.attn.data(), OW, n, s.o.data() + c0 * E, E, pool);
-      continue;
-    }
-    for (; k < keep->size() && (*keep)[k] < c0 + n; ++k)
-      std::copy_n(s.attn.data() + ((*keep)[k] - c0) * OW, OW, s.attn_kept.data() + k * OW);
-  }
-  if (keep) {
-    // From here on the kept rows only, moved to the front: keep[i] >= i, so
-    // copying in increasing order never overwrites a row still to move.
-    R = static_cast<int64_t>(keep->size());
-    s.mm.run(L.wo, s.attn_kept.data(), OW, R, s.o.data(), E, pool);
-    for (int64_t i = 0; i < R; ++i)
-      if ((*keep)[i] != i) std::copy_n(s.x.data() + (*keep)[i] * E, E, s.x.data() + i * E);
-    if (R == 0) return;
-  }
-  pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      float* o = s.o.data() + r * E;
-      float* x = s.x.data() + r * E;
-      if (c.sandwich_norm) rms_norm_at(level_, o, L.post_attn_norm.data(), E, c.rms_eps, o);
-      for (int64_t i = 0; i < E; ++i) x[i] += o[i];
-      rms_norm_at(level_, x, L.ffn_norm.data(), E, c.rms_eps, s.xn.data() + r * E);
-    }
-  });
-
-  // --- feed-forward block ---
-  // In chunks of rows: the gate and up rows (2 x n_ff floats each) are the
-  // widest activations, and a long prompt's would set the peak memory. A row's
-  // result does not depend on the rows computed beside it.
-  const int64_t F = c.n_ff;
-  const int64_t CR = std::min(R, kFfnChunkRows);
-  s.gate.resize(CR * F);
-  s.up.resize(CR * F);
-  for (int64_t c0 = 0; c0 < R; c0 += CR) {
-    const int64_t n = std::min(CR, R - c0);
-    const WeightMatrix* gate_up[] = {&L.w_gate, &L.w_up};
-    float* const gate_up_out[] = {s.gate.data(), s.up.data()};
-    const int64_t gate_up_ld[] = {F, F};
-    s.mm.run_many(gate_up, s.xn.data() + c0 * E, E, n, gate_up_out, gate_up_ld, pool);
-    pool.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r)
-        gated_activation_at(level_, c.act, s.gate.data() + r * F, s.up.data() + r * F, F);
-    });
-    s.mm.run(L.w_down, s.gate.data(), F, n, s.o.data() + c0 * E, E, pool);
-  }
-  pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      float* o = s.o.data() + r * E;
-      float* x = s.x.data() + r * E;
-      if (c.sandwich_norm) rms_norm_at(level_, o, L.post_ffn_norm.data(), E, c.rms_eps, o);
-      for (int64_t i = 0; i < E; ++i) x[i] += o[i];
-    }
-  });
 }
 
 void Model::prefill(SeqKv& seq, std::span<const int32_t> tokens, KvCache& kv, ThreadPool& pool,

@@ -24,6 +24,7 @@ namespace tandem {
 class GgufFile;
 class KvCache;
 class RepackCache;
+struct KvPaging;
 struct KvShape;
 class ThreadPool;
 class Tokenizer;
@@ -49,8 +50,16 @@ inline size_t rows_with_logits(const Batch& b) {
   return n;
 }
 
+// What every runner checks before a forward pass, whichever computes it:
+// tokens in the vocabulary, rows naming a sequence whose blocks (and
+// sliding-window pages) cover their positions, a sequence's rows at
+// consecutive positions, and room for the logits asked for. Throws
+// Error(kInvalidArgument) naming the first problem.
+void check_batch(const Batch& batch, std::span<SeqKv* const> seqs, int32_t n_vocab, int32_t block_size,
+                 const KvPaging& paging, size_t logits_floats);
+
 // Rows per chunk of a layer's attention and feed-forward blocks in a long
-// prompt (Model::layer): the widest buffers shrink while the products still
+// prompt (Model::LayerSteps): the widest buffers shrink while the products still
 // run at their many-row speed; more rows per attention chunk, since each
 // chunk reads the q/k/v/o weights again. docs/performance.md has the numbers.
 inline constexpr int64_t kAttnChunkRows = 256;
@@ -114,10 +123,10 @@ class Model {
  private:
   Model() = default;
   struct Scratch;
-  // keep (the last layer): only these rows, in increasing order, go past
-  // the attention; they end up compacted into the first keep->size() rows.
-  void layer(int32_t il, const Batch& batch, std::span<SeqKv* const> seqs, KvCache& kv, ThreadPool& pool,
-             const std::vector<int64_t>* keep = nullptr);
+  // A pass's steps of decoder_layer (model/layer_recipe.h). The last layer
+  // may keep only some rows (in increasing order) past its attention; they
+  // end up compacted into the first rows.
+  struct LayerSteps;
   void attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n, std::span<SeqKv* const> seqs, KvCache& kv,
                       ThreadPool& pool);
 

@@ -464,7 +464,7 @@ TEST(CudaKernels, QkvPostMatchesTheCpuForwardAndWritesTheCache) {
     std::vector<int32_t> tab(2 * table_ld, 0);
     for (size_t s = 0; s < tables.size(); ++s) std::copy(tables[s].begin(), tables[s].end(), tab.begin() + s * table_ld);
     DevVec<int32_t> dtab(tab);
-    const size_t esize = kv_type_size(c.kv);
+    const size_t esize = kv_bytes(c.kv, 1);
     DevVec<uint8_t> kc(size_t(n_blocks) * bs * KW * esize), vc(size_t(n_blocks) * bs * VW * esize);
     QkvPost p;
     p.n_rows = R;
@@ -490,8 +490,9 @@ TEST(CudaKernels, QkvPostMatchesTheCpuForwardAndWritesTheCache) {
     const std::vector<uint8_t> kg = kc.download(), vg = vc.download();
     KvCache gpu(shape, n_blocks, bs, c.kv);
     const KvLayerView view = gpu.layer_view(0, nullptr);
-    std::memcpy(const_cast<void*>(view.keys), kg.data(), kg.size());
-    std::memcpy(const_cast<void*>(view.values), vg.data(), vg.size());
+    // The view is read-only; the pool it shows is gpu's own, and gpu is not const.
+    std::memcpy(const_cast<std::byte*>(view.keys), kg.data(), kg.size());
+    std::memcpy(const_cast<std::byte*>(view.values), vg.data(), vg.size());
     for (int r = 0; r < R; ++r) {
       std::vector<float> k1(KW), v1(VW), k2(KW), v2(VW);
       const int32_t blk = tables[row_seq[r]][row_pos[r] / bs], slot = row_pos[r] % bs;
@@ -548,8 +549,8 @@ void make_attn(AttnSetup& s, const AttnCase& c) {
     s.tables.push_back(t);
   }
   const KvLayerView view = s.cpu->layer_view(0, nullptr);
-  const size_t kb = size_t(n_blocks) * c.block_size * KW * kv_type_size(c.kv);
-  const size_t vb = size_t(n_blocks) * c.block_size * VW * kv_type_size(c.kv);
+  const size_t kb = size_t(n_blocks) * c.block_size * KW * kv_bytes(c.kv, 1);
+  const size_t vb = size_t(n_blocks) * c.block_size * VW * kv_bytes(c.kv, 1);
   std::vector<uint8_t> hk(kb), hv(vb);
   std::memcpy(hk.data(), view.keys, kb);
   std::memcpy(hv.data(), view.values, vb);
@@ -702,7 +703,7 @@ TEST(CudaKernels, KvBlockCopiesMatchTheCpuCache) {
           for (float& x : v) x = nd(rng);
           cpu.write(l, b, s, k.data(), v.data());
         }
-    const size_t esize = kv_type_size(type);
+    const size_t esize = kv_bytes(type, 1);
     const size_t kb = size_t(n_blocks) * bs * shape.n_layer * shape.k_width * esize;
     const size_t vb = size_t(n_blocks) * bs * shape.n_layer * shape.v_width * esize;
     const KvLayerView base = cpu.layer_view(0, nullptr);

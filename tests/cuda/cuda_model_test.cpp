@@ -146,6 +146,16 @@ std::vector<int32_t> prompt_ids(const Model& m, int32_t n, int32_t seed) {
 
 int32_t argmax(const float* x, int32_t n) { return int32_t(std::max_element(x, x + n) - x); }
 
+// A pool of n_blocks blocks of 16 with K and V of one type, every layer in one table.
+KvPlan plan_of(const Model& m, int32_t n_blocks, KvType kv) {
+  KvPlan plan;
+  plan.shape = m.kv_shape();
+  plan.n_blocks = n_blocks;
+  plan.block_size = 16;
+  plan.format = kv_format(kv, kv);
+  return plan;
+}
+
 // Both executors over one plan, fed the same batches and block tables.
 struct Pair {
   std::unique_ptr<Model> model;
@@ -154,7 +164,7 @@ struct Pair {
   int32_t V = 0;
   void open(const std::string& path, KvType kv = KvType::kF16) {
     model = Model::load(path, no_repack());
-    const KvPlan plan{model->kv_shape(), 64, 16, kv};
+    const KvPlan plan = plan_of(*model, 64, kv);
     cpu = make_cpu_executor(*model, plan, pool);
     gpu = make_cuda_executor(*model, plan);
     V = model->config().n_vocab;
@@ -257,7 +267,7 @@ TEST(CudaForward, RowsDoNotDependOnTheirBatch) {
     const std::string path = synth_path({type, "llama", type}, stories);
     auto model = Model::load(path, no_repack());
     const int32_t V = model->config().n_vocab;
-    const KvPlan plan{model->kv_shape(), 64, 16, KvType::kF16};
+    const KvPlan plan = plan_of(*model, 64, KvType::kF16);
     auto g = make_cuda_executor(*model, plan);
     const auto a = prompt_ids(*model, 37, 5), bp = prompt_ids(*model, 150, 6);
     auto run = [&](const Batch& b, std::vector<SeqKv>& s) {
@@ -474,7 +484,7 @@ TEST_F(CudaEngine, PreemptionBySwappingAndByRecomputing) {
 // save_block / load_block / copy_block through the executors: the GPU's
 // bytes are the CPU KvCache's format.
 TEST_F(CudaEngine, BlockSaveLoadCopyKeepTheCpuFormat) {
-  const KvPlan plan{model_->kv_shape(), 16, 16, KvType::kF32};
+  const KvPlan plan = plan_of(*model_, 16, KvType::kF32);
   ThreadPool pool(2);
   auto cpu = make_cpu_executor(*model_, plan, pool);
   auto gpu = make_cuda_executor(*model_, plan);
