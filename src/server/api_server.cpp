@@ -352,7 +352,8 @@ struct Server::Impl final : HttpHandler {
           return Reply{with_cors(h, std::move(r)), nullptr};
         }
         case Route::kTokenize:
-        case Route::kDetokenize: return ok(h, dump_json(tokens(route.route == Route::kTokenize, req.body)));
+        case Route::kDetokenize:
+          return ok(h, dump_json(tokens(route.route == Route::kTokenize, std::move(req.body))));
         case Route::kCompletions:
         case Route::kChat: return generate(route.route == Route::kChat ? Endpoint::kChat : Endpoint::kCompletions,
                                            req, wake);
@@ -541,9 +542,9 @@ struct Server::Impl final : HttpHandler {
   }
 
   // /tokenize and /detokenize, answered in both vLLM's and llama.cpp's keys.
-  json tokens(bool encode, const std::string& body) const {
+  json tokens(bool encode, std::string body) const {
     if (encode) {
-      const TokenizeRequest r = parse_tokenize(body, cfg.json);
+      const TokenizeRequest r = parse_tokenize(std::move(body), cfg.json);
       check_model(r.model);
       // As a prompt: a text that cannot fit is refused before it is tokenized.
       if (const int64_t at_least = intake.min_tokens(r.text.size()); at_least > tokenize_limit())

@@ -298,16 +298,18 @@ ApiRequest parse_request(Endpoint ep, std::string body, const ParseLimits& lim) 
   return parse_request_json(ep, std::move(tree), lim);
 }
 
-TokenizeRequest parse_tokenize(std::string_view body, const JsonLimits& lim) {
-  const json j = parse_object(body, lim);
+TokenizeRequest parse_tokenize(std::string body, const JsonLimits& lim) {
+  json j = parse_object(body, lim);
+  body = std::string();
   TokenizeRequest r;
   r.model = model_field(j);
   // vLLM: "prompt", "add_special_tokens" (default true); llama.cpp: "content", "add_special" (default false).
   const bool vllm = field(j, "prompt") != nullptr;
   const char* key = vllm ? "prompt" : "content";
-  auto text = get_string(j, key);
+  json* text = const_cast<json*>(field(j, key));
   if (!text) throw_invalid("prompt", "missing required field 'prompt' (or llama.cpp's 'content')");
-  r.text = std::move(*text);
+  if (!text->is_string()) wrong_type(key, "a string", *text);
+  r.text = take(*text);
   r.add_special = get_bool(j, vllm ? "add_special_tokens" : "add_special").value_or(vllm);
   return r;
 }

@@ -110,7 +110,8 @@ struct TokenizeRequest {
   std::string text;
   bool add_special = true;  // BOS (and whatever else the vocabulary adds)
 };
-TokenizeRequest parse_tokenize(std::string_view body, const JsonLimits& lim = {});
+// The body is released once parsed and the text moved out of the tree, as in parse_request.
+TokenizeRequest parse_tokenize(std::string body, const JsonLimits& lim = {});
 
 // POST /detokenize: {"tokens": [ids]} (vLLM and llama.cpp alike).
 struct DetokenizeRequest {
