@@ -236,5 +236,37 @@ TEST(JsonGrammar, SchemaKeywordsOutsideTheSubsetAreRefusedByName) {
   }
 }
 
+// Levels of 64 properties that each refer to the next level's definition:
+// expanded, 4 levels are 64^4 nodes; compiled once per definition, 4 * 64 + 1.
+// The shared nodes still enforce the schema at every level.
+TEST(JsonGrammar, SchemaRefsCompileOncePerDefinition) {
+  const int levels = 4, width = 64;
+  nlohmann::json defs = nlohmann::json::object();
+  for (int l = 0; l < levels; ++l) {
+    nlohmann::json props = nlohmann::json::object();
+    for (int p = 0; p < width; ++p)
+      props["p" + std::to_string(p)] =
+          l + 1 < levels ? nlohmann::json{{"$ref", "#/$defs/L" + std::to_string(l + 1)}} : nlohmann::json{{"type", "integer"}};
+    defs["L" + std::to_string(l)] = {{"type", "object"}, {"properties", props}};
+  }
+  const nlohmann::json schema = {{"$defs", defs}, {"$ref", "#/$defs/L0"}};
+  const CompiledSchema c = compile_schema(schema);
+  EXPECT_EQ(c.nodes.size(), size_t(1 + levels + width));  // any, one object per level, the last level's leaves
+  auto rec = [&] { return JsonRecognizer(JsonRecognizer::Limits{}, &c); };
+  EXPECT_TRUE(accepts_whole(R"({"p3":{"p0":{"p63":{"p1":7}},"p1":{}}})", rec()));
+  EXPECT_EQ(refused_at(R"({"p3":{"p0":{"p63":{"p1":"x"}}}})", rec()), 25u);  // a leaf is an integer
+  EXPECT_EQ(refused_at(R"({"p3":{"q":1}})", rec()), 8u);                     // not a property of L1
+  // A reference back to a definition being compiled is recursion, refused at once.
+  const nlohmann::json mutual = nlohmann::json::parse(
+      R"({"$defs": {"A": {"type": "object", "properties": {"b": {"$ref": "#/$defs/B"}}},
+                    "B": {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}}}, "$ref": "#/$defs/A"})");
+  try {
+    compile_schema(mutual);
+    ADD_FAILURE() << "a recursive schema was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("recursive"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace tandem

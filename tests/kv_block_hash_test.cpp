@@ -45,6 +45,8 @@ TEST(KvBlockHash, MatchesVllmAndLlmd) {
   // Every width of CBOR integer: 0, 23 | 24, 255 | 256, 65535 | 65536, 2^31 - 1.
   const std::vector<int32_t> widths = {0, 23, 24, 255, 256, 65535, 65536, 2147483647};
   EXPECT_EQ(chained_block_hash(h1, widths), 0x568b736ccb6c8f5aULL);
+  // A salted first block (vLLM's cache_salt): [parent, tokens, ("tenant-a",)].
+  EXPECT_EQ(chained_block_hash(root_block_hash(""), first, "tenant-a"), 0x8daff4d9cf6eecaeULL);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "kv/block_hash.h"
 
 namespace tandem {
 namespace {
@@ -51,10 +52,10 @@ class Harness {
     });
   }
 
-  Seq admit(const Tokens& prompt) {
+  Seq admit(const Tokens& prompt, std::string_view salt = {}) {
     Seq s;
     s.tokens = prompt;
-    bm.allocate(s.b, s.tokens);
+    bm.allocate(s.b, s.tokens, true, salt);
     verify_reads(s);
     return s;
   }
@@ -192,6 +193,43 @@ TEST(KvBlockManager, KeysChainThroughThePrefix) {
   Seq e = h.admit({1, 2, 3, 4, 5, 6, 7, 0, 0});
   EXPECT_EQ(e.b.n_cached_tokens, 4);
   h.check({&a, &b, &c, &d, &e});
+}
+
+// cache_salt: a prompt's blocks are found only under the same salt (no salt
+// is a salt of its own), and a salted block's event hash is vLLM's, with the
+// salt as its first block's extra key.
+TEST(KvBlockManager, SaltsKeepPrefixesApart) {
+  Harness h(64, 4);
+  h.bm.record_events();
+  const Tokens prompt = range_tokens(1, 10);
+  Seq plain = h.admit(prompt);
+  h.compute_all(plain);
+  Seq a = h.admit(prompt, "tenant-a");
+  EXPECT_EQ(a.b.n_cached_tokens, 0);  // the unsalted blocks are not a's
+  EXPECT_EQ(a.b.salt, "tenant-a");
+  h.compute_all(a);
+  Seq a2 = h.admit(prompt, "tenant-a");
+  EXPECT_EQ(a2.b.n_cached_tokens, 8);
+  EXPECT_EQ(a2.b.table[0], a.b.table[0]);
+  Seq b = h.admit(prompt, "tenant-b");
+  EXPECT_EQ(b.b.n_cached_tokens, 0);
+  Seq none = h.admit(prompt);
+  EXPECT_EQ(none.b.n_cached_tokens, 8);
+  EXPECT_EQ(none.b.table[0], plain.b.table[0]);
+  h.check({&plain, &a, &a2, &b, &none});
+  // The events: each of the two prefixes' two blocks once, the salted first
+  // block hashed with its salt, the second chained to it as usual.
+  std::vector<KvCacheEvent> ev = h.bm.take_events();
+  ASSERT_EQ(ev.size(), 4u);
+  const Tokens first(prompt.begin(), prompt.begin() + 4), second(prompt.begin() + 4, prompt.begin() + 8);
+  const uint64_t root = root_block_hash("");
+  EXPECT_EQ(ev[0].hash, chained_block_hash(root, first));
+  EXPECT_EQ(ev[2].hash, chained_block_hash(root, first, "tenant-a"));
+  EXPECT_FALSE(ev[2].has_parent);
+  EXPECT_EQ(ev[3].hash, chained_block_hash(ev[2].hash, second));
+  EXPECT_EQ(ev[3].parent, ev[2].hash);
+  for (Seq* s : {&plain, &a, &a2, &b, &none}) h.bm.free(s->b);
+  h.check({});
 }
 
 TEST(KvBlockManager, HashCollisionsNeverGiveWrongBlocks) {

@@ -320,5 +320,59 @@ TEST(ServerSchema, TokenizeAndDetokenizeForms) {
     EXPECT_THROW(parse_detokenize(bad), ApiError) << bad;
 }
 
+// What one request may ask for: stop strings by count and length, messages
+// by count (before any templating), logprob entries by their product.
+TEST(ServerSchema, RequestSizeBounds) {
+  const auto stops = [](int n, size_t len) {
+    json j = {{"prompt", "x"}, {"stop", json::array()}};
+    for (int i = 0; i < n; ++i) j["stop"].push_back(std::string(len, 'a' + i));
+    return j.dump();
+  };
+  EXPECT_EQ(completion(stops(4, 256)).params.stop.size(), 4u);
+  EXPECT_NE(std::string(error_of(Endpoint::kCompletions, stops(5, 1)).what()).find("5 strings; at most 4"),
+            std::string::npos);
+  const ApiError long_stop = error_of(Endpoint::kCompletions, stops(2, 30000));
+  EXPECT_EQ(long_stop.param(), "stop");
+  EXPECT_NE(std::string(long_stop.what()).find("30000 bytes; at most 256"), std::string::npos);
+  ParseLimits lim;
+  lim.max_stop = 8;
+  lim.max_stop_bytes = 40000;
+  EXPECT_EQ(parse_request(Endpoint::kCompletions, stops(8, 30000), lim).params.stop.size(), 8u);
+
+  json msgs = {{"messages", json::array()}};
+  for (int i = 0; i < 2049; ++i) msgs["messages"].push_back({{"role", "user"}, {"content", "a"}});
+  const ApiError many = error_of(Endpoint::kChat, msgs.dump());
+  EXPECT_EQ(many.param(), "messages");
+  EXPECT_NE(std::string(many.what()).find("2049 messages; at most 2048"), std::string::npos);
+  msgs["messages"].erase(msgs["messages"].begin());
+  EXPECT_EQ(chat(msgs.dump()).messages.size(), 2048u);
+
+  // 4 prompts x n=16 x 2040 tokens x (1 + 20): the 109-byte request of a 68 MB response.
+  const ApiRequest big = completion(R"({"prompt": ["a", "b", "c", "d"], "n": 16, "max_tokens": 2040, "logprobs": 20})");
+  try {
+    check_logprob_budget(big, {1, 1, 1, 1}, 4096, {});
+    ADD_FAILURE() << "accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param(), "logprobs");
+    EXPECT_NE(std::string(e.what()).find("64 choices x 2040 tokens x (1 + 20 logprobs) asks for 2741760"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(check_logprob_budget(completion(R"({"prompt": "a", "max_tokens": 2040, "n": 16})"), {1}, 4096, {}));
+  // No max_tokens: the context; echo: the prompt's tokens too.
+  const ApiRequest chat_all = chat(R"({"messages": [{"role": "user", "content": "a"}], "logprobs": true, "top_logprobs": 20})");
+  EXPECT_NO_THROW(check_logprob_budget(chat_all, {10}, 32768, {}));
+  EXPECT_THROW(check_logprob_budget(chat_all, {10}, 65536, {}), ApiError);
+  const ApiRequest echo = completion(R"({"prompt": "a", "max_tokens": 0, "echo": true, "logprobs": 4})");
+  lim = {};
+  lim.max_logprob_entries = 500;
+  EXPECT_NO_THROW(check_logprob_budget(echo, {100}, 4096, lim));
+  EXPECT_THROW(check_logprob_budget(echo, {101}, 4096, lim), ApiError);
+
+  EXPECT_EQ(completion(R"({"prompt": "x", "cache_salt": "tenant"})").params.cache_salt, "tenant");
+  EXPECT_EQ(error_of(Endpoint::kCompletions, R"({"prompt": "x", "cache_salt": ""})").param(), "cache_salt");
+  EXPECT_EQ(error_of(Endpoint::kCompletions, json{{"prompt", "x"}, {"cache_salt", std::string(257, 's')}}.dump()).param(),
+            "cache_salt");
+}
+
 }  // namespace
 }  // namespace tandem::server

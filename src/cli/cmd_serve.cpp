@@ -25,7 +25,11 @@ namespace tandem::cli {
 namespace {
 
 struct ServeOpts {
-  std::string model, host = "127.0.0.1", api_key, alias, kv_memory, swap_space, policy = "latency", max_body = "64M";
+  std::string model, host = "127.0.0.1", alias, kv_memory, swap_space, policy = "latency", max_body = "64M";
+  std::vector<std::string> api_key;  // repeatable: any of them is accepted
+  bool cache_per_key = false;
+  server::ParseLimits request;
+  int64_t max_tokenize = 0;
   RuntimeOptions runtime;
   SpecFlags spec;
   KvCacheFlags kv;
@@ -91,7 +95,11 @@ int serve(const ServeOpts& o) {
   server::ServerConfig sc;
   sc.host = o.host;
   sc.port = o.port;
-  sc.api_key = o.api_key;
+  sc.api_keys = o.api_key;
+  if (o.cache_per_key && o.api_key.empty()) fail(ErrorKind::kInvalidArgument, "--cache-per-key needs --api-key");
+  sc.cache_per_key = o.cache_per_key;
+  sc.request = o.request;
+  sc.max_tokenize = o.max_tokenize;
   sc.model_id = o.alias;
   sc.max_context = ec.max_context;
   sc.allowed_hosts = o.allowed_hosts;
@@ -189,6 +197,26 @@ void add_serve_command(CLI::App& app, int& rc) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 100.0));
   cmd->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not share KV blocks between requests");
+  cmd->add_flag("--cache-per-key", o->cache_per_key,
+                "Share cached prompt blocks and /v1/prefill sessions only among clients of the same API key "
+                "(with several --api-key)");
+  cmd->add_option("--max-stop", o->request.max_stop, "Stop strings one request may give")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--max-stop-length", o->request.max_stop_bytes, "Bytes of one stop string")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-messages", o->request.max_messages, "Messages one chat request may hold")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--max-logprob-entries", o->request.max_logprob_entries,
+                  "Logprob entries one request may ask for: choices x tokens x (1 + top logprobs)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--max-tokenize", o->max_tokenize,
+                  "Tokens /tokenize may return and /detokenize take (0: the context length)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   add_runtime_options(cmd, o->runtime);
   add_spec_options(cmd, o->spec);
   add_device_option(cmd, o->device);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <unordered_map>
 
 #include "core/error.h"
 
@@ -12,6 +13,9 @@ using nlohmann::json;
 
 constexpr size_t kMaxProperties = 64, kMaxLiterals = 64;
 constexpr int kMaxRefDepth = 32;
+// Each definition compiles once, so the table grows with the schema's text;
+// this bounds it whatever the text (a node is a few hundred bytes at most).
+constexpr size_t kMaxNodes = 65536;
 
 const std::set<std::string>& ignored_keywords() {
   static const std::set<std::string> k = {"title", "description", "default", "examples", "format", "$schema",
@@ -75,7 +79,20 @@ class Compiler {
           }))
         fail(ErrorKind::kInvalidArgument, "{}: keywords beside '$ref' are not supported", where);
       if (!s["$ref"].is_string()) fail(ErrorKind::kInvalidArgument, "{}: '$ref' must be a string", where);
-      return node(resolve(s["$ref"].get<std::string>(), where), where, depth + 1);
+      // A definition is one node however often it is referred to: levels of
+      // properties that all refer to the next level would otherwise expand
+      // exponentially. Nodes are immutable once compiled, so sharing is safe.
+      const json& def = resolve(s["$ref"].get<std::string>(), where);
+      if (auto it = compiled_.find(&def); it != compiled_.end()) {
+        if (it->second < 0)
+          fail(ErrorKind::kInvalidArgument, "{}: '$ref' {} refers to itself (recursive schemas are not supported)",
+               where, s["$ref"].get<std::string>());
+        return it->second;
+      }
+      compiled_[&def] = -1;  // in progress: a reference back to it is recursion
+      const int32_t id = node(def, where, depth + 1);
+      compiled_[&def] = id;
+      return id;
     }
     SchemaNode n;
     for (const auto& [key, v] : s.items()) {
@@ -142,6 +159,8 @@ class Compiler {
         n.required |= uint64_t{1} << (it - n.properties.begin());
       }
     }
+    if (out_.nodes.size() >= kMaxNodes)
+      fail(ErrorKind::kInvalidArgument, "{}: the schema compiles to more than {} nodes", where, kMaxNodes);
     const int32_t id = static_cast<int32_t>(out_.nodes.size());
     out_.nodes.push_back(n);
     // Children after the parent is in place (the vector may grow).
@@ -156,6 +175,7 @@ class Compiler {
 
   const json& root_;
   CompiledSchema out_;
+  std::unordered_map<const json*, int32_t> compiled_;  // definition -> its node; -1 while compiling
 };
 
 }  // namespace

@@ -4,7 +4,8 @@
 // list), "properties" + "required" (an object with properties takes only
 // those, each at most once, in any order; "additionalProperties" may be
 // false, or absent), "items", "minItems", "maxItems", "enum", "const", and
-// "$ref" into "$defs" / "definitions" (not recursive). Annotations (title,
+// "$ref" into "$defs" / "definitions" (not recursive; each definition is
+// compiled once and shared by every reference to it). Annotations (title,
 // description, default, examples, format, $schema) are ignored. Anything else
 // is refused by name rather than silently not enforced.
 #pragma once

@@ -26,6 +26,9 @@ struct RequestParams {
   // session's last request left (to the token, not only whole blocks), and
   // leaves its own for the next. Empty: none.
   std::string session;
+  // Keys the prompt's prefix-cache blocks (vLLM's cache_salt): its blocks
+  // are found only by requests with the same salt. Empty: none.
+  std::string cache_salt;
   int32_t n = 1;                   // choices; they share the prompt's KV blocks
   int32_t logprobs = -1;           // -1: none; 0: the chosen token's; k > 0: plus the top k
   // Logprobs of the prompt's own tokens, as `logprobs` counts them (the

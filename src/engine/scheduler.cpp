@@ -114,10 +114,11 @@ bool Scheduler::swap_in(Sequence& s) {
   const size_t most = std::max<size_t>(size_t(s.swapped_computed) + 1, slots_at_admission());
   const std::span<const int32_t> slots =
       std::span<const int32_t>(s.tokens).first(std::min(s.tokens.size() - size_t(s.evicted), most));
-  if (!blocks_.can_allocate(slots, use_cache)) return false;
+  const std::string& salt = s.req->params.cache_salt;
+  if (!blocks_.can_allocate(slots, use_cache, salt)) return false;
   // Leading blocks still in the prefix cache are shared again as they are;
   // the table from the first writable block on gets the saved K/V.
-  blocks_.allocate(s.blocks, slots, use_cache);
+  blocks_.allocate(s.blocks, slots, use_cache, salt);
   s.blocks.detached = s.evicted > 0;
   const int32_t saved = s.swapped_computed, done = std::max(s.blocks.n_computed, saved);
   if (blocks_.restore_cost(s.blocks, done) > blocks_.n_free()) {
@@ -207,8 +208,9 @@ std::vector<ScheduledSeq> Scheduler::schedule(int32_t prefill_budget) {
       // a sequence (recomputed after a preemption, or a long prompt) grows its
       // table as it goes, and never holds more.
       const auto head = std::span<const int32_t>(s->tokens).first(std::min(s->tokens.size(), slots_at_admission()));
-      if (!blocks_.can_allocate(head, use_cache)) break;
-      blocks_.allocate(s->blocks, head, use_cache);  // n_computed = prompt tokens found in the prefix cache
+      if (!blocks_.can_allocate(head, use_cache, s->req->params.cache_salt)) break;
+      // n_computed = prompt tokens found in the prefix cache (under the request's salt)
+      blocks_.allocate(s->blocks, head, use_cache, s->req->params.cache_salt);
       if (on_admit_ && use_cache) on_admit_(*s);
       if (s->n_generated() == 0) s->n_cached_prompt = s->n_computed();
     }

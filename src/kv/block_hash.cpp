@@ -37,14 +37,20 @@ uint64_t root_block_hash(std::string_view seed) {
   return low64(cbor);
 }
 
-uint64_t chained_block_hash(uint64_t parent, std::span<const int32_t> tokens) {
+uint64_t chained_block_hash(uint64_t parent, std::span<const int32_t> tokens, std::string_view salt) {
   std::string cbor;
   cbor.reserve(16 + 5 * tokens.size());
   head(cbor, 4, 3);  // [parent, tokens, null]
   head(cbor, 0, parent);
   head(cbor, 4, tokens.size());
   for (int32_t t : tokens) head(cbor, 0, uint32_t(t));
-  cbor.push_back(char(0xf6));
+  if (salt.empty()) {
+    cbor.push_back(char(0xf6));  // null: no extra keys
+  } else {
+    head(cbor, 4, 1);  // [salt]
+    head(cbor, 3, salt.size());
+    cbor.append(salt);
+  }
   return low64(cbor);
 }
 

@@ -5,7 +5,8 @@
 // A block's hash is the low 64 bits (big-endian) of SHA-256 over the
 // canonical CBOR of [parent hash, [token ids], null]; the first block's parent
 // is the same over the CBOR of a seed string (vLLM's NONE_HASH from
-// PYTHONHASHSEED, llm-d's HashSeed).
+// PYTHONHASHSEED, llm-d's HashSeed). A salted prompt's first block (vLLM's
+// cache_salt) hashes [parent, [token ids], [salt]] instead: its extra keys.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,6 @@
 namespace tandem {
 
 uint64_t root_block_hash(std::string_view seed);
-uint64_t chained_block_hash(uint64_t parent, std::span<const int32_t> tokens);
+uint64_t chained_block_hash(uint64_t parent, std::span<const int32_t> tokens, std::string_view salt = {});
 
 }  // namespace tandem

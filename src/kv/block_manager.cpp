@@ -65,10 +65,15 @@ int32_t BlockManager::find(BlockRef parent, std::span<const int32_t> tokens, uin
   return b;
 }
 
-std::vector<int32_t> BlockManager::walk(int32_t g, std::span<const int32_t> tokens, size_t most) const {
+uint64_t BlockManager::salt_key(std::string_view salt) {
+  return salt.empty() ? 0 : root_block_hash(salt) | 1;
+}
+
+std::vector<int32_t> BlockManager::walk(int32_t g, std::span<const int32_t> tokens, size_t most,
+                                        uint64_t salt_key) const {
   std::vector<int32_t> hits;
   const size_t bs = size_t(block_size_);
-  BlockRef parent = root(g);
+  BlockRef parent = root(g, salt_key);
   for (size_t i = 0; i < most && (i + 1) * bs <= tokens.size(); ++i) {
     auto t = tokens.subspan(i * bs, bs);
     const int32_t b = find(parent, t, key_hash(parent, t));
@@ -79,15 +84,15 @@ std::vector<int32_t> BlockManager::walk(int32_t g, std::span<const int32_t> toke
   return hits;
 }
 
-BlockManager::Plan BlockManager::plan(std::span<const int32_t> tokens, bool use_cache) const {
+BlockManager::Plan BlockManager::plan(std::span<const int32_t> tokens, bool use_cache, uint64_t salt_key) const {
   Plan p;
   const size_t bs = size_t(block_size_);
   p.windowed_hits.resize(size_t(n_windowed_));
   if (prefix_caching_ && use_cache) {
-    p.hits = walk(0, tokens, SIZE_MAX);
+    p.hits = walk(0, tokens, SIZE_MAX, salt_key);
     // A hit needs its K/V in every group.
     for (int32_t g = 0; g < n_windowed_ && !p.hits.empty(); ++g) {
-      p.windowed_hits[g] = walk(g + 1, tokens, p.hits.size());
+      p.windowed_hits[g] = walk(g + 1, tokens, p.hits.size(), salt_key);
       p.hits.resize(p.windowed_hits[g].size());
     }
     for (auto& w : p.windowed_hits) w.resize(p.hits.size());
@@ -120,22 +125,23 @@ int64_t BlockManager::headroom(const Plan& p, size_t n_tokens) const {
   return int64_t(n_windowed_) * blocks_for(std::min<int64_t>(left, int64_t{window_} + block_size_));
 }
 
-bool BlockManager::can_allocate(std::span<const int32_t> tokens, bool use_cache) const {
+bool BlockManager::can_allocate(std::span<const int32_t> tokens, bool use_cache, std::string_view salt) const {
   if (tokens.empty()) return false;
-  const Plan p = plan(tokens, use_cache);
+  const Plan p = plan(tokens, use_cache, salt_key(salt));
   return p.need + headroom(p, tokens.size()) <= n_free();
 }
 
-void BlockManager::allocate(SeqBlocks& s, std::span<const int32_t> tokens, bool use_cache) {
+void BlockManager::allocate(SeqBlocks& s, std::span<const int32_t> tokens, bool use_cache, std::string_view salt) {
   if (!s.table.empty() || s.n_tokens != 0)
     fail(ErrorKind::kInvalidArgument, "allocate: the sequence already holds {} blocks ({} tokens)", s.table.size(),
          s.n_tokens);
   if (tokens.empty()) fail(ErrorKind::kInvalidArgument, "allocate: the token list is empty");
-  const Plan p = plan(tokens, use_cache);
+  const Plan p = plan(tokens, use_cache, salt_key(salt));
   if (const int64_t want = p.need + headroom(p, tokens.size()); want > n_free())
     fail(ErrorKind::kResource, "KV cache full: {} tokens need {} more blocks, {} free", tokens.size(), want, n_free());
 
   s = SeqBlocks{};
+  s.salt = salt;
   s.windowed.resize(size_t(n_windowed_));
   const int32_t n_cached = static_cast<int32_t>(p.hits.size()) * block_size_ - (p.full_hit ? 1 : 0);
   // Hits first, so that taking fresh blocks cannot evict one of them.
@@ -250,20 +256,21 @@ void BlockManager::commit(SeqBlocks& s, std::span<const int32_t> tokens, int32_t
     s.prefix.resize(size_t(n_computed / block_size_));
     return;
   }
-  publish_done(s.table, s.prefix, 0, tokens, n_computed);
+  publish_done(s.table, s.prefix, 0, tokens, n_computed, s.salt);
   for (int32_t g = 0; g < n_windowed_; ++g)
-    publish_done(s.windowed[g].table, s.windowed[g].prefix, g + 1, tokens, n_computed);
+    publish_done(s.windowed[g].table, s.windowed[g].prefix, g + 1, tokens, n_computed, s.salt);
   drop_passed(s);
 }
 
 void BlockManager::publish_done(std::vector<int32_t>& table, std::vector<BlockRef>& prefix, int32_t g,
-                                std::span<const int32_t> tokens, int32_t n_computed) {
+                                std::span<const int32_t> tokens, int32_t n_computed, std::string_view salt) {
   const size_t bs = size_t(block_size_);
   const size_t n_full = size_t(n_computed) / bs;
+  const uint64_t sk = prefix.empty() ? salt_key(salt) : 0;
   while (prefix.size() < n_full) {
     const size_t i = prefix.size();
     BlockRef ref;  // none: this content is not reachable through the cache
-    const BlockRef parent = i == 0 ? root(g) : prefix[i - 1];
+    const BlockRef parent = i == 0 ? root(g, sk) : prefix[i - 1];
     // A page already given back (its window passed in this same commit, or
     // before it was ever published) is not published.
     if (prefix_caching_ && (i == 0 || is_current(parent)) && table[i] >= 0) {
@@ -273,7 +280,7 @@ void BlockManager::publish_done(std::vector<int32_t>& table, std::vector<BlockRe
       if (found >= 0) {
         ref = {found, blocks_[found].epoch};  // ours (a hit) or a concurrent duplicate
       } else if (!index_.contains(h) && !blocks_[table[i]].published) {
-        publish(table[i], parent, t, h, g > 0);
+        publish(table[i], parent, t, h, g > 0, i == 0 ? salt : std::string_view());
         ref = {table[i], blocks_[table[i]].epoch};
       }
       // else a different key holds this hash: the block stays private.
@@ -426,7 +433,7 @@ void BlockManager::record_events(std::string_view hash_seed) {
       const Block& blk = blocks_[*it];
       const bool has_parent = is_current(blk.parent);
       const uint64_t parent = has_parent ? blocks_[blk.parent.block].content : 0;
-      blocks_[*it].content = content_hash(has_parent, parent, stored_tokens(*it));
+      blocks_[*it].content = content_hash(has_parent, parent, stored_tokens(*it), blk.salt);
       done[*it] = true;
       if (content_refs_[blocks_[*it].content]++ == 0) {
         auto t = stored_tokens(*it);
@@ -444,8 +451,10 @@ std::vector<uint64_t> BlockManager::content_hashes() const {
   return out;
 }
 
-uint64_t BlockManager::content_hash(bool has_parent, uint64_t parent, std::span<const int32_t> tokens) const {
-  return chained_block_hash(has_parent ? parent : root_hash_, tokens);
+uint64_t BlockManager::content_hash(bool has_parent, uint64_t parent, std::span<const int32_t> tokens,
+                                    std::string_view salt) const {
+  // As vLLM: the salt is an extra key of the prompt's first block alone; the chain carries it on.
+  return chained_block_hash(has_parent ? parent : root_hash_, tokens, has_parent ? std::string_view() : salt);
 }
 
 BlockStats BlockManager::stats() const {
@@ -514,19 +523,20 @@ void BlockManager::copy_on_write(std::vector<int32_t>& table, size_t index) {
 }
 
 void BlockManager::publish(int32_t b, BlockRef parent, std::span<const int32_t> tokens, uint64_t hash,
-                           bool windowed) {
+                           bool windowed, std::string_view salt) {
   Block& blk = blocks_[b];
   std::copy(tokens.begin(), tokens.end(), key_tokens_.begin() + ptrdiff_t(b) * block_size_);
   blk.published = true;
   blk.hash = hash;
   blk.parent = parent;
+  blk.salt = salt;
   blk.windowed = windowed;
   index_[hash] = b;
   if (!recording_ || windowed) return;
   // The parent is current when a block is published (commit checks it).
   const bool has_parent = parent.block >= 0;
   const uint64_t parent_content = has_parent ? blocks_[parent.block].content : 0;
-  blk.content = content_hash(has_parent, parent_content, tokens);
+  blk.content = content_hash(has_parent, parent_content, tokens, salt);
   if (content_refs_[blk.content]++ == 0)
     events_.push_back({KvCacheEvent::Kind::kStored, blk.content, has_parent, parent_content,
                        {tokens.begin(), tokens.end()}});
@@ -538,6 +548,7 @@ void BlockManager::unpublish(int32_t b, bool quiet) {
   index_.erase(blk.hash);
   blk.published = false;
   blk.parent = {};
+  blk.salt.clear();
   // Every group 0 block is announced while recording (record_events
   // announces those published before).
   if (!recording_ || quiet || blk.windowed) return;
@@ -696,14 +707,14 @@ void BlockManager::check_invariants(std::span<const LiveSeq> live) const {
         if (i >= prefix.size())
           broken(fmt::format("sequence {} holds published block {} beyond its computed tokens", k, b));
         if (!same_tokens(b, tokens, i)) broken(fmt::format("sequence {} group {} block {}: cached tokens differ", k, g, b));
-        if (blk.parent != (i == 0 ? root(g) : prefix[i - 1]))
+        if (blk.parent != (i == 0 ? root(g, salt_key(s.salt)) : prefix[i - 1]))
           broken(fmt::format("sequence {} group {} block {}: published under another prefix", k, g, b));
       }
       for (size_t i = 0; i < prefix.size(); ++i) {
         if (!is_current(prefix[i])) continue;
         const int32_t b = prefix[i].block;
         if (!same_tokens(b, tokens, i)) broken(fmt::format("sequence {} group {} prefix block {}: tokens differ", k, g, i));
-        if (blocks_[b].parent != (i == 0 ? root(g) : prefix[i - 1]))
+        if (blocks_[b].parent != (i == 0 ? root(g, salt_key(s.salt)) : prefix[i - 1]))
           broken(fmt::format("sequence {} group {} prefix block {}: another parent", k, g, i));
       }
     };

@@ -54,6 +54,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -89,6 +90,9 @@ struct SeqBlocks {
   // the tokens at their index, so nothing more is published or checked
   // against tokens (its prefix entries are none).
   bool detached = false;
+  // The prompt's cache salt (allocate's): its first block's key, so that only
+  // sequences with the same salt share any of its blocks. "": none.
+  std::string salt;
 };
 
 struct BlockStats {
@@ -157,10 +161,11 @@ class BlockManager {
   // prompt can make progress (allocate asks the same).
   // use_cache = false: no prefix-cache hits (every position is computed
   // again; the blocks are still published as they complete).
-  bool can_allocate(std::span<const int32_t> tokens, bool use_cache = true) const;
+  // salt: the prompt's cache salt (SeqBlocks::salt); hits only among its equals.
+  bool can_allocate(std::span<const int32_t> tokens, bool use_cache = true, std::string_view salt = {}) const;
   // `s` must be empty and `tokens` non-empty (kInvalidArgument). Throws
   // kResource, changing nothing, when the pool is short.
-  void allocate(SeqBlocks& s, std::span<const int32_t> tokens, bool use_cache = true);
+  void allocate(SeqBlocks& s, std::span<const int32_t> tokens, bool use_cache = true, std::string_view salt = {});
 
   // Blocks that append(s, end) would take from the pool.
   int32_t append_cost(const SeqBlocks& s, int32_t end) const;
@@ -218,7 +223,8 @@ class BlockManager {
   std::vector<KvCacheEvent> take_events() { return std::exchange(events_, {}); }
   // The content hash a block of `tokens` after a block of hash `parent` gets
   // (has_parent = false: the first block of a prompt).
-  uint64_t content_hash(bool has_parent, uint64_t parent, std::span<const int32_t> tokens) const;
+  uint64_t content_hash(bool has_parent, uint64_t parent, std::span<const int32_t> tokens,
+                        std::string_view salt = {}) const;
   // The content hashes held now, ascending: what the events so far describe.
   std::vector<uint64_t> content_hashes() const;
 
@@ -258,6 +264,7 @@ class BlockManager {
     uint64_t hash = 0;      // of the key, while published
     uint64_t content = 0;   // content_hash, while published and recording events
     BlockRef parent;        // key: previous block of the prefix (none for the first)
+    std::string salt;       // a first block's cache salt, while published (its content hash)
     int32_t lru_prev = -1;  // cached free list links
     int32_t lru_next = -1;
   };
@@ -270,10 +277,13 @@ class BlockManager {
 
   uint64_t key_hash(BlockRef parent, std::span<const int32_t> tokens) const;
   // The parent of a prompt's first block in group g: none for group 0, a
-  // mark per windowed group so that the groups' keys never meet.
-  static BlockRef root(int32_t g) { return g == 0 ? BlockRef{} : BlockRef{-1 - g, 0}; }
+  // mark per windowed group so that the groups' keys never meet; its epoch
+  // is the salt's key (salt_key), so that salts' keys never meet either.
+  static BlockRef root(int32_t g, uint64_t salt_key = 0) { return BlockRef{-1 - g, salt_key}; }
+  // 0 for no salt; else 64 bits of its SHA-256 (never 0).
+  static uint64_t salt_key(std::string_view salt);
   // Published blocks of group g's chain matching the prompt's first full blocks, at most `most`.
-  std::vector<int32_t> walk(int32_t g, std::span<const int32_t> tokens, size_t most) const;
+  std::vector<int32_t> walk(int32_t g, std::span<const int32_t> tokens, size_t most, uint64_t salt_key) const;
   std::span<const int32_t> stored_tokens(int32_t b) const {
     return {key_tokens_.data() + size_t(b) * block_size_, size_t(block_size_)};
   }
@@ -282,7 +292,7 @@ class BlockManager {
   bool is_current(BlockRef r) const {
     return r.block >= 0 && blocks_[r.block].published && blocks_[r.block].epoch == r.epoch;
   }
-  Plan plan(std::span<const int32_t> tokens, bool use_cache) const;
+  Plan plan(std::span<const int32_t> tokens, bool use_cache, uint64_t salt_key) const;
   // Windowed groups' blocks an admission wants free beyond the plan's: a
   // window's worth (or the prompt's) each, so that the prompt can progress.
   int64_t headroom(const Plan& p, size_t n_tokens) const;
@@ -290,10 +300,11 @@ class BlockManager {
   int32_t take_free();          // precondition: n_free() > 0
   void acquire(int32_t b);      // one more reference to a used or cached-free block
   void release(int32_t b);
-  void publish(int32_t b, BlockRef parent, std::span<const int32_t> tokens, uint64_t hash, bool windowed = false);
+  void publish(int32_t b, BlockRef parent, std::span<const int32_t> tokens, uint64_t hash, bool windowed = false,
+               std::string_view salt = {});
   // Publishes the blocks of one group's table that positions [0, n_computed) complete.
   void publish_done(std::vector<int32_t>& table, std::vector<BlockRef>& prefix, int32_t g,
-                    std::span<const int32_t> tokens, int32_t n_computed);
+                    std::span<const int32_t> tokens, int32_t n_computed, std::string_view salt);
   // Gives back the windowed groups' pages the window has passed.
   void drop_passed(SeqBlocks& s);
   void unpublish(int32_t b, bool quiet = false);

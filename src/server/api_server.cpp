@@ -202,17 +202,43 @@ struct Server::Impl final : HttpHandler {
     return {{"Access-Control-Allow-Origin", *origin}, {"Vary", "Origin"}};
   }
 
-  bool authorized(const http::RequestHead& h) const {
-    if (cfg.api_key.empty()) return true;
-    const std::string want = "Bearer " + cfg.api_key;
+  bool authorized(const http::RequestHead& h) const { return cfg.api_keys.empty() || key_index(h) >= 0; }
+
+  // Which of the API keys the request carries; -1: none of them.
+  int key_index(const http::RequestHead& h) const {
     const std::string* got_p = h.find("authorization");
     const std::string got = got_p ? *got_p : std::string();
-    // Compare every byte so the time taken does not reveal the key's prefix.
-    unsigned diff = got.size() != want.size();
-    for (size_t i = 0; i < want.size(); ++i)
-      diff |= static_cast<unsigned char>(want[i]) ^ static_cast<unsigned char>(i < got.size() ? got[i] : 0);
-    return diff == 0;
+    int found = -1;
+    for (size_t k = 0; k < cfg.api_keys.size(); ++k) {
+      const std::string want = "Bearer " + cfg.api_keys[k];
+      // Compare every byte of every key so the time taken does not reveal a key's prefix.
+      unsigned diff = got.size() != want.size();
+      for (size_t i = 0; i < want.size(); ++i)
+        diff |= static_cast<unsigned char>(want[i]) ^ static_cast<unsigned char>(i < got.size() ? got[i] : 0);
+      if (diff == 0 && found < 0) found = static_cast<int>(k);
+    }
+    return found;
   }
+
+  // Who may share this request's cached prefix and session: clients of the
+  // same cache_salt and, with --cache-per-key, the same API key. The salt
+  // keys the prefix hashes; a session's name is taken inside that scope, so
+  // another scope naming it reaches a session of its own.
+  void scope_request(RequestParams& p, const http::RequestHead& h) const {
+    if (cfg.cache_per_key && !cfg.api_keys.empty())
+      p.cache_salt = fmt::format("key{}\n{}", key_index(h), p.cache_salt);
+    // The salt's length first: no two (salt, name) pairs spell the same internal name.
+    if (!p.session.empty() && !p.cache_salt.empty())
+      p.session = fmt::format("{}:{}:{}", p.cache_salt.size(), p.cache_salt, p.session);
+  }
+
+  ParseLimits parse_limits() const {
+    ParseLimits lim = cfg.request;
+    lim.json = cfg.json;
+    return lim;
+  }
+
+  int64_t tokenize_limit() const { return cfg.max_tokenize > 0 ? cfg.max_tokenize : max_context; }
 
   static HttpResponse api_error(int status, const std::string& message, std::string type = "invalid_request_error",
                                 std::string param = {}, std::string code = {}) {
@@ -326,7 +352,8 @@ struct Server::Impl final : HttpHandler {
           return Reply{with_cors(h, std::move(r)), nullptr};
         }
         case Route::kTokenize:
-        case Route::kDetokenize: return ok(h, dump_json(tokens(route.route == Route::kTokenize, req.body)));
+        case Route::kDetokenize:
+          return ok(h, dump_json(tokens(route.route == Route::kTokenize, std::move(req.body))));
         case Route::kCompletions:
         case Route::kChat: return generate(route.route == Route::kChat ? Endpoint::kChat : Endpoint::kCompletions,
                                            req, wake);
@@ -419,11 +446,14 @@ struct Server::Impl final : HttpHandler {
   }
 
   Reply generate(Endpoint ep, HttpRequest& req, const Waker& wake) {
-    ParseLimits lim;
-    lim.json = cfg.json;
+    const ParseLimits lim = parse_limits();
     ApiRequest r = parse_request(ep, std::move(req.body), lim);  // frees the body once parsed
     check_model(r.model);
     std::vector<std::vector<int32_t>> prompts = prompt_tokens(r);
+    std::vector<size_t> lengths;
+    for (const auto& ids : prompts) lengths.push_back(ids.size());
+    check_logprob_budget(r, lengths, max_context, lim);
+    scope_request(r.params, req.head);
     ResponseMeta meta;
     meta.endpoint = ep;
     meta.id = new_id(ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
@@ -449,9 +479,7 @@ struct Server::Impl final : HttpHandler {
   // request by its prefix's blocks ask for them). Completions: a list, one
   // entry per prompt; chat: the one entry.
   json render(Endpoint ep, HttpRequest& req) {
-    ParseLimits lim;
-    lim.json = cfg.json;
-    ApiRequest r = parse_request(ep, std::move(req.body), lim);
+    ApiRequest r = parse_request(ep, std::move(req.body), parse_limits());
     check_model(r.model);
     const std::vector<std::vector<int32_t>> prompts = prompt_tokens(r);
     const SamplingParams& sp = r.params.sampling;
@@ -485,8 +513,7 @@ struct Server::Impl final : HttpHandler {
   // the request that will use it, as a background request below every
   // decode, kept under a session for that request (progressive prefill).
   Reply prefill(HttpRequest& req, const Waker& wake) {
-    ParseLimits lim;
-    lim.json = cfg.json;
+    const ParseLimits lim = parse_limits();
     json tree = parse_json_body(req.body);
     req.body = std::string();
     const Endpoint ep = tree.is_object() && tree.contains("messages") ? Endpoint::kChat : Endpoint::kCompletions;
@@ -499,9 +526,11 @@ struct Server::Impl final : HttpHandler {
     p.n = 1;
     p.priority = std::min(p.priority, -1);  // below the requests that decode
     if (p.session.empty()) p.session = new_id("sess-");
+    const std::string name = p.session;  // as the client names it, outside its scope
+    scope_request(p, req.head);
     if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
     auto gen = Generation::start(engine, std::move(prompts), p, {}, wake);
-    return Reply{std::nullopt, std::make_unique<PrefillResponse>(std::move(gen), p.session, cors_headers(req.head))};
+    return Reply{std::nullopt, std::make_unique<PrefillResponse>(std::move(gen), name, cors_headers(req.head))};
   }
 
   json parse_json_body(const std::string& body) const {
@@ -513,15 +542,22 @@ struct Server::Impl final : HttpHandler {
   }
 
   // /tokenize and /detokenize, answered in both vLLM's and llama.cpp's keys.
-  json tokens(bool encode, const std::string& body) const {
+  json tokens(bool encode, std::string body) const {
     if (encode) {
-      const TokenizeRequest r = parse_tokenize(body, cfg.json);
+      const TokenizeRequest r = parse_tokenize(std::move(body), cfg.json);
       check_model(r.model);
+      // As a prompt: a text that cannot fit is refused before it is tokenized.
+      if (const int64_t at_least = intake.min_tokens(r.text.size()); at_least > tokenize_limit())
+        throw_invalid("prompt", fmt::format("the text has at least {} tokens; /tokenize takes at most {}", at_least,
+                                            tokenize_limit()));
       const std::vector<int32_t> ids = intake.tokenize(r.text, r.add_special, true);
       return {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", max_context}};
     }
     const DetokenizeRequest r = parse_detokenize(body, cfg.json);
     check_model(r.model);
+    if (static_cast<int64_t>(r.tokens.size()) > tokenize_limit())
+      throw_invalid("tokens", fmt::format("'tokens' holds {} ids; /detokenize takes at most {}", r.tokens.size(),
+                                          tokenize_limit()));
     for (int32_t id : r.tokens)
       if (id >= intake.n_vocab())
         throw_invalid("tokens", fmt::format("token id {} is outside the vocabulary (size {})", id, intake.n_vocab()));

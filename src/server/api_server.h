@@ -22,6 +22,7 @@
 #include "core/json_parse.h"
 #include "server/http_server.h"
 #include "server/kv_events.h"
+#include "server/openai_schema.h"
 
 namespace tandem {
 class Engine;
@@ -32,7 +33,16 @@ namespace tandem::server {
 struct ServerConfig {
   std::string host = "127.0.0.1";
   int port = 8080;                 // 0: any free port (see Server::port())
-  std::string api_key;             // "": no authentication
+  // Each of these is accepted as 'Authorization: Bearer KEY'; none: no authentication.
+  std::vector<std::string> api_keys;
+  // The prefix cache and /v1/prefill sessions keyed per API key: a client
+  // shares cached blocks and sessions only with clients of the same key.
+  bool cache_per_key = false;
+  // What one request may ask for (stop strings, messages, logprob entries);
+  // its `json` is replaced by the one below.
+  ParseLimits request;
+  // /tokenize and /detokenize: tokens a text may hold or ids may be given; 0: the context length.
+  int64_t max_tokenize = 0;
   std::string model_id;            // what /v1/models lists; "" = the model file's name
   int32_t max_context = 0;         // prompt limit in tokens; 0: the engine's
   double heartbeat_s = 1.0;        // SSE comment after this much silence in a stream

@@ -148,7 +148,12 @@ std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v, const Par
 std::vector<std::string> parse_stop(const json& obj, const ParseLimits& lim) {
   const json* v = field(obj, "stop");
   if (!v) return {};
-  if (v->is_string()) return {v->get<std::string>()};
+  if (v->is_string()) {
+    if (v->get_ref<const std::string&>().size() > static_cast<size_t>(lim.max_stop_bytes))
+      throw_invalid("stop", fmt::format("'stop' has {} bytes; at most {} are allowed",
+                                        v->get_ref<const std::string&>().size(), lim.max_stop_bytes));
+    return {v->get<std::string>()};
+  }
   if (!v->is_array()) wrong_type("stop", "a string or an array of strings", *v);
   if (v->size() > static_cast<size_t>(lim.max_stop))
     throw_invalid("stop", fmt::format("'stop' has {} strings; at most {} are allowed", v->size(), lim.max_stop));
@@ -157,6 +162,10 @@ std::vector<std::string> parse_stop(const json& obj, const ParseLimits& lim) {
     if (!s.is_string()) throw_invalid("stop", fmt::format("'stop' must hold strings, got {}", type_name(s)));
     out.push_back(s.get<std::string>());
   }
+  for (size_t i = 0; i < out.size(); ++i)
+    if (out[i].size() > static_cast<size_t>(lim.max_stop_bytes))
+      throw_invalid("stop", fmt::format("'stop' string {} has {} bytes; at most {} are allowed", i, out[i].size(),
+                                        lim.max_stop_bytes));
   return out;
 }
 
@@ -229,11 +238,15 @@ std::string message_content(json& c, size_t i) {
   return text;
 }
 
-void parse_messages(json& obj, ApiRequest& r) {
+void parse_messages(json& obj, ApiRequest& r, const ParseLimits& lim) {
   json* v = const_cast<json*>(field(obj, "messages"));
   if (!v) throw_invalid("messages", "missing required field 'messages'");
   if (!v->is_array()) wrong_type("messages", "an array", *v);
   if (v->empty()) throw_invalid("messages", "'messages' is empty");
+  // Templating costs time per message whatever their text: bound the count first.
+  if (v->size() > static_cast<size_t>(lim.max_messages))
+    throw_invalid("messages", fmt::format("'messages' holds {} messages; at most {} are allowed", v->size(),
+                                          lim.max_messages));
   for (size_t i = 0; i < v->size(); ++i) {
     json& m = (*v)[i];
     if (!m.is_object()) throw_invalid("messages", fmt::format("messages[{}] must be an object, got {}", i, type_name(m)));
@@ -285,16 +298,18 @@ ApiRequest parse_request(Endpoint ep, std::string body, const ParseLimits& lim) 
   return parse_request_json(ep, std::move(tree), lim);
 }
 
-TokenizeRequest parse_tokenize(std::string_view body, const JsonLimits& lim) {
-  const json j = parse_object(body, lim);
+TokenizeRequest parse_tokenize(std::string body, const JsonLimits& lim) {
+  json j = parse_object(body, lim);
+  body = std::string();
   TokenizeRequest r;
   r.model = model_field(j);
   // vLLM: "prompt", "add_special_tokens" (default true); llama.cpp: "content", "add_special" (default false).
   const bool vllm = field(j, "prompt") != nullptr;
   const char* key = vllm ? "prompt" : "content";
-  auto text = get_string(j, key);
+  json* text = const_cast<json*>(field(j, key));
   if (!text) throw_invalid("prompt", "missing required field 'prompt' (or llama.cpp's 'content')");
-  r.text = std::move(*text);
+  if (!text->is_string()) wrong_type(key, "a string", *text);
+  r.text = take(*text);
   r.add_special = get_bool(j, vllm ? "add_special_tokens" : "add_special").value_or(vllm);
   return r;
 }
@@ -319,7 +334,7 @@ ApiRequest parse_request_json(Endpoint ep, json j, const ParseLimits& lim) {
     if (!m->is_string()) wrong_type("model", "a string", *m);
     r.model = m->get<std::string>();
   }
-  if (chat) parse_messages(j, r);
+  if (chat) parse_messages(j, r, lim);
   else parse_prompt(j, r, lim);
 
   RequestParams& p = r.params;
@@ -386,6 +401,11 @@ ApiRequest parse_request_json(Endpoint ep, json j, const ParseLimits& lim) {
       throw_invalid("session", "'session' must be a name of 1 to 256 characters");
     p.session = std::move(*v);
   }
+  if (auto v = get_string(j, "cache_salt")) {
+    if (v->empty() || v->size() > static_cast<size_t>(lim.max_cache_salt))
+      throw_invalid("cache_salt", fmt::format("'cache_salt' must be a string of 1 to {} bytes", lim.max_cache_salt));
+    p.cache_salt = std::move(*v);
+  }
   if (const json* so = field(j, "stream_options")) {
     if (!so->is_object()) wrong_type("stream_options", "an object", *so);
     if (!r.stream) throw_invalid("stream_options", "'stream_options' is only allowed with 'stream': true");
@@ -420,6 +440,27 @@ ApiRequest parse_request_json(Endpoint ep, json j, const ParseLimits& lim) {
     }
   }
   return r;
+}
+
+void check_logprob_budget(const ApiRequest& r, const std::vector<size_t>& prompt_lengths, int64_t context,
+                          const ParseLimits& lim) {
+  const RequestParams& p = r.params;
+  if (p.logprobs < 0 && p.prompt_logprobs < 0) return;
+  const int64_t per_token = 1 + std::max(p.logprobs, p.prompt_logprobs);
+  // Each choice: its generated tokens, and with echo its prompt's.
+  int64_t total = 0, most_tokens = 0;
+  for (size_t len : prompt_lengths) {
+    const int64_t tokens = (p.max_tokens >= 0 ? p.max_tokens : context) +
+                           (p.prompt_logprobs >= 0 ? static_cast<int64_t>(len) : 0);
+    most_tokens = std::max(most_tokens, tokens);
+    total += int64_t{p.n} * tokens * per_token;
+  }
+  if (total <= lim.max_logprob_entries) return;
+  const int64_t choices = int64_t{p.n} * static_cast<int64_t>(prompt_lengths.size());
+  throw_invalid("logprobs",
+                fmt::format("{} choices x {} tokens x (1 + {} logprobs) asks for {} logprob entries; at most {} are "
+                            "allowed per request (lower n, max_tokens or the logprobs)",
+                            choices, most_tokens, per_token - 1, total, lim.max_logprob_entries));
 }
 
 }  // namespace tandem::server

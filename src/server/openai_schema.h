@@ -61,8 +61,15 @@ struct ParseLimits {
   int32_t max_prompts = 64;    // prompts in one completions request
   int32_t max_choices = 64;    // prompts x n
   int32_t max_logprobs = 20;   // top alternatives per token
-  int32_t max_stop = 16;       // stop strings
+  int32_t max_stop = 4;        // stop strings (OpenAI's bound)
+  int32_t max_stop_bytes = 256;   // one stop string: every step matches each against each choice's text
   int32_t max_logit_bias = 1024;  // logit_bias entries
+  int32_t max_messages = 2048;    // chat messages (OpenAI's bound), checked before any templating
+  // Logprob entries one request may produce: choices x tokens x (1 + top
+  // alternatives). A 100-byte request could otherwise ask for a response of
+  // tens of megabytes.
+  int64_t max_logprob_entries = int64_t{1} << 20;
+  int64_t max_cache_salt = 256;   // bytes of cache_salt
 };
 
 // A completions prompt: text, or token ids when is_tokens.
@@ -103,7 +110,8 @@ struct TokenizeRequest {
   std::string text;
   bool add_special = true;  // BOS (and whatever else the vocabulary adds)
 };
-TokenizeRequest parse_tokenize(std::string_view body, const JsonLimits& lim = {});
+// The body is released once parsed and the text moved out of the tree, as in parse_request.
+TokenizeRequest parse_tokenize(std::string body, const JsonLimits& lim = {});
 
 // POST /detokenize: {"tokens": [ids]} (vLLM and llama.cpp alike).
 struct DetokenizeRequest {
@@ -112,5 +120,12 @@ struct DetokenizeRequest {
 };
 DetokenizeRequest parse_detokenize(std::string_view body, const JsonLimits& lim = {});
 ApiRequest parse_request_json(Endpoint ep, nlohmann::json body, const ParseLimits& lim = {});
+
+// Throws ApiError(400) naming the product when the logprob entries the
+// request asks for (ParseLimits::max_logprob_entries) exceed the bound.
+// prompt_lengths: the tokens of each prompt; context: the tokens a choice
+// may reach when max_tokens is not given.
+void check_logprob_budget(const ApiRequest& r, const std::vector<size_t>& prompt_lengths, int64_t context,
+                          const ParseLimits& lim);
 
 }  // namespace tandem::server

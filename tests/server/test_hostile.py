@@ -380,7 +380,8 @@ def test_seeded_http_fuzz(stories):
     seeds = [post_raw(stories, "/v1/completions", b'{"prompt":"Once","max_tokens":1,"temperature":0}'),
              b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
              b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-             b"10\r\n{\"prompt\":\"abcd\"}\r\n0\r\n\r\n"]
+             b"10\r\n{\"prompt\":\"abcd\"}\r\n0\r\n\r\n",
+             post_raw(stories, "/v1/completions", json.dumps(schema_request(REF_SCHEMA)).encode())]
     t0 = time.monotonic()
     answered = 0
     for i in range(300):
@@ -416,9 +417,81 @@ def test_seeded_http_fuzz(stories):
             assert out.startswith(b"HTTP/1.1 "), out[:100]
             answered += 1
     assert answered > 50
-    assert time.monotonic() - t0 < 120
+    # Schemas mutated as JSON, $ref above all: each compiles (and constrains
+    # the output) or is refused with a 400, at once, never expanded.
+    outcomes = {200: 0, 400: 0}
+    for i in range(200):
+        schema = mutate_schema(rng, json.loads(json.dumps(REF_SCHEMA)))
+        t1 = time.monotonic()
+        status, _, out = stories.request("POST", "/v1/completions", body=schema_request(schema), timeout=30)
+        assert status in outcomes, (status, out[:300], schema)
+        assert time.monotonic() - t1 < 10, schema
+        outcomes[status] += 1
+        if status == 200:
+            text = json.loads(out)["choices"][0]["text"]
+            assert not text.strip() or text.lstrip()[0] in '{["-0123456789tfn', text
+    assert outcomes[200] > 20 and outcomes[400] > 20, outcomes
+    assert time.monotonic() - t0 < 180
     check = stories.client().completions.create(model="stories260K", prompt=PROMPT, max_tokens=2)
     assert check.choices
+
+
+REF_SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"$ref": "#/$defs/A"}, "b": {"$ref": "#/$defs/B"}, "n": {"type": "integer"}},
+    "required": ["a"],
+    "$defs": {
+        "A": {"type": "object", "properties": {"x": {"$ref": "#/$defs/B"}, "y": {"$ref": "#/$defs/B"}}},
+        "B": {"type": "array", "items": {"$ref": "#/definitions/C"}, "maxItems": 3},
+    },
+    "definitions": {"C": {"enum": ["p", "q", 1, None]}},
+}
+
+
+def schema_request(schema):
+    return {"prompt": PROMPT, "max_tokens": 3, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "fuzz", "schema": schema}}}
+
+
+def mutate_schema(rng, schema):
+    """A few random edits, most of them to references: retargeted (to a missing,
+    recursive or other definition), fanned out (levels of properties all
+    referring to the next level), given siblings, or their definitions dropped."""
+    defs = schema["$defs"]
+    for _ in range(rng.randint(1, 2)):
+        op = rng.choice([0, 1, 1, 1, 2, 3, 4, 5, 6, 7])
+        names = list(defs) + ["C"]
+        if op in (0, 1, 3) and "properties" not in schema:  # a bare root reference: nothing to edit there
+            op = 6
+        if op == 0:  # retarget a reference
+            target = rng.choice(names + ["Missing", "A", "B"])
+            path = "#/definitions/C" if target == "C" else f"#/$defs/{target}"
+            rng.choice([schema["properties"]["a"], schema["properties"]["b"]])["$ref"] = rng.choice(
+                [path, "#/$defs/", "#/$defs/A/properties", "http://x.test/s", 7, ""])
+        elif op == 1:  # levels of 8 to 64 properties, each referring to the next level
+            levels, width = rng.randint(2, 6), rng.choice([8, 32, 64])
+            for lv in range(levels):
+                nxt = {"$ref": f"#/$defs/L{lv + 1}"} if lv + 1 < levels else {"type": "string"}
+                defs[f"L{lv}"] = {"type": "object", "properties": {f"k{i}": nxt for i in range(width)}}
+            schema["properties"]["b"] = {"$ref": "#/$defs/L0"}
+        elif op == 2:  # a definition referring to itself, directly or through another
+            defs["A"] = {"type": "object", "properties": {"x": {"$ref": rng.choice(["#/$defs/A", "#/$defs/R"])}}}
+            defs["R"] = {"type": "object", "properties": {"back": {"$ref": "#/$defs/A"}}}
+        elif op == 3:  # keywords beside a reference
+            schema["properties"]["a"][rng.choice(["type", "description", "minimum"])] = "object"
+        elif op == 4:  # drop a definition table
+            schema.pop(rng.choice(["$defs", "definitions"]), None)
+            if "$defs" not in schema:
+                schema["$defs"] = defs = {}
+        elif op == 5:  # a definition that is not a schema
+            defs[rng.choice(names[:-1] or ["A"])] = rng.choice([None, 3, [], "x", True, False])
+        elif op == 6:  # a reference at the root (beside other keywords, or alone)
+            if rng.randrange(2):
+                schema = {k: v for k, v in schema.items() if k in ("$defs", "definitions")}
+            schema["$ref"] = rng.choice(["#/$defs/A", "#/$defs/B", "#/definitions/C"])
+        else:  # a required name that is not a property, or one that is
+            schema["required"] = rng.choice([["a", "b"], ["zz"], "a", []])
+    return schema
 
 
 # --- 10. any web page could drive a localhost server --------------------------------
