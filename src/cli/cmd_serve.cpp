@@ -173,7 +173,7 @@ void add_serve_command(CLI::App& app, int& rc) {
   cmd->add_option("--port", o->port, "TCP port (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", o->api_key,
                   "Require 'Authorization: Bearer KEY' on every route but /health and / (the web page: it holds "
-                  "no data, and asks for the key for its calls)");
+                  "no data, and asks for the key for its calls); repeat it to accept several keys");
   cmd->add_option("--model-alias", o->alias, "Model id reported by /v1/models (default: the file name)");
   cmd->add_option("-t,--threads", o->threads, "Compute threads (0: physical cores)")->capture_default_str();
   cmd->add_option("-c,--ctx-size", o->ctx, "Context per sequence in tokens (0: min(model's, 4096))")
