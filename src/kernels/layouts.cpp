@@ -146,10 +146,10 @@ void write_layout(const WeightMatrix& W, WeightLayout layout, KernelLevel level,
   else write_tiles(W, out, t0, t1, pool);
 }
 
-void dequantize_weight_row(const WeightMatrix& W, int64_t r, float* out) {
+void dequantize_weight_row(const WeightMatrix& W, int64_t r, float* out, const uint8_t* file_row) {
   if (W.panels() && gemm_class(W.type) == GemmClass::kQ32) return dequantize_panel_row(W, r, out);
   if (W.tiles() && r < W.rows / kGemmTile * kGemmTile) return dequantize_tile_row(W, r, out);
-  dequantize_row(W.type, W.row(r), out, W.cols);
+  dequantize_row(W.type, file_row ? file_row : W.row(r), out, W.cols);
 }
 
 }  // namespace tandem

@@ -47,7 +47,9 @@ void write_layout(const WeightMatrix& W, WeightLayout layout, KernelLevel level,
 // Row r of W as floats, read from its layout where that holds it (q4_0 / q5_0
 // / q8_0 panels, tiles) and from the file's rows otherwise; equal to
 // dequantize_row of the file's row, so an embedding lookup need not touch
-// released pages.
-void dequantize_weight_row(const WeightMatrix& W, int64_t r, float* out);
+// released pages. `file_row`: the row's bytes where the caller has read them
+// itself (a lookup reads scattered rows rather than faulting them in); used
+// only where the layout holds no copy of the row.
+void dequantize_weight_row(const WeightMatrix& W, int64_t r, float* out, const uint8_t* file_row = nullptr);
 
 }  // namespace tandem

@@ -398,16 +398,17 @@ void Model::forward(const Batch& batch, std::span<SeqKv* const> seqs, KvCache& k
   pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       float* xr = s.x.data() + r * E;
-      if (w_.tok_embd.layout != WeightLayout::kFileRows) {
-        dequantize_weight_row(w_.tok_embd, batch[r].token, xr);
-      } else {
+      const WeightMatrix& T = w_.tok_embd;
+      const uint8_t* file_row = nullptr;
+      if (T.layout == WeightLayout::kFileRows) {
         // Read, not faulted in (GgufFile::copy_out): faults would keep most
         // of the embedding resident for a prompt's scattered rows.
         thread_local std::vector<uint8_t> row;
-        row.resize(w_.tok_embd.row_stride);
-        file_->copy_out(w_.tok_embd.row(batch[r].token), w_.tok_embd.row_stride, row.data());
-        dequantize_row(w_.tok_embd.type, row.data(), xr, E);
+        row.resize(T.row_stride);
+        file_->copy_out(T.row(batch[r].token), T.row_stride, row.data());
+        file_row = row.data();
       }
+      dequantize_weight_row(T, batch[r].token, xr, file_row);
       if (c.embed_scale != 1.0f)
         for (int64_t i = 0; i < E; ++i) xr[i] *= c.embed_scale;
     }
