@@ -479,7 +479,7 @@ TEST(KernelsGemm, SimdPackersWriteTheScalarBytes) {
   std::mt19937 rng(13);
   for (GgmlType t : kTypes) {
     const Problem p = make_problem(t, 32, 3, rng);
-    const GemmKernel ref = gemm_detail::ref_kernel(t);
+    const GemmKernel ref = gemm_kernel(t, KernelLevel::kScalar);
     if (ref.pack == nullptr) continue;  // the float class is never packed
     const int64_t nb = p.cols / ref.block_elems;
     for (KernelLevel level : levels()) {
