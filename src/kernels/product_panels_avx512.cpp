@@ -16,7 +16,6 @@
 #include "kernels/layout_panels.h"
 #include "kernels/kernel_builds.h"
 #include "kernels/product_kernels.h"
-#include "kernels/product_rows_avx512.h"
 
 namespace tandem::gemm_detail {
 namespace {

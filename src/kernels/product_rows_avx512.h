@@ -16,8 +16,7 @@
 // and _float.cpp. This header holds what they share: scalar steps of the
 // float chain, lane sums, the software prefetch of the weight stream (its
 // distance: kernels/stream_tuning.h), and the walk over weight and activation
-// rows that the q32 and K-quant kernels share. Only for those files (and
-// product_panels_avx512.cpp, which takes their functions).
+// rows that the q32 and K-quant kernels share. Only for those files.
 #pragma once
 
 #if defined(__x86_64__)

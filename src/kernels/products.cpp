@@ -6,7 +6,6 @@
 #include "kernels/products.h"
 
 #include <array>
-#include <span>
 
 #include <fmt/format.h>
 
@@ -65,62 +64,6 @@ const TypeRow* row_of(GgmlType t) {
 
 bool has_tiles(const TypeRow* r, KernelLevel level) { return r && r->tile_rows_max > 0 && level >= kTilesLevel; }
 
-// The files of each build (kernels/kernel_builds.h), best build first.
-struct Build {
-  KernelLevel target;  // the level whose CPU features the build needs
-  std::span<const TypeFnsOf> files;
-};
-constexpr TypeFnsOf kScalarFiles[] = {builds::scalar_dot, builds::scalar_products, builds::scalar_acts};
-#if defined(__x86_64__)
-constexpr TypeFnsOf kAvx512VnniFiles[] = {builds::avx512_panels, builds::avx512_q32_rows,
-                                          builds::avx512_kquant_rows, builds::avx512_float_rows,
-                                          builds::avx512_acts};
-constexpr TypeFnsOf kAvx2VnniFiles[] = {builds::avx2_vnni_dot, builds::avx2_vnni_panels};
-constexpr TypeFnsOf kAvx2Files[] = {builds::avx2_dot, builds::avx2_panels, builds::avx2_rows};
-#endif
-constexpr Build kBuilds[] = {
-#if defined(__x86_64__)
-    {KernelLevel::kAvx512Vnni, kAvx512VnniFiles},
-    {KernelLevel::kAvx2Vnni, kAvx2VnniFiles},
-    {KernelLevel::kAvx2, kAvx2Files},
-#endif
-    {KernelLevel::kScalar, kScalarFiles},
-};
-
-// Whether `level` runs the build for `target`. The levels are ordered by
-// their CPU features, except that avx512 has no AVX-VNNI (it is the level of
-// AVX-512 CPUs without VNNI), and avx512-vnni takes AVX-VNNI's build only
-// where the CPU has AVX-VNNI too.
-bool runs(KernelLevel level, KernelLevel target) {
-  if (target > level) return false;
-  if (target == KernelLevel::kAvx2Vnni)
-    return level != KernelLevel::kAvx512 && cpu_supports_level(KernelLevel::kAvx2Vnni);
-  return true;
-}
-
-template <typename Fn>
-void take(Fn& slot, Fn f) {
-  if (slot == nullptr) slot = f;
-}
-
-// Each slot from the first build `level` runs that has it.
-TypeFns resolve(GgmlType t, KernelLevel level) {
-  TypeFns r;
-  for (const Build& b : kBuilds) {
-    if (!runs(level, b.target)) continue;
-    for (const TypeFnsOf file : b.files) {
-      const TypeFns f = file(t);
-      take(r.dot, f.dot);
-      take(r.pack, f.pack);
-      take(r.run, f.run);
-      take(r.run2, f.run2);
-      take(r.rows, f.rows);
-      take(r.prepare, f.prepare);
-    }
-  }
-  return r;
-}
-
 constexpr size_t kLevels = std::size(kAllKernelLevels);
 
 // The functions of every (type, level), resolved once.
@@ -128,7 +71,7 @@ const TypeFns& fns_of(const TypeRow& row, KernelLevel level) {
   static const auto table = [] {
     std::array<std::array<TypeFns, kLevels>, kTypes> t{};
     for (size_t i = 0; i < kTypes; ++i)
-      for (size_t l = 0; l < kLevels; ++l) t[i][l] = resolve(kTable[i].type, kAllKernelLevels[l]);
+      for (size_t l = 0; l < kLevels; ++l) t[i][l] = type_fns(kTable[i].type, kAllKernelLevels[l]);
     return t;
   }();
   return table[static_cast<size_t>(&row - kTable)][static_cast<size_t>(level)];
