@@ -9,7 +9,7 @@
 #include "kernels/simd_exp.h"
 
 #if defined(__x86_64__)
-// See vec_dot_avx512.cpp: GCC 12's AVX-512 headers trip -Wmaybe-uninitialized when inlined.
+// As in simd_avx512.h: GCC 12's AVX-512 headers trip -Wmaybe-uninitialized when inlined.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
