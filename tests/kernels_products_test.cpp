@@ -18,6 +18,7 @@
 #include "core/quant.h"
 #include "core/thread_pool.h"
 #include "kernels/vec_dot.h"
+#include "kernels/kernel_builds.h"
 #include "kernels/product_kernels.h"
 #include "kernels/products.h"
 #include "kernels/vec_dot_impl.h"
@@ -475,11 +476,44 @@ TEST(KernelsGemm, PreparedActivationsMatchQuantizeActivations) {
   }
 }
 
+// The builds' table (kernels/kernel_builds.cpp) gives every level each
+// function the scalar build has, for every weight type vec_dot knows, and
+// the SIMD levels their own row kernels.
+TEST(KernelsGemm, EveryLevelHasEverySlotOfTheScalarBuild) {
+  const GgmlType all[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
+                          GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
+                          GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+  for (GgmlType t : all) {
+    const TypeFns ref = type_fns(t, KernelLevel::kScalar);
+    ASSERT_NE(ref.dot, nullptr) << name(t);
+    EXPECT_EQ(ref.rows != nullptr, gemm_class(t) != GemmClass::kNone) << name(t);
+    for (KernelLevel level : levels()) {
+      const TypeFns f = type_fns(t, level);
+      const std::string where = name(t) + " " + kernel_level_name(level);
+      EXPECT_EQ(f.dot != nullptr, ref.dot != nullptr) << where;
+      EXPECT_EQ(f.pack != nullptr, ref.pack != nullptr) << where;
+      EXPECT_EQ(f.run != nullptr, ref.run != nullptr) << where;
+      EXPECT_EQ(f.rows != nullptr, ref.rows != nullptr) << where;
+      EXPECT_EQ(f.prepare != nullptr, ref.prepare != nullptr) << where;
+      EXPECT_EQ(f.dot, vec_dot_fn_for_level(t, level)) << where;
+      // Only the scalar level runs the scalar products where a SIMD build has them.
+      if (level != KernelLevel::kScalar && ref.rows) {
+        EXPECT_NE(f.rows, ref.rows) << where;
+      }
+    }
+  }
+  for (KernelLevel level : levels()) {
+    const LevelFns& f = level_fns(level);
+    EXPECT_TRUE(f.attention_chunk && f.sum_squares && f.log_sum_exp && f.gelu_gated && f.silu_gated)
+        << kernel_level_name(level);
+  }
+}
+
 TEST(KernelsGemm, SimdPackersWriteTheScalarBytes) {
   std::mt19937 rng(13);
   for (GgmlType t : kTypes) {
     const Problem p = make_problem(t, 32, 3, rng);
-    const GemmKernel ref = gemm_detail::ref_kernel(t);
+    const GemmKernel ref = gemm_kernel(t, KernelLevel::kScalar);
     if (ref.pack == nullptr) continue;  // the float class is never packed
     const int64_t nb = p.cols / ref.block_elems;
     for (KernelLevel level : levels()) {

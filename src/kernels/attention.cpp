@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/attention_impl.h"
+#include "kernels/kernel_builds.h"
 
 namespace tandem {
 namespace {
@@ -27,12 +28,7 @@ constexpr int32_t kTileRows = 64;
 ChunkFn chunk_fn_for(KernelLevel level) {
   if (!cpu_supports_level(level))
     fail(ErrorKind::kInvalidArgument, "attention: this CPU cannot run kernel level {}", kernel_level_name(level));
-  ChunkFn f = nullptr;
-  if (level >= KernelLevel::kAvx512Vnni) f = attn_detail::avx512_vnni_chunk_fn();
-  if (!f && level >= KernelLevel::kAvx512) f = attn_detail::avx512_chunk_fn();
-  if (!f && level >= KernelLevel::kAvx2) f = attn_detail::avx2_chunk_fn();
-  if (!f) f = attn_detail::ref_chunk_fn();
-  return f;
+  return level_fns(level).attention_chunk;
 }
 
 // The kernels address head g's rows through the view: its heads must be the

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/attention_impl.h"
+#include "kernels/kernel_builds.h"
 #include "kernels/simd_exp.h"
 
 #if defined(__x86_64__)
@@ -94,14 +95,10 @@ struct Ops {
 
 }  // namespace avx2
 
-ChunkFn avx2_chunk_fn() { return &avx2::chunk_kernel; }
-
 }  // namespace tandem::attn_detail
 
-#else
-
-namespace tandem::attn_detail {
-ChunkFn avx2_chunk_fn() { return nullptr; }
-}  // namespace tandem::attn_detail
+namespace tandem::builds {
+LevelFns avx2_attention() { return {.attention_chunk = attn_detail::avx2::chunk_kernel}; }
+}  // namespace tandem::builds
 
 #endif

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/attention_impl.h"
+#include "kernels/kernel_builds.h"
 #include "kernels/simd_exp.h"
 
 #if defined(__x86_64__)
@@ -109,16 +110,12 @@ struct Ops : avx512::Ops {
 
 }  // namespace avx512_vnni
 
-ChunkFn avx512_chunk_fn() { return &avx512::chunk_kernel; }
-ChunkFn avx512_vnni_chunk_fn() { return &avx512_vnni::chunk_kernel; }
-
 }  // namespace tandem::attn_detail
 
-#else
-
-namespace tandem::attn_detail {
-ChunkFn avx512_chunk_fn() { return nullptr; }
-ChunkFn avx512_vnni_chunk_fn() { return nullptr; }
-}  // namespace tandem::attn_detail
+namespace tandem::builds {
+LevelFns avx512_attention() { return {.attention_chunk = attn_detail::avx512::chunk_kernel}; }
+// The same with vpdpbusd for quantized keys.
+LevelFns avx512_vnni_attention() { return {.attention_chunk = attn_detail::avx512_vnni::chunk_kernel}; }
+}  // namespace tandem::builds
 
 #endif

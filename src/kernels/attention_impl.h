@@ -67,11 +67,6 @@ template <> struct KvElem<KvType::kQ8_0> { using type = int8_t; };
 template <> struct KvElem<KvType::kQ4_0> { using type = uint8_t; };
 template <KvType t> using kv_elem_t = typename KvElem<t>::type;
 
-// Per-file kernels; nullptr where the build has none (non-x86).
-ChunkFn ref_chunk_fn();
-ChunkFn avx2_chunk_fn();
-ChunkFn avx512_chunk_fn();
-ChunkFn avx512_vnni_chunk_fn();  // the same with vpdpbusd for quantized keys
 
 }  // namespace attn_detail
 }  // namespace tandem

@@ -10,6 +10,7 @@
 
 #include "core/quant.h"
 #include "kernels/attention_impl.h"
+#include "kernels/kernel_builds.h"
 
 namespace tandem::attn_detail {
 namespace ref {
@@ -74,6 +75,8 @@ struct Ops {
 
 }  // namespace ref
 
-ChunkFn ref_chunk_fn() { return &ref::chunk_kernel; }
-
 }  // namespace tandem::attn_detail
+
+namespace tandem::builds {
+LevelFns scalar_attention() { return {.attention_chunk = attn_detail::ref::chunk_kernel}; }
+}  // namespace tandem::builds

@@ -5,10 +5,11 @@
 #include <vector>
 
 #include "core/quant.h"
+#include "kernels/kernel_builds.h"
 #include "kernels/simd_exp.h"
 
 #if defined(__x86_64__)
-// See vec_dot_avx512.cpp: GCC 12's AVX-512 headers trip -Wmaybe-uninitialized when inlined.
+// As in simd_avx512.h: GCC 12's AVX-512 headers trip -Wmaybe-uninitialized when inlined.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -63,15 +64,6 @@ __attribute__((target("avx2"))) double sum_squares_avx2(const float* x, int64_t 
   return sum;
 }
 #endif
-
-double sum_squares(KernelLevel level, const float* x, int64_t n) {
-#if defined(__x86_64__)
-  if (level >= KernelLevel::kAvx512) return sum_squares_avx512(x, n);
-  if (level >= KernelLevel::kAvx2) return sum_squares_avx2(x, n);
-#endif
-  (void)level;
-  return sum_squares_scalar(x, n);
-}
 
 }  // namespace
 
@@ -132,21 +124,14 @@ __attribute__((target("avx2,fma"))) float log_sum_exp_avx2(const float* x, int64
 
 }  // namespace
 
-float log_sum_exp_at(KernelLevel level, const float* x, int64_t n) {
-#if defined(__x86_64__)
-  if (level >= KernelLevel::kAvx512) return log_sum_exp_avx512(x, n);
-  if (level >= KernelLevel::kAvx2) return log_sum_exp_avx2(x, n);
-#endif
-  (void)level;
-  return log_sum_exp_scalar(x, n);
-}
+float log_sum_exp_at(KernelLevel level, const float* x, int64_t n) { return level_fns(level).log_sum_exp(x, n); }
 
 float log_sum_exp(const float* x, int64_t n) {
   return log_sum_exp_at(active_kernel_level(), x, n);
 }
 
 void rms_norm_at(KernelLevel level, const float* x, const float* w, int64_t n, float eps, float* out) {
-  const double sum = sum_squares(level, x, n);
+  const double sum = level_fns(level).sum_squares(x, n);
   const float mean = static_cast<float>(sum / static_cast<double>(n));
   const float scale = 1.0f / std::sqrt(mean + eps);
   if (w) {
@@ -303,22 +288,34 @@ float gelu_tanh(float x) {
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 void gated_activation_at(KernelLevel level, Activation act, float* gate, const float* up, int64_t n) {
-  if (act == Activation::kGeluTanh) {
-#if defined(__x86_64__)
-    if (level >= KernelLevel::kAvx512) return gelu_gated_avx512(gate, up, n);
-    if (level >= KernelLevel::kAvx2) return gelu_gated_avx2(gate, up, n);
-#endif
-    return gelu_gated_scalar(gate, up, n);
-  }
-#if defined(__x86_64__)
-  if (level >= KernelLevel::kAvx512) return silu_gated_avx512(gate, up, n);
-  if (level >= KernelLevel::kAvx2) return silu_gated_avx2(gate, up, n);
-#endif
-  silu_gated_scalar(gate, up, n);
+  const LevelFns& f = level_fns(level);
+  (act == Activation::kGeluTanh ? f.gelu_gated : f.silu_gated)(gate, up, n);
 }
 
 void gated_activation(Activation act, float* gate, const float* up, int64_t n) {
   gated_activation_at(active_kernel_level(), act, gate, up, n);
 }
+
+// This file's part of the builds (kernels/kernel_builds.h).
+namespace builds {
+
+LevelFns scalar_ops() {
+  return {.sum_squares = sum_squares_scalar, .log_sum_exp = log_sum_exp_scalar, .gelu_gated = gelu_gated_scalar,
+          .silu_gated = silu_gated_scalar};
+}
+
+#if defined(__x86_64__)
+LevelFns avx2_ops() {
+  return {.sum_squares = sum_squares_avx2, .log_sum_exp = log_sum_exp_avx2, .gelu_gated = gelu_gated_avx2,
+          .silu_gated = silu_gated_avx2};
+}
+
+LevelFns avx512_ops() {
+  return {.sum_squares = sum_squares_avx512, .log_sum_exp = log_sum_exp_avx512, .gelu_gated = gelu_gated_avx512,
+          .silu_gated = silu_gated_avx512};
+}
+#endif
+
+}  // namespace builds
 
 }  // namespace tandem

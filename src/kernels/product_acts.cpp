@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/quant.h"
 #include "core/quant_blocks.h"
+#include "kernels/kernel_builds.h"
 #include "kernels/product_kernels.h"
 #include "kernels/vec_dot.h"
 
@@ -229,9 +230,13 @@ void ref_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmA
 
 }  // namespace gemm_detail
 
-void gemm_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmActs& acts, KernelLevel level) {
-  if (level >= KernelLevel::kAvx512Vnni && gemm_detail::avx512_prepare_acts(x, ldx, g0, g1, acts)) return;
-  gemm_detail::ref_prepare_acts(x, ldx, g0, g1, acts);
+namespace builds {
+
+TypeFns scalar_acts(GgmlType w) {
+  if (gemm_class(w) == GemmClass::kNone) return {};
+  return {.prepare = gemm_detail::ref_prepare_acts};
 }
+
+}  // namespace builds
 
 }  // namespace tandem

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/quant.h"
+#include "kernels/kernel_builds.h"
 #include "kernels/product_kernels.h"
 #include "kernels/simd_transpose.h"
 
@@ -144,10 +145,9 @@ struct GroupBuffers {
 
 }  // namespace
 
-TD_ATTR bool avx512_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmActs& A) {
+TD_ATTR void prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmActs& A) {
   thread_local GroupBuffers buf;
   const GemmClass cls = gemm_class(A.wtype);
-  if (cls == GemmClass::kNone) return false;
   const int64_t S = A.slots, epb = A.extra_per_block;
   const int64_t row_bytes = cls == GemmClass::kFloat ? A.cols * 4 : A.cols;
   if (buf.q.size() < static_cast<size_t>(S * row_bytes)) buf.q.resize(S * row_bytes);
@@ -189,17 +189,17 @@ TD_ATTR bool avx512_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_
       for (int64_t i = 0; i < A.nb * epb; ++i) de[i * 8 + s] = buf.extra[s * A.nb * epb + i];
     }
   }
-  return true;
 }
 
 }  // namespace tandem::gemm_detail
 
-#else
+namespace tandem::builds {
 
-#include "kernels/product_kernels.h"
+TypeFns avx512_acts(GgmlType w) {
+  if (gemm_class(w) == GemmClass::kNone) return {};
+  return {.prepare = gemm_detail::prepare_acts};
+}
 
-namespace tandem::gemm_detail {
-bool avx512_prepare_acts(const float*, int64_t, int64_t, int64_t, GemmActs&) { return false; }
-}  // namespace tandem::gemm_detail
+}  // namespace tandem::builds
 
 #endif

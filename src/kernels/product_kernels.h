@@ -132,6 +132,17 @@ struct GemmAcc {
   bool stream_out = false;
 };
 
+// The signatures of a weight type's product functions (GemmKernel's slots).
+using GemmPackFn = void (*)(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel);
+using GemmRunFn = void (*)(const uint8_t* panel, int64_t nblk, const GemmActs& acts, int64_t G, int R, int64_t b0,
+                           const GemmAcc& acc);
+using GemmRun2Fn = void (*)(const uint8_t* const* panels, int64_t nblk, const GemmActs& acts, int64_t G, int R,
+                            int64_t b0, const GemmAcc* acc);
+using GemmRowsFn = void (*)(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& acts, int64_t r0,
+                            int64_t r1, float* y, int64_t ldy);
+// Converts groups [g0, g1) of x (see gemm_prepare_acts).
+using GemmPrepareFn = void (*)(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmActs& acts);
+
 // One instruction-set level's implementation of one weight type.
 struct GemmKernel {
   GemmClass cls = GemmClass::kNone;
@@ -140,21 +151,18 @@ struct GemmKernel {
   size_t panel_block_bytes = 0;
   // Writes blocks [b0, b1) of weight rows [o0, o0 + kGemmTile) to panel;
   // rows at or past W.rows are packed as zeros.
-  void (*pack)(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint8_t* panel) = nullptr;
+  GemmPackFn pack = nullptr;
   // For the first R slots of activation group G (R <= acts.slots), continues
   // each output's chain over the nblk blocks of panel (activation blocks b0
   // ..), from acc.in (or from +0) to acc.out; see GemmAcc.
-  void (*run)(const uint8_t* panel, int64_t nblk, const GemmActs& acts, int64_t G, int R, int64_t b0,
-              const GemmAcc& acc) = nullptr;
+  GemmRunFn run = nullptr;
   // Optional: run over two panels (32 weight rows) at once, panel i with
   // acc[i]; the same results as two run calls, in less time where each
   // activation broadcast then feeds two dot products (AVX-512 q32).
-  void (*run2)(const uint8_t* const* panels, int64_t nblk, const GemmActs& acts, int64_t G, int R, int64_t b0,
-               const GemmAcc* acc) = nullptr;
+  GemmRun2Fn run2 = nullptr;
   // Row-wise path (acts.slots == 1): y[r * ldy + o] for weight rows o in
   // [o0, o1) and activation rows r in [r0, r1), weights read in place.
-  void (*rows)(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmActs& acts, int64_t r0, int64_t r1,
-               float* y, int64_t ldy) = nullptr;
+  GemmRowsFn rows = nullptr;
   // pack and rows also read W.tiles() (kernels/layouts.h) when it is set;
   // then o0 must be a multiple of kGemmTile, as Matmul's ranges are. Set by
   // gemm_kernel from the table (products.cpp).
@@ -162,28 +170,18 @@ struct GemmKernel {
   explicit operator bool() const { return rows != nullptr; }
 };
 
-// The functions of weight type w at `level` (which the CPU must support): the
-// best level at or below it that has them, from products.cpp's table; an
-// empty GemmKernel for types without product kernels.
+// The functions of weight type w at `level` (which the CPU must support),
+// from products.cpp's table (kernels/kernel_builds.h); an empty GemmKernel
+// for types without product kernels.
 GemmKernel gemm_kernel(GgmlType w, KernelLevel level);
 
 namespace gemm_detail {
-GemmKernel ref_kernel(GgmlType w);
-GemmKernel avx2_kernel(GgmlType w, bool vnni);
-// k with its row-wise path replaced by the AVX2 one.
-GemmKernel avx2_rows_kernel(GgmlType w, GemmKernel k);
-GemmKernel avx512_kernel(GgmlType w);  // needs AVX512-VNNI
-// k with its row-wise path replaced by the AVX-512 one.
-GemmKernel avx512_rows_kernel(GgmlType w, GemmKernel k);
-void ref_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmActs& acts);
 // The extras of a q8_K block for class kK4 or kK6 (see gemm_prepare_acts)
 // from its 16 group sums.
 void k_extras(GemmClass cls, const int32_t bsums[16], int32_t* extra);
 // Writes one row's plain-order quants (or floats), scales and extras into
 // the interleaved layout.
 void scatter_row(const void* q, const float* scale, const int32_t* extra, int64_t r, GemmActs& acts);
-// Returns false when it has no fast path for the type.
-bool avx512_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmActs& acts);
 // The unsigned offset a q32 panel adds to each quant (q = u - offset).
 int32_t q32_offset(GgmlType w);
 }  // namespace gemm_detail

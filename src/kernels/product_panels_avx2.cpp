@@ -4,6 +4,7 @@
 // unsigned x signed byte pairs exceed 32767: q8_0 (offset quants up to 255)
 // therefore takes the sign trick (|w| times a with w's sign) and skips the
 // offset correction. Every other panel holds quants below 64.
+#include "kernels/kernel_builds.h"
 #include "kernels/product_kernels.h"
 
 #if defined(__x86_64__)
@@ -22,33 +23,36 @@ namespace tandem::gemm_detail {
 #include "kernels/simd_avx2_variants.h"
 #undef TD_AVX2_VARIANTS_BODY
 
-GemmKernel avx2_kernel(GgmlType w, bool vnni) {
-  GemmKernel k = ref_kernel(w);  // block sizes and panel layout
-  switch (k.cls) {
+}  // namespace tandem::gemm_detail
+
+namespace tandem::builds {
+
+using namespace gemm_detail;
+
+TypeFns avx2_panels(GgmlType w) {
+  switch (gemm_class(w)) {
     case GemmClass::kQ32:
-      k.pack = avx2::pack_q32;
-      k.run = vnni ? avx2_vnni::run_q32 : w == GgmlType::Q8_0 ? avx2_plain::run_q32_signed : avx2_plain::run_q32;
-      break;
-    case GemmClass::kK4:
-      k.pack = avx2::pack_k4;
-      k.run = vnni ? avx2_vnni::run_k4 : avx2_plain::run_k4;
-      break;
-    case GemmClass::kK6:
-      k.pack = avx2::pack_k6;
-      k.run = vnni ? avx2_vnni::run_k6 : avx2_plain::run_k6;
-      break;
+      return {.pack = avx2::pack_q32, .run = w == GgmlType::Q8_0 ? avx2_plain::run_q32_signed : avx2_plain::run_q32};
+    case GemmClass::kK4: return {.pack = avx2::pack_k4, .run = avx2_plain::run_k4};
+    case GemmClass::kK6: return {.pack = avx2::pack_k6, .run = avx2_plain::run_k6};
     case GemmClass::kFloat:
     case GemmClass::kNone: break;
   }
-  return avx2_rows_kernel(w, k);
+  return {};
 }
 
-}  // namespace tandem::gemm_detail
+// dpbusd takes q8_0's offset quants without the sign trick.
+TypeFns avx2_vnni_panels(GgmlType w) {
+  switch (gemm_class(w)) {
+    case GemmClass::kQ32: return {.run = avx2_vnni::run_q32};
+    case GemmClass::kK4: return {.run = avx2_vnni::run_k4};
+    case GemmClass::kK6: return {.run = avx2_vnni::run_k6};
+    case GemmClass::kFloat:
+    case GemmClass::kNone: break;
+  }
+  return {};
+}
 
-#else
-
-namespace tandem::gemm_detail {
-GemmKernel avx2_kernel(GgmlType, bool) { return {}; }
-}  // namespace tandem::gemm_detail
+}  // namespace tandem::builds
 
 #endif

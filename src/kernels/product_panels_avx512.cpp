@@ -14,8 +14,8 @@
 #include <type_traits>
 
 #include "kernels/layout_panels.h"
+#include "kernels/kernel_builds.h"
 #include "kernels/product_kernels.h"
-#include "kernels/product_rows_avx512.h"
 
 namespace tandem::gemm_detail {
 namespace {
@@ -222,39 +222,23 @@ TD_DISPATCH_ROWS(run_k6, k6_rows, const uint8_t*, const GemmAcc&)
 
 }  // namespace
 
-GemmKernel avx512_kernel(GgmlType w) {
-  GemmKernel k = ref_kernel(w);  // block sizes and panel layout
-  switch (k.cls) {
-    case GemmClass::kQ32:
-      k.pack = avx512::pack_q32;
-      k.run = run_q32;
-      k.run2 = run2_q32;
-      break;
-    case GemmClass::kK4:
-      k.pack = avx512::pack_k4;
-      k.run = run_k4;
-      break;
-    case GemmClass::kK6:
-      k.pack = avx512::pack_k6;
-      k.run = run_k6;
-      break;
+}  // namespace tandem::gemm_detail
+
+namespace tandem::builds {
+
+using namespace gemm_detail;
+
+TypeFns avx512_panels(GgmlType w) {
+  switch (gemm_class(w)) {
+    case GemmClass::kQ32: return {.pack = avx512::pack_q32, .run = run_q32, .run2 = run2_q32};
+    case GemmClass::kK4: return {.pack = avx512::pack_k4, .run = run_k4};
+    case GemmClass::kK6: return {.pack = avx512::pack_k6, .run = run_k6};
     case GemmClass::kFloat:
     case GemmClass::kNone: break;
   }
-  for (avx512_rows::RowsFn f : {avx512_rows::q32_rows_for(w), avx512_rows::kquant_rows_for(w),
-                                 avx512_rows::float_rows_for(w)})
-    if (f) k.rows = f;
-  return k;
+  return {};
 }
 
-}  // namespace tandem::gemm_detail
-
-#else
-
-#include "kernels/product_kernels.h"
-
-namespace tandem::gemm_detail {
-GemmKernel avx512_kernel(GgmlType) { return {}; }
-}  // namespace tandem::gemm_detail
+}  // namespace tandem::builds
 
 #endif

@@ -7,6 +7,7 @@
 
 #include "core/quant_blocks.h"
 #include "core/quant.h"
+#include "kernels/kernel_builds.h"
 #include "kernels/product_kernels.h"
 #include "kernels/layout_panels.h"
 
@@ -302,20 +303,21 @@ void pack_k6_ref(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uint
   }
 }
 
-GemmKernel ref_kernel(GgmlType w) {
-  GemmKernel k;
-  k.cls = gemm_class(w);
-  if (k.cls == GemmClass::kNone) return k;
-  k.block_elems = k.cls == GemmClass::kQ32 ? kQK : k.cls == GemmClass::kFloat ? 1 : kQKK;
-  k.panel_block_bytes = panel_block_bytes(k.cls);
-  switch (k.cls) {
-    case GemmClass::kQ32: k.pack = pack_q32_ref, k.run = run_packed<run_q32_body>, k.rows = rows_q32; break;
-    case GemmClass::kK4: k.pack = pack_k4_ref, k.run = run_packed<run_kq_body<false>>, k.rows = rows_k4; break;
-    case GemmClass::kK6: k.pack = pack_k6_ref, k.run = run_packed<run_kq_body<true>>, k.rows = rows_k6; break;
-    case GemmClass::kFloat: k.rows = rows_float; break;
+}  // namespace tandem::gemm_detail
+
+namespace tandem::builds {
+
+using namespace gemm_detail;
+
+TypeFns scalar_products(GgmlType w) {
+  switch (gemm_class(w)) {
+    case GemmClass::kQ32: return {.pack = pack_q32_ref, .run = run_packed<run_q32_body>, .rows = rows_q32};
+    case GemmClass::kK4: return {.pack = pack_k4_ref, .run = run_packed<run_kq_body<false>>, .rows = rows_k4};
+    case GemmClass::kK6: return {.pack = pack_k6_ref, .run = run_packed<run_kq_body<true>>, .rows = rows_k6};
+    case GemmClass::kFloat: return {.rows = rows_float};
     case GemmClass::kNone: break;
   }
-  return k;
+  return {};
 }
 
-}  // namespace tandem::gemm_detail
+}  // namespace tandem::builds

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 
+#include "kernels/kernel_builds.h"
 #include "kernels/product_kernels.h"
 #include "kernels/stream_tuning.h"
 
@@ -336,22 +337,27 @@ TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const Gem
 
 }  // namespace
 
-GemmKernel avx2_rows_kernel(GgmlType w, GemmKernel k) {
+}  // namespace tandem::gemm_detail
+
+namespace tandem::builds {
+
+using namespace gemm_detail;
+
+TypeFns avx2_rows(GgmlType w) {
   switch (w) {
-    case GgmlType::Q4_0: k.rows = rows_q32<Q4_0Conv>; break;
-    case GgmlType::Q5_0: k.rows = rows_q32<Q5_0Conv>; break;
-    case GgmlType::Q8_0: k.rows = rows_q32<Q8_0Conv>; break;
-    case GgmlType::Q4_K: k.rows = rows_k4<BlockQ4K>; break;
-    case GgmlType::Q5_K: k.rows = rows_k4<BlockQ5K>; break;
-    case GgmlType::Q6_K: k.rows = rows_k6; break;
-    case GgmlType::F32: k.rows = rows_float<LoadF32>; break;
-    case GgmlType::F16: k.rows = rows_float<LoadF16>; break;
-    case GgmlType::BF16: k.rows = rows_float<LoadBF16>; break;
-    default: break;
+    case GgmlType::Q4_0: return {.rows = rows_q32<Q4_0Conv>};
+    case GgmlType::Q5_0: return {.rows = rows_q32<Q5_0Conv>};
+    case GgmlType::Q8_0: return {.rows = rows_q32<Q8_0Conv>};
+    case GgmlType::Q4_K: return {.rows = rows_k4<BlockQ4K>};
+    case GgmlType::Q5_K: return {.rows = rows_k4<BlockQ5K>};
+    case GgmlType::Q6_K: return {.rows = rows_k6};
+    case GgmlType::F32: return {.rows = rows_float<LoadF32>};
+    case GgmlType::F16: return {.rows = rows_float<LoadF16>};
+    case GgmlType::BF16: return {.rows = rows_float<LoadBF16>};
+    default: return {};
   }
-  return k;
 }
 
-}  // namespace tandem::gemm_detail
+}  // namespace tandem::builds
 
 #endif

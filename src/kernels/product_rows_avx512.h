@@ -16,8 +16,7 @@
 // and _float.cpp. This header holds what they share: scalar steps of the
 // float chain, lane sums, the software prefetch of the weight stream (its
 // distance: kernels/stream_tuning.h), and the walk over weight and activation
-// rows that the q32 and K-quant kernels share. Only for those files (and
-// product_panels_avx512.cpp, which takes their functions).
+// rows that the q32 and K-quant kernels share. Only for those files.
 #pragma once
 
 #if defined(__x86_64__)
@@ -26,18 +25,11 @@
 
 #include <algorithm>
 
+#include "kernels/kernel_builds.h"
 #include "kernels/product_kernels.h"
 #include "kernels/stream_tuning.h"
 
 namespace tandem::gemm_detail::avx512_rows {
-
-using RowsFn = decltype(GemmKernel::rows);
-
-// The row-wise kernel of each class (null for the types a file does not
-// handle): product_rows_avx512_q32.cpp, _kquant.cpp, _float.cpp.
-RowsFn q32_rows_for(GgmlType w);
-RowsFn kquant_rows_for(GgmlType w);
-RowsFn float_rows_for(GgmlType w);
 
 TD_FN float fma1(float a, float b, float c) {
   return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));

@@ -155,15 +155,21 @@ TD_ATTR void rows_float(const WeightMatrix& W, int64_t o0, int64_t o1, const Gem
 
 }  // namespace
 
-RowsFn float_rows_for(GgmlType w) {
+}  // namespace tandem::gemm_detail::avx512_rows
+
+namespace tandem::builds {
+
+using namespace gemm_detail::avx512_rows;
+
+TypeFns avx512_float_rows(GgmlType w) {
   switch (w) {
-    case GgmlType::F32: return rows_float<LoadF32>;
-    case GgmlType::F16: return rows_float<LoadF16>;
-    case GgmlType::BF16: return rows_float<LoadBF16>;
-    default: return nullptr;
+    case GgmlType::F32: return {.rows = rows_float<LoadF32>};
+    case GgmlType::F16: return {.rows = rows_float<LoadF16>};
+    case GgmlType::BF16: return {.rows = rows_float<LoadBF16>};
+    default: return {};
   }
 }
 
-}  // namespace tandem::gemm_detail::avx512_rows
+}  // namespace tandem::builds
 
 #endif

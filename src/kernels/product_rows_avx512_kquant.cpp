@@ -456,15 +456,21 @@ TD_ATTR void rows_quant(const WeightMatrix& W, int64_t o0, int64_t o1, const Gem
 
 }  // namespace
 
-RowsFn kquant_rows_for(GgmlType w) {
+}  // namespace tandem::gemm_detail::avx512_rows
+
+namespace tandem::builds {
+
+using namespace gemm_detail::avx512_rows;
+
+TypeFns avx512_kquant_rows(GgmlType w) {
   switch (w) {
-    case GgmlType::Q4_K: return rows_quant<K4Tile<BlockQ4K>>;
-    case GgmlType::Q5_K: return rows_quant<K4Tile<BlockQ5K>>;
-    case GgmlType::Q6_K: return rows_quant<K6Tile>;
-    default: return nullptr;
+    case GgmlType::Q4_K: return {.rows = rows_quant<K4Tile<BlockQ4K>>};
+    case GgmlType::Q5_K: return {.rows = rows_quant<K4Tile<BlockQ5K>>};
+    case GgmlType::Q6_K: return {.rows = rows_quant<K6Tile>};
+    default: return {};
   }
 }
 
-}  // namespace tandem::gemm_detail::avx512_rows
+}  // namespace tandem::builds
 
 #endif

@@ -420,15 +420,21 @@ TD_ATTR void rows_q32(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmA
 
 }  // namespace
 
-RowsFn q32_rows_for(GgmlType w) {
+}  // namespace tandem::gemm_detail::avx512_rows
+
+namespace tandem::builds {
+
+using namespace gemm_detail::avx512_rows;
+
+TypeFns avx512_q32_rows(GgmlType w) {
   switch (w) {
-    case GgmlType::Q4_0: return rows_q32<Q4_0Conv>;
-    case GgmlType::Q5_0: return rows_q32<Q5_0Conv>;
-    case GgmlType::Q8_0: return rows_q32<Q8_0Conv>;
-    default: return nullptr;
+    case GgmlType::Q4_0: return {.rows = rows_q32<Q4_0Conv>};
+    case GgmlType::Q5_0: return {.rows = rows_q32<Q5_0Conv>};
+    case GgmlType::Q8_0: return {.rows = rows_q32<Q8_0Conv>};
+    default: return {};
   }
 }
 
-}  // namespace tandem::gemm_detail::avx512_rows
+}  // namespace tandem::builds
 
 #endif

@@ -1,11 +1,20 @@
-// The table of the weight types' products, and the two functions that read
-// it: choose_layout at load, select_product for every product.
+// The table of the weight types' products: what each type is, which
+// functions run it at each instruction-set level (from the builds,
+// kernels/kernel_builds.h), and the functions that read it: choose_layout at
+// load, select_product for every product, gemm_kernel, vec_dot_fn_for_level
+// and gemm_prepare_acts for their slots.
 #include "kernels/products.h"
+
+#include <array>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/quant_blocks.h"
+#include "kernels/kernel_builds.h"
+#include "kernels/layout_panels.h"
 #include "kernels/layouts.h"
+#include "kernels/vec_dot_impl.h"
 
 namespace tandem {
 namespace {
@@ -15,7 +24,7 @@ constexpr int64_t kAnyRows = INT64_MAX;
 
 struct TypeRow {
   GgmlType type;
-  GemmClass cls;
+  GemmClass cls;  // kNone: vec_dot only
   // Up to this many activation rows the row kernels stay ahead of packing
   // panels, reading the file's rows / the tiles (0: no tiles layout).
   // Measured with kernels_bench; docs/performance.md has the numbers.
@@ -37,7 +46,12 @@ constexpr TypeRow kTable[] = {
     {GgmlType::F32,  GemmClass::kFloat,  kAnyRows, 0,         false},
     {GgmlType::F16,  GemmClass::kFloat,  kAnyRows, kAnyRows,  false},
     {GgmlType::BF16, GemmClass::kFloat,  kAnyRows, kAnyRows,  false},
+    {GgmlType::Q4_1, GemmClass::kNone,   0,        0,         false},
+    {GgmlType::Q5_1, GemmClass::kNone,   0,        0,         false},
+    {GgmlType::Q2_K, GemmClass::kNone,   0,        0,         false},
+    {GgmlType::Q3_K, GemmClass::kNone,   0,        0,         false},
 };
+constexpr size_t kTypes = std::size(kTable);
 
 // The tiles' kernels are AVX-512 VNNI ones.
 constexpr KernelLevel kTilesLevel = KernelLevel::kAvx512Vnni;
@@ -50,6 +64,24 @@ const TypeRow* row_of(GgmlType t) {
 
 bool has_tiles(const TypeRow* r, KernelLevel level) { return r && r->tile_rows_max > 0 && level >= kTilesLevel; }
 
+constexpr size_t kLevels = std::size(kAllKernelLevels);
+
+// The functions of every (type, level), resolved once.
+const TypeFns& fns_of(const TypeRow& row, KernelLevel level) {
+  static const auto table = [] {
+    std::array<std::array<TypeFns, kLevels>, kTypes> t{};
+    for (size_t i = 0; i < kTypes; ++i)
+      for (size_t l = 0; l < kLevels; ++l) t[i][l] = type_fns(kTable[i].type, kAllKernelLevels[l]);
+    return t;
+  }();
+  return table[static_cast<size_t>(&row - kTable)][static_cast<size_t>(level)];
+}
+
+void check_level(KernelLevel level) {
+  if (!cpu_supports_level(level))
+    fail(ErrorKind::kInvalidArgument, "kernel level {} is not supported by this CPU", kernel_level_name(level));
+}
+
 }  // namespace
 
 GemmClass gemm_class(GgmlType w) {
@@ -59,18 +91,32 @@ GemmClass gemm_class(GgmlType w) {
 
 GemmKernel gemm_kernel(GgmlType w, KernelLevel level) {
   const TypeRow* row = row_of(w);
-  if (!row) return {};
-  if (!cpu_supports_level(level))
-    fail(ErrorKind::kInvalidArgument, "kernel level {} is not supported by this CPU", kernel_level_name(level));
-  // The best level that has kernels for the type, at or below `level`.
+  if (!row || row->cls == GemmClass::kNone) return {};
+  check_level(level);
+  const TypeFns& f = fns_of(*row, level);
   GemmKernel k;
-  if (level >= KernelLevel::kAvx512Vnni) k = gemm_detail::avx512_kernel(w);
-  if (!k && level >= KernelLevel::kAvx2)
-    k = gemm_detail::avx2_kernel(w, cpu_supports_level(KernelLevel::kAvx2Vnni) && level != KernelLevel::kAvx2 &&
-                                        level != KernelLevel::kAvx512);
-  if (!k) k = gemm_detail::ref_kernel(w);
+  k.cls = row->cls;
+  k.block_elems = k.cls == GemmClass::kQ32 ? kQK : k.cls == GemmClass::kFloat ? 1 : kQKK;
+  k.panel_block_bytes = gemm_detail::panel_block_bytes(k.cls);
+  k.pack = f.pack;
+  k.run = f.run;
+  k.run2 = f.run2;
+  k.rows = f.rows;
   k.reads_tiles = has_tiles(row, level);
   return k;
+}
+
+VecDotFn vec_dot_fn_for_level(GgmlType w, KernelLevel level) {
+  const TypeRow* row = row_of(w);
+  if (!row) fail(ErrorKind::kUnsupported, "no dot product for weight type id {}", static_cast<uint32_t>(w));
+  check_level(level);
+  return fns_of(*row, level).dot;
+}
+
+void gemm_prepare_acts(const float* x, int64_t ldx, int64_t g0, int64_t g1, GemmActs& acts, KernelLevel level) {
+  // Types without product kernels have no activations layout: nothing to do.
+  if (const TypeRow* row = row_of(acts.wtype))
+    if (const GemmPrepareFn prepare = fns_of(*row, level).prepare) prepare(x, ldx, g0, g1, acts);
 }
 
 Product select_product(GgmlType type, WeightLayout layout, int64_t rows, KernelLevel level,
@@ -101,7 +147,7 @@ Product select_product(GgmlType type, WeightLayout layout, int64_t rows, KernelL
 
 LayoutChoice choose_layout(const WeightMatrix& W, KernelLevel level, PrepackMode mode) {
   const TypeRow* row = row_of(W.type);
-  if (mode == PrepackMode::kOff || !row || W.rows <= 0) return {};
+  if (mode == PrepackMode::kOff || !row || row->cls == GemmClass::kNone || W.rows <= 0) return {};
   if (mode == PrepackMode::kAll || row->panels_in_auto)
     if (const size_t b = layout_bytes(W, WeightLayout::kPanels)) return {WeightLayout::kPanels, b};
   if (has_tiles(row, level))

@@ -1,7 +1,7 @@
 // AVX2 + FMA + F16C kernels (optionally AVX-VNNI for the 32-element formats).
 // Every function carries its own target attribute: the library is built for
 // baseline x86-64 and these run only after CPUID says they may.
-#include "kernels/vec_dot_impl.h"
+#include "kernels/kernel_builds.h"
 
 #if defined(__x86_64__)
 
@@ -237,31 +237,43 @@ TD_FN float dot_q6_k(int64_t n, const void* w, const void* a) {
 
 }  // namespace avx2_plain
 
-VecDotFn avx2_fn(GgmlType w, bool vnni) {
+}  // namespace tandem::dot_detail
+
+namespace tandem::builds {
+
+using namespace dot_detail;
+
+TypeFns avx2_dot(GgmlType w) {
   switch (w) {
-    case GgmlType::F32: return avx2_plain::float_dot<avx2_plain::LoadF32>;
-    case GgmlType::F16: return avx2_plain::float_dot<avx2_plain::LoadF16>;
-    case GgmlType::BF16: return avx2_plain::float_dot<avx2_plain::LoadBF16>;
-    case GgmlType::Q4_0: return vnni ? avx2_vnni::dot_q4_0 : avx2_plain::dot_q4_0;
-    case GgmlType::Q4_1: return vnni ? avx2_vnni::dot_q4_1 : avx2_plain::dot_q4_1;
-    case GgmlType::Q5_0: return vnni ? avx2_vnni::dot_q5_0 : avx2_plain::dot_q5_0;
-    case GgmlType::Q5_1: return vnni ? avx2_vnni::dot_q5_1 : avx2_plain::dot_q5_1;
-    case GgmlType::Q8_0: return vnni ? avx2_vnni::dot_q8_0 : avx2_plain::dot_q8_0;
-    case GgmlType::Q2_K: return avx2_plain::dot_q2_k;
-    case GgmlType::Q3_K: return avx2_plain::dot_q3_k;
-    case GgmlType::Q4_K: return avx2_plain::dot_q4_k;
-    case GgmlType::Q5_K: return avx2_plain::dot_q5_k;
-    case GgmlType::Q6_K: return avx2_plain::dot_q6_k;
-    default: return nullptr;
+    case GgmlType::F32: return {.dot = avx2_plain::float_dot<avx2_plain::LoadF32>};
+    case GgmlType::F16: return {.dot = avx2_plain::float_dot<avx2_plain::LoadF16>};
+    case GgmlType::BF16: return {.dot = avx2_plain::float_dot<avx2_plain::LoadBF16>};
+    case GgmlType::Q4_0: return {.dot = avx2_plain::dot_q4_0};
+    case GgmlType::Q4_1: return {.dot = avx2_plain::dot_q4_1};
+    case GgmlType::Q5_0: return {.dot = avx2_plain::dot_q5_0};
+    case GgmlType::Q5_1: return {.dot = avx2_plain::dot_q5_1};
+    case GgmlType::Q8_0: return {.dot = avx2_plain::dot_q8_0};
+    case GgmlType::Q2_K: return {.dot = avx2_plain::dot_q2_k};
+    case GgmlType::Q3_K: return {.dot = avx2_plain::dot_q3_k};
+    case GgmlType::Q4_K: return {.dot = avx2_plain::dot_q4_k};
+    case GgmlType::Q5_K: return {.dot = avx2_plain::dot_q5_k};
+    case GgmlType::Q6_K: return {.dot = avx2_plain::dot_q6_k};
+    default: return {};
   }
 }
 
-}  // namespace tandem::dot_detail
+// dpbusd changes the 32-element blocks' sums only.
+TypeFns avx2_vnni_dot(GgmlType w) {
+  switch (w) {
+    case GgmlType::Q4_0: return {.dot = avx2_vnni::dot_q4_0};
+    case GgmlType::Q4_1: return {.dot = avx2_vnni::dot_q4_1};
+    case GgmlType::Q5_0: return {.dot = avx2_vnni::dot_q5_0};
+    case GgmlType::Q5_1: return {.dot = avx2_vnni::dot_q5_1};
+    case GgmlType::Q8_0: return {.dot = avx2_vnni::dot_q8_0};
+    default: return {};
+  }
+}
 
-#else
-
-namespace tandem::dot_detail {
-VecDotFn avx2_fn(GgmlType, bool) { return nullptr; }
-}  // namespace tandem::dot_detail
+}  // namespace tandem::builds
 
 #endif

@@ -9,14 +9,9 @@
 namespace tandem {
 
 // The kernel for weight type w at `level`, which the CPU must support (throws
-// kInvalidArgument otherwise). Types without a SIMD version at that level get
-// the best lower one. Throws kUnsupported for a type with no dot product.
+// kInvalidArgument otherwise), from products.cpp's table: types without a
+// SIMD version at that level get the best lower one. Throws kUnsupported for
+// a type with no dot product.
 VecDotFn vec_dot_fn_for_level(GgmlType w, KernelLevel level);
-
-namespace dot_detail {
-// Per-file tables; nullptr where that file has no kernel for the type.
-VecDotFn ref_fn(GgmlType w);
-VecDotFn avx2_fn(GgmlType w, bool vnni);
-}  // namespace dot_detail
 
 }  // namespace tandem

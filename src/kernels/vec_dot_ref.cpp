@@ -7,7 +7,7 @@
 
 #include "core/quant_blocks.h"
 #include "core/quant.h"
-#include "kernels/vec_dot_impl.h"
+#include "kernels/kernel_builds.h"
 
 namespace tandem {
 namespace {
@@ -188,26 +188,26 @@ float dot_q6_k(int64_t n, const void* w, const void* a) {
 
 }  // namespace
 
-namespace dot_detail {
+namespace builds {
 
-VecDotFn ref_fn(GgmlType w) {
+TypeFns scalar_dot(GgmlType w) {
   switch (w) {
-    case GgmlType::F32: return dot_float<float, f32_value>;
-    case GgmlType::F16: return dot_float<uint16_t, f16_to_f32>;
-    case GgmlType::BF16: return dot_float<uint16_t, bf16_to_f32>;
-    case GgmlType::Q4_0: return dot_q32<BlockQ4_0, BlockQ8_0>;
-    case GgmlType::Q4_1: return dot_q32<BlockQ4_1, BlockQ8_1>;
-    case GgmlType::Q5_0: return dot_q32<BlockQ5_0, BlockQ8_0>;
-    case GgmlType::Q5_1: return dot_q32<BlockQ5_1, BlockQ8_1>;
-    case GgmlType::Q8_0: return dot_q32<BlockQ8_0, BlockQ8_0>;
-    case GgmlType::Q2_K: return dot_q2_k;
-    case GgmlType::Q3_K: return dot_q3_k;
-    case GgmlType::Q4_K: return dot_q45_k<BlockQ4K>;
-    case GgmlType::Q5_K: return dot_q45_k<BlockQ5K>;
-    case GgmlType::Q6_K: return dot_q6_k;
-    default: return nullptr;
+    case GgmlType::F32: return {.dot = dot_float<float, f32_value>};
+    case GgmlType::F16: return {.dot = dot_float<uint16_t, f16_to_f32>};
+    case GgmlType::BF16: return {.dot = dot_float<uint16_t, bf16_to_f32>};
+    case GgmlType::Q4_0: return {.dot = dot_q32<BlockQ4_0, BlockQ8_0>};
+    case GgmlType::Q4_1: return {.dot = dot_q32<BlockQ4_1, BlockQ8_1>};
+    case GgmlType::Q5_0: return {.dot = dot_q32<BlockQ5_0, BlockQ8_0>};
+    case GgmlType::Q5_1: return {.dot = dot_q32<BlockQ5_1, BlockQ8_1>};
+    case GgmlType::Q8_0: return {.dot = dot_q32<BlockQ8_0, BlockQ8_0>};
+    case GgmlType::Q2_K: return {.dot = dot_q2_k};
+    case GgmlType::Q3_K: return {.dot = dot_q3_k};
+    case GgmlType::Q4_K: return {.dot = dot_q45_k<BlockQ4K>};
+    case GgmlType::Q5_K: return {.dot = dot_q45_k<BlockQ5K>};
+    case GgmlType::Q6_K: return {.dot = dot_q6_k};
+    default: return {};
   }
 }
 
-}  // namespace dot_detail
+}  // namespace builds
 }  // namespace tandem
