@@ -31,10 +31,10 @@
 #include <string_view>
 #include <vector>
 
-#include "core/cpu_features.h"
-#include "core/quant.h"
-#include "core/tensor.h"
-#include "core/thread_pool.h"
+#include "runtime/cpu_features.h"
+#include "quant/quant.h"
+#include "quant/tensor.h"
+#include "runtime/thread_pool.h"
 #include "kernels/attention.h"
 #include "kernels/vec_dot.h"
 #include "kernels/vec_dot_impl.h"

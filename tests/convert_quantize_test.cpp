@@ -22,8 +22,8 @@
 
 #include "gguf/synth.h"
 #include "core/error.h"
-#include "core/quant.h"
-#include "core/thread_pool.h"
+#include "quant/quant.h"
+#include "runtime/thread_pool.h"
 #include "eval/perplexity.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
@@ -395,7 +395,7 @@ TEST(Quantize, OutputDoesNotDependOnThreads) {
   EXPECT_EQ(test::sha256_file(dir.file("a.gguf")), test::sha256_file(dir.file("b.gguf")));
 }
 
-// Blocks as core/quant.h's reference quantizers make them (which follow
+// Blocks as quant/quant.h's reference quantizers make them (which follow
 // ggml's quantize_row_*_ref byte for byte): synth's file in a pure type, made
 // from the same random values, is what --pure makes of synth's F32 file.
 TEST(Quantize, BlocksEqualTheReferenceQuantizers) {

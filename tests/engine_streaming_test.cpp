@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 #include "engine/llm_engine.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"

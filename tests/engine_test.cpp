@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/memory_info.h"
-#include "core/thread_pool.h"
+#include "runtime/memory_info.h"
+#include "runtime/thread_pool.h"
 #include "engine/json_grammar.h"
 #include "engine/llm_engine.h"
 #include "kv/kv_cache.h"

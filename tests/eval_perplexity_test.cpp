@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "core/error.h"
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 #include "model/key_smoothing.h"
 #include "model/model.h"
 #include "test_support.h"

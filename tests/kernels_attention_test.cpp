@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/quant.h"
-#include "core/thread_pool.h"
+#include "quant/quant.h"
+#include "runtime/thread_pool.h"
 #include "kernels/attention.h"
 #include "kernels/attention_impl.h"
 #include "kv/kv_cache.h"

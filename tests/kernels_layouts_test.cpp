@@ -11,8 +11,8 @@
 
 #include "core/aligned_vector.h"
 #include "core/error.h"
-#include "core/quant.h"
-#include "core/thread_pool.h"
+#include "quant/quant.h"
+#include "runtime/thread_pool.h"
 #include "kernels/layout_k4_tiles.h"
 #include "kernels/matmul.h"
 #include "kernels/layouts.h"

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "core/quant_blocks.h"
+#include "quant/quant_blocks.h"
 #include "core/error.h"
-#include "core/quant.h"
-#include "core/thread_pool.h"
+#include "quant/quant.h"
+#include "runtime/thread_pool.h"
 #include "kernels/vec_dot.h"
 #include "kernels/kernel_builds.h"
 #include "kernels/product_kernels.h"

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "core/quant_blocks.h"
+#include "quant/quant_blocks.h"
 #include "core/error.h"
-#include "core/quant.h"
+#include "quant/quant.h"
 #include "kernels/vec_dot.h"
 #include "kernels/vec_dot_impl.h"
 

@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/sha256.h"
+#include "runtime/sha256.h"
 #include "sha256_file.h"
 
 namespace tandem {

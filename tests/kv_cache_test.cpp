@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/ggml_type.h"
-#include "core/quant.h"
+#include "quant/ggml_type.h"
+#include "quant/quant.h"
 #include "kv/kv_cache.h"
 
 namespace tandem {

@@ -1,5 +1,5 @@
 // Available memory as sizing checks see it.
-#include "core/memory_info.h"
+#include "runtime/memory_info.h"
 
 #include <gtest/gtest.h>
 

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gguf/synth.h"
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "sha256_file.h"

@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "gguf/synth.h"
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 #include "kernels/vec_dot_impl.h"
 #include "kernels/layouts.h"
 #include "kv/kv_cache.h"

@@ -7,7 +7,7 @@
 
 #include "convert/llama2c.h"
 #include "core/error.h"
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "test_support.h"

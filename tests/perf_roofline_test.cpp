@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "perf/bench.h"

@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/quant.h"
+#include "quant/quant.h"
 
 namespace tandem {
 namespace {

@@ -10,8 +10,8 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "core/ggml_type.h"
-#include "core/quant.h"
+#include "quant/ggml_type.h"
+#include "quant/quant.h"
 #include "quant_test_data.h"
 
 namespace tandem {

@@ -13,8 +13,8 @@
 
 #include <gtest/gtest.h>
 
-#include "core/ggml_type.h"
-#include "core/quant.h"
+#include "quant/ggml_type.h"
+#include "quant/quant.h"
 
 namespace tandem {
 namespace {

@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "core/sha256.h"
+#include "runtime/sha256.h"
 
 namespace tandem::test {
 

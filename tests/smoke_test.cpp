@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "core/ggml_type.h"
+#include "quant/ggml_type.h"
 
 TEST(GgmlType, KnownBlockSizes) {
   EXPECT_EQ(tandem::type_traits(tandem::GgmlType::Q4_K).block_bytes, 144u);

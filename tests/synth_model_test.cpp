@@ -11,8 +11,8 @@
 
 #include "gguf/synth.h"
 #include "core/error.h"
-#include "core/quant.h"
-#include "core/thread_pool.h"
+#include "quant/quant.h"
+#include "runtime/thread_pool.h"
 #include "kernels/vec_dot_impl.h"
 #include "kv/kv_cache.h"
 #include "gguf/gguf.h"

@@ -11,7 +11,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "kv/kv_cache.h"
-#include "core/ggml_type.h"
+#include "quant/ggml_type.h"
 #include "perf/bench.h"
 #include "perf/roofline.h"
 

@@ -14,10 +14,10 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 #include "eval/perplexity.h"
 #include "gguf/gguf.h"
-#include "core/cpu_features.h"
+#include "runtime/cpu_features.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 

@@ -14,12 +14,12 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
-#include "core/json_parse.h"
+#include "runtime/json_parse.h"
 #include "engine/json_schema.h"
 #include "engine/llm_engine.h"
 #include "engine/speculation.h"
 #include "gguf/gguf.h"
-#include "core/cpu_features.h"
+#include "runtime/cpu_features.h"
 #include "model/model.h"
 
 namespace tandem::cli {

@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "core/options.h"
+#include "runtime/options.h"
 #include "kv/kv_cache.h"
 
 namespace CLI {
@@ -14,7 +14,7 @@ class App;
 
 namespace tandem::cli {
 
-// The library's options (core/options.h) as flags of a subcommand that loads
+// The library's options (runtime/options.h) as flags of a subcommand that loads
 // a model: --kernels, --prepack, --repack-cache and the advanced ones
 // (--prefetch, --panel-pairs, --stream-out, --huge-pages, --memory-available).
 // Each flag also reads the environment variable it replaces (TANDEM_KERNELS,

@@ -17,8 +17,8 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "core/quant.h"
-#include "core/thread_pool.h"
+#include "quant/quant.h"
+#include "runtime/thread_pool.h"
 #include "gguf/gguf.h"
 
 namespace tandem {

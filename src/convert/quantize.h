@@ -11,7 +11,7 @@
 //   Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16). Only 2-d and larger
 //   tensors whose name ends in "weight" are converted, norms never; the rest
 //   are copied in their own type.
-// - Blocks from core/quant.h's reference quantizers, which reproduce ggml's
+// - Blocks from quant/quant.h's reference quantizers, which reproduce ggml's
 //   quantize_row_*_ref (and the K-quant scale searches) bit for bit; a tensor
 //   already in its target type is copied byte for byte.
 // - Metadata copied in order, less the split keys, then
@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "core/ggml_type.h"
+#include "quant/ggml_type.h"
 
 namespace tandem {
 

@@ -32,7 +32,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "core/quant.h"
+#include "quant/quant.h"
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 #include "gguf/gguf.h"

@@ -22,7 +22,7 @@ namespace tandem::cuda {
 __device__ __forceinline__ float f16_bits_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ uint16_t float_to_f16_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t h) { return __uint_as_float(uint32_t{h} << 16); }
-// Round to nearest even, NaN kept quiet: as core/quant.cpp's f32_to_bf16.
+// Round to nearest even, NaN kept quiet: as quant/quant.cpp's f32_to_bf16.
 __device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }

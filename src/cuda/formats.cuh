@@ -1,6 +1,6 @@
 // Weight formats on the device: where a matrix's parts live (kernels.h
 // describes the layouts), the exact dequantization of 32 elements (the CPU's
-// expressions in core/quant*.cpp, so that values match bit for bit under
+// expressions in quant/quant*.cpp, so that values match bit for bit under
 // --fmad=false), and the per-lane units of the matrix-vector products.
 //
 // A GEMV unit is the slice of a weight row one lane handles per step: one
@@ -38,7 +38,7 @@ __device__ __forceinline__ uint32_t byte_of(const uint4& v, int i) {
 }
 
 // q4_K / q5_K: the 6-bit scale and min of sub-block j from the 12 scale bytes
-// (bytes 4..15 of the header), as core/blocks.h's k4_scale_min.
+// (bytes 4..15 of the header), as quant/quant_blocks.h's k4_scale_min.
 __device__ __forceinline__ void k4_scale_min_dev(int j, const uint4& hdr, int& sc, int& m) {
   auto q = [&](int i) { return static_cast<int>(byte_of(hdr, 4 + i)); };
   if (j < 4) {

@@ -21,7 +21,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "core/ggml_type.h"
+#include "quant/ggml_type.h"
 
 namespace tandem::cuda {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 #include "engine/sequence.h"
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"

@@ -4,7 +4,7 @@
 #include <climits>
 
 #include "core/error.h"
-#include "core/memory_info.h"
+#include "runtime/memory_info.h"
 #include "model/model.h"
 
 namespace tandem {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 #include "engine/kv_pool_sizing.h"
 #include "engine/kv_event_relay.h"
 #include "engine/metrics_recorder.h"

@@ -4,7 +4,7 @@
 #include <limits>
 #include <span>
 
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 #include "engine/logprobs.h"
 #include "engine/sequence.h"
 

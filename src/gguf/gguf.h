@@ -14,7 +14,7 @@
 #include <variant>
 #include <vector>
 
-#include "core/ggml_type.h"
+#include "quant/ggml_type.h"
 
 namespace tandem {
 

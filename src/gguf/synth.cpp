@@ -10,9 +10,9 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "core/ggml_type.h"
-#include "core/quant.h"
-#include "core/thread_pool.h"
+#include "quant/ggml_type.h"
+#include "quant/quant.h"
+#include "runtime/thread_pool.h"
 #include "gguf/gguf.h"
 
 namespace tandem {

@@ -7,7 +7,7 @@
 // same bytes with any thread count, and on any x86-64 build. Weights come from
 // our own generator (splitmix64 streams, one per tensor row, and polar
 // Box-Muller with a log of our own rather than libm's), then go through the
-// reference quantizers in core/quant.h; all of it is IEEE-exact arithmetic
+// reference quantizers in quant/quant.h; all of it is IEEE-exact arithmetic
 // (a compiler that fuses a*b+c into one FMA, as is the default on some other
 // ISAs, could change low bits and so the bytes).
 //

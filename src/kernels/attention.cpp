@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 #include "kernels/attention_impl.h"
 #include "kernels/kernel_builds.h"
 

@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/cpu_features.h"
+#include "runtime/cpu_features.h"
 #include "kernels/attention_kv.h"
 
 namespace tandem {

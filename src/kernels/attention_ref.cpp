@@ -8,7 +8,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/quant.h"
+#include "quant/quant.h"
 #include "kernels/attention_impl.h"
 #include "kernels/kernel_builds.h"
 

@@ -16,8 +16,8 @@
 // functions per (type, level) from there.
 #pragma once
 
-#include "core/cpu_features.h"
-#include "core/ggml_type.h"
+#include "runtime/cpu_features.h"
+#include "quant/ggml_type.h"
 #include "kernels/product_kernels.h"
 #include "kernels/vec_dot.h"
 

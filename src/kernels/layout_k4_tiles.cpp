@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "core/quant_blocks.h"
+#include "quant/quant_blocks.h"
 
 namespace tandem::k4_tiles {
 

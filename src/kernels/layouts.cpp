@@ -3,9 +3,9 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/quant.h"
-#include "core/quant_blocks.h"
-#include "core/thread_pool.h"
+#include "quant/quant.h"
+#include "quant/quant_blocks.h"
+#include "runtime/thread_pool.h"
 #include "kernels/layout_float_tiles.h"
 #include "kernels/layout_k4_tiles.h"
 #include "kernels/layout_panels.h"

@@ -23,8 +23,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/cpu_features.h"
-#include "core/tensor.h"
+#include "runtime/cpu_features.h"
+#include "quant/tensor.h"
 
 namespace tandem {
 

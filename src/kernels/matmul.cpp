@@ -8,7 +8,7 @@
 #endif
 
 #include "core/error.h"
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 #include "kernels/products.h"
 #include "kernels/vec_dot.h"
 #include "kernels/stream_tuning.h"

@@ -17,8 +17,8 @@
 #include <span>
 #include <vector>
 
-#include "core/tensor.h"
-#include "core/cpu_features.h"
+#include "quant/tensor.h"
+#include "runtime/cpu_features.h"
 #include "kernels/product_kernels.h"
 #include "kernels/stream_tuning.h"
 

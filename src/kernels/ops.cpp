@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/quant.h"
+#include "quant/quant.h"
 #include "kernels/kernel_builds.h"
 #include "kernels/simd_exp.h"
 

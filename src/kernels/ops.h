@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "core/cpu_features.h"
+#include "runtime/cpu_features.h"
 
 namespace tandem {
 

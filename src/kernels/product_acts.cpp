@@ -8,8 +8,8 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/quant.h"
-#include "core/quant_blocks.h"
+#include "quant/quant.h"
+#include "quant/quant_blocks.h"
 #include "kernels/kernel_builds.h"
 #include "kernels/product_kernels.h"
 #include "kernels/vec_dot.h"

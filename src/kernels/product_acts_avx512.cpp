@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/quant.h"
+#include "quant/quant.h"
 #include "kernels/kernel_builds.h"
 #include "kernels/product_kernels.h"
 #include "kernels/simd_transpose.h"

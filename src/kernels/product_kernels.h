@@ -37,8 +37,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/ggml_type.h"
-#include "core/tensor.h"
+#include "quant/ggml_type.h"
+#include "quant/tensor.h"
 #include "kernels/vec_dot_impl.h"
 
 namespace tandem {

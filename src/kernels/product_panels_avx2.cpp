@@ -14,7 +14,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "core/quant_blocks.h"
+#include "quant/quant_blocks.h"
 #include "kernels/layout_panels.h"
 
 namespace tandem::gemm_detail {

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "core/quant_blocks.h"
+#include "quant/quant_blocks.h"
 #include "kernels/simd_avx512.h"
 #include "kernels/layout_k4_tiles.h"
 

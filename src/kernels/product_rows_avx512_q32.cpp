@@ -10,7 +10,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "core/quant_blocks.h"
+#include "quant/quant_blocks.h"
 #include "kernels/simd_avx512.h"
 #include "kernels/layout_q32_tiles.h"
 #include "kernels/simd_transpose.h"

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "core/quant_blocks.h"
+#include "quant/quant_blocks.h"
 #include "kernels/kernel_builds.h"
 #include "kernels/layout_panels.h"
 #include "kernels/layouts.h"

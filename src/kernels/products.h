@@ -19,9 +19,9 @@
 #include <cstdint>
 #include <string>
 
-#include "core/cpu_features.h"
-#include "core/options.h"
-#include "core/tensor.h"
+#include "runtime/cpu_features.h"
+#include "runtime/options.h"
+#include "quant/tensor.h"
 #include "kernels/product_kernels.h"
 #include "kernels/stream_tuning.h"
 #include "kernels/vec_dot.h"

@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/quant_blocks.h"
+#include "quant/quant_blocks.h"
 
 #define TD_AVX2 "avx2,fma,f16c"
 #define TD_ATTR __attribute__((target(TD_AVX2)))

@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/quant_blocks.h"
+#include "quant/quant_blocks.h"
 
 #define TD_AVX512 "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
 #define TD_ATTR __attribute__((target(TD_AVX512)))

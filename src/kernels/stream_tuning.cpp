@@ -1,6 +1,6 @@
 #include "kernels/stream_tuning.h"
 
-#include "core/cpu_features.h"
+#include "runtime/cpu_features.h"
 
 namespace tandem {
 

@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/options.h"
+#include "runtime/options.h"
 
 namespace tandem {
 

@@ -3,7 +3,7 @@
 // product_acts.cpp).
 #include "kernels/vec_dot.h"
 
-#include "core/cpu_features.h"
+#include "runtime/cpu_features.h"
 #include "core/error.h"
 #include "kernels/vec_dot_impl.h"
 

@@ -11,8 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/cpu_features.h"
-#include "core/ggml_type.h"
+#include "runtime/cpu_features.h"
+#include "quant/ggml_type.h"
 
 namespace tandem {
 

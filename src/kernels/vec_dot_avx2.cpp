@@ -10,7 +10,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "core/quant_blocks.h"
+#include "quant/quant_blocks.h"
 
 namespace tandem::dot_detail {
 #define TD_AVX2_VARIANTS_BODY "kernels/vec_dot_avx2_q32.h"

@@ -2,8 +2,8 @@
 // need to run a specific instruction-set level rather than the fastest one.
 #pragma once
 
-#include "core/cpu_features.h"
-#include "core/ggml_type.h"
+#include "runtime/cpu_features.h"
+#include "quant/ggml_type.h"
 #include "kernels/vec_dot.h"
 
 namespace tandem {

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "core/quant_blocks.h"
-#include "core/quant.h"
+#include "quant/quant_blocks.h"
+#include "quant/quant.h"
 #include "kernels/kernel_builds.h"
 
 namespace tandem {

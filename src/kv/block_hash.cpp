@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "core/sha256.h"
+#include "runtime/sha256.h"
 
 namespace tandem {
 namespace {

@@ -8,11 +8,11 @@
 #include <cstring>
 #include <utility>
 
-#include "core/cpu_features.h"
+#include "runtime/cpu_features.h"
 #include "core/error.h"
-#include "core/ggml_type.h"
-#include "core/quant.h"
-#include "core/quant_blocks.h"
+#include "quant/ggml_type.h"
+#include "quant/quant.h"
+#include "quant/quant_blocks.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -9,9 +9,9 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "core/memory_info.h"
-#include "core/quant.h"
-#include "core/thread_pool.h"
+#include "runtime/memory_info.h"
+#include "quant/quant.h"
+#include "runtime/thread_pool.h"
 #include "gguf/gguf.h"
 #include "kernels/attention.h"
 #include "kernels/product_kernels.h"

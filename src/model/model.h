@@ -15,7 +15,7 @@
 
 #include "core/aligned_vector.h"
 #include "kernels/matmul.h"
-#include "core/options.h"
+#include "runtime/options.h"
 #include "model/config.h"
 #include "model/weights.h"
 

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "core/memory_info.h"
+#include "runtime/memory_info.h"
 #include "gguf/gguf.h"
 #include "kernels/layouts.h"
 #include "model/config.h"

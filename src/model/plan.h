@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/options.h"
+#include "runtime/options.h"
 #include "kernels/products.h"
 
 namespace tandem {

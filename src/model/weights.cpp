@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "core/quant.h"
+#include "quant/quant.h"
 #include "gguf/gguf.h"
 #include "kernels/vec_dot.h"
 

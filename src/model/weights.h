@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/tensor.h"
+#include "quant/tensor.h"
 #include "model/config.h"
 
 namespace tandem {

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 #include "gguf/gguf.h"
 #include "kernels/vec_dot.h"
 #include "kernels/vec_dot_impl.h"

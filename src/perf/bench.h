@@ -16,7 +16,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "core/options.h"
+#include "runtime/options.h"
 #include "engine/speculation.h"
 #include "kv/kv_cache.h"
 #include "perf/model_cost.h"

@@ -10,9 +10,9 @@
 #include <memory>
 #include <vector>
 
-#include "core/cpu_features.h"
+#include "runtime/cpu_features.h"
 #include "core/error.h"
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 
 #if defined(__x86_64__)
 // GCC 12's AVX-512 intrinsics trip -Wuninitialized once inlined (see vec_dot_avx512.cpp).

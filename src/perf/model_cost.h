@@ -12,7 +12,7 @@
 #include <map>
 #include <string>
 
-#include "core/ggml_type.h"
+#include "quant/ggml_type.h"
 
 namespace tandem {
 

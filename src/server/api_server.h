@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "core/json_parse.h"
+#include "runtime/json_parse.h"
 #include "server/http_server.h"
 #include "server/kv_events.h"
 #include "server/openai_schema.h"

@@ -5,7 +5,7 @@
 #include <chrono>
 
 #include "core/error.h"
-#include "core/msgpack_writer.h"
+#include "runtime/msgpack_writer.h"
 
 namespace tandem::server {
 namespace {

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chat/chat_template.h"
-#include "core/json_parse.h"
+#include "runtime/json_parse.h"
 #include "engine/request.h"
 
 namespace tandem::server {

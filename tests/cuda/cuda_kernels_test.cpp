@@ -15,8 +15,8 @@
 
 #include <gtest/gtest.h>
 
-#include "core/quant.h"
-#include "core/thread_pool.h"
+#include "quant/quant.h"
+#include "runtime/thread_pool.h"
 #include "cuda/kernels.h"
 #include "cuda/cuda_test_util.h"
 #include "kernels/attention.h"

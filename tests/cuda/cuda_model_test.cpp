@@ -20,8 +20,8 @@
 
 #include "gguf/synth.h"
 #include "core/error.h"
-#include "core/options.h"
-#include "core/thread_pool.h"
+#include "runtime/options.h"
+#include "runtime/thread_pool.h"
 #include "cuda/cuda_test_util.h"
 #include "engine/llm_engine.h"
 #include "kv/kv_cache.h"

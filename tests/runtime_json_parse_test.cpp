@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "core/error.h"
-#include "core/json_parse.h"
+#include "runtime/json_parse.h"
 
 namespace tandem {
 namespace {

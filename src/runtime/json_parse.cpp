@@ -1,4 +1,4 @@
-#include "core/json_parse.h"
+#include "runtime/json_parse.h"
 
 #include <charconv>
 #include <cmath>

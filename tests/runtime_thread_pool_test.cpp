@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 
 namespace tandem {
 namespace {

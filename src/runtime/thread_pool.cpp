@@ -1,4 +1,4 @@
-#include "core/thread_pool.h"
+#include "runtime/thread_pool.h"
 
 #include <sched.h>
 

@@ -1,4 +1,4 @@
-#include "core/sha256.h"
+#include "runtime/sha256.h"
 
 #include <algorithm>
 #include <cstring>

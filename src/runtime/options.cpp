@@ -1,4 +1,4 @@
-#include "core/options.h"
+#include "runtime/options.h"
 
 #include "core/error.h"
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/quant.h"
+#include "quant/quant.h"
 
 namespace tandem::quant_detail {
 

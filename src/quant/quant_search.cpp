@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/quant_internal.h"
+#include "quant/quant_internal.h"
 
 namespace tandem::quant_detail {
 

@@ -1,6 +1,6 @@
 // The options struct the command line hands to the library: its parsers, and
 // the stream tuning it overrides.
-#include "core/options.h"
+#include "runtime/options.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "core/ggml_type.h"
+#include "quant/ggml_type.h"
 
 #include "core/error.h"
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "core/cpu_features.h"
+#include "runtime/cpu_features.h"
 
 namespace tandem {
 
@@ -50,7 +50,7 @@ struct RuntimeOptions {
   // (fewer TLB misses in decode; slower loads where fresh huge pages are
   // slow to fault in).
   bool huge_pages = false;
-  // Stands in for the memory available (core/memory_info.h) in every sizing
+  // Stands in for the memory available (runtime/memory_info.h) in every sizing
   // check: repacking at load, the server's KV pool. To try the checks on
   // small sizes.
   std::optional<uint64_t> memory_available = std::nullopt;

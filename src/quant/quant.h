@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "core/ggml_type.h"
+#include "quant/ggml_type.h"
 
 namespace tandem {
 

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/quant_internal.h"
+#include "quant/quant_internal.h"
 
 namespace tandem::quant_detail {
 namespace {

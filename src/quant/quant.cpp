@@ -4,7 +4,7 @@
 // in the same order and precision so our bytes match llama.cpp's. This file
 // must be compiled without FP contraction (no -ffast-math); ISO C++ mode
 // (CMAKE_CXX_EXTENSIONS OFF) already makes GCC default to -ffp-contract=off.
-#include "core/quant.h"
+#include "quant/quant.h"
 
 #include <algorithm>
 #include <cfloat>
@@ -12,7 +12,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/quant_internal.h"
+#include "quant/quant_internal.h"
 
 namespace tandem {
 

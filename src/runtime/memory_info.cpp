@@ -1,4 +1,4 @@
-#include "core/memory_info.h"
+#include "runtime/memory_info.h"
 
 #include <algorithm>
 #include <cstdlib>
