@@ -12,7 +12,7 @@
 // the baseline. Thread count is the last argument of each benchmark.
 #include <benchmark/benchmark.h>
 
-// GCC 12's AVX-512 headers trip -Wuninitialized when inlined (see vec_dot_avx512.cpp).
+// GCC 12's AVX-512 headers trip -Wuninitialized when inlined (see kernels/simd_avx512.h).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 

@@ -15,7 +15,7 @@
 #include "runtime/thread_pool.h"
 
 #if defined(__x86_64__)
-// GCC 12's AVX-512 intrinsics trip -Wuninitialized once inlined (see vec_dot_avx512.cpp).
+// GCC 12's AVX-512 intrinsics trip -Wuninitialized once inlined (see kernels/simd_avx512.h).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
