@@ -288,21 +288,28 @@ struct Model::LayerSteps {
     }
   }
 
-  void attention_residual(int32_t il) {
-    if (R == 0) return;
+  // x += o for every row going on, o normed first where the model norms a
+  // block's output (Gemma 3's sandwich norm); then xn = norm(x) by
+  // `next_norm` where the next block reads it.
+  void add_residual(const float* post_norm, const float* next_norm) {
     const ModelConfig& c = m.cfg_;
-    const LayerWeights& L = m.w_.layers[il];
     Scratch& s = *m.s_;
     const int64_t E = c.n_embd;
     pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         float* o = s.o.data() + r * E;
         float* x = s.x.data() + r * E;
-        if (c.sandwich_norm) rms_norm_at(m.level_, o, L.post_attn_norm.data(), E, c.rms_eps, o);
+        if (c.sandwich_norm) rms_norm_at(m.level_, o, post_norm, E, c.rms_eps, o);
         for (int64_t i = 0; i < E; ++i) x[i] += o[i];
-        rms_norm_at(m.level_, x, L.ffn_norm.data(), E, c.rms_eps, s.xn.data() + r * E);
+        if (next_norm) rms_norm_at(m.level_, x, next_norm, E, c.rms_eps, s.xn.data() + r * E);
       }
     });
+  }
+
+  void attention_residual(int32_t il) {
+    if (R == 0) return;
+    const LayerWeights& L = m.w_.layers[il];
+    add_residual(L.post_attn_norm.data(), L.ffn_norm.data());
   }
 
   void feed_forward(int32_t il) {
@@ -334,18 +341,7 @@ struct Model::LayerSteps {
 
   void ffn_residual(int32_t il) {
     if (R == 0) return;
-    const ModelConfig& c = m.cfg_;
-    const LayerWeights& L = m.w_.layers[il];
-    Scratch& s = *m.s_;
-    const int64_t E = c.n_embd;
-    pool.parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        float* o = s.o.data() + r * E;
-        float* x = s.x.data() + r * E;
-        if (c.sandwich_norm) rms_norm_at(m.level_, o, L.post_ffn_norm.data(), E, c.rms_eps, o);
-        for (int64_t i = 0; i < E; ++i) x[i] += o[i];
-      }
-    });
+    add_residual(m.w_.layers[il].post_ffn_norm.data(), nullptr);
   }
 };
 
