@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "test_support.h"
 #include "quant/quant.h"
 #include "runtime/thread_pool.h"
 #include "kernels/attention.h"
@@ -191,8 +192,11 @@ Reference reference(const World& w, int32_t seq, int32_t pos, int32_t h) {
 // [p0, p1) of a sequence. Values are N(0,1), so this is also the error
 // relative to the values' scale.
 double worst_error(const World& w, int32_t seq, int32_t p0, int32_t p1, const std::vector<float>& out) {
+  // Under the sanitizers the kernels still write every row; the double
+  // reference (most of the time there) checks every 13th row and the last.
+  const int32_t stride = test::quick() ? 13 : 1;
   double worst = 0;
-  for (int32_t p = p0; p < p1; ++p)
+  for (int32_t p = p0; p < p1; p = (p + stride < p1 || p == p1 - 1) ? p + stride : p1 - 1)
     for (int32_t h = 0; h < w.s.n_head; ++h) {
       const Reference ref = reference(w, seq, p, h);
       const float* o = out.data() + (p - p0) * w.ow() + int64_t{h} * w.s.head_dim_v;
@@ -366,12 +370,13 @@ TEST(KernelsAttention, ThreadCountDoesNotChangeResults) {
                                       << " " << kv_type_name(t));
       const World w = make_world(s, t, {700, 300}, 16, 4.0f, 5);
       std::vector<float> pre[3], dec[3];
-      for (int t = 1; t <= 3; ++t) {
+      // Under the sanitizers: one thread against three.
+      for (int t = 1; t <= 3; t += test::quick() ? 2 : 1) {
         ThreadPool pool(t);
         pre[t - 1] = run_prefill(level, w, 0, 90, 700, pool);
         dec[t - 1] = run_decode(level, w, {0, 1, 0}, {699, 299, 200}, pool);
       }
-      for (int t = 1; t < 3; ++t) {
+      for (int t = test::quick() ? 2 : 1; t < 3; ++t) {
         EXPECT_TRUE(same_bits(pre[0].data(), pre[t].data(), pre[0].size())) << t + 1 << " threads, prefill";
         EXPECT_TRUE(same_bits(dec[0].data(), dec[t].data(), dec[0].size())) << t + 1 << " threads, decode";
       }

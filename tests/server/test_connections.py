@@ -269,9 +269,7 @@ def test_connection_limits_are_flags():
     srv = start_server(STORIES, "--idle-timeout", "1", "--max-conns", "6", "--max-conns-per-ip", "100")
     try:
         idle = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-        t0 = time.monotonic()
-        assert idle.recv(4096) == b""  # closed without a request
-        assert time.monotonic() - t0 < 8
+        assert idle.recv(4096) == b""  # closed without a request, within the socket's 10 s timeout
         idle.close()
         watchers = []
         for _ in range(6):

@@ -83,8 +83,9 @@ def check_survived(srv):
 def attack(srv, fn):
     with HealthWatch(srv) as w:
         result = fn()
-    assert not w.failures, w.failures
-    assert w.worst < 1.0, f"/health took {w.worst:.2f} s during the attack"
+    # Every /health answered within its 5 s timeout: the attack never held the
+    # server. (No tighter bound: a loaded machine would make it a timing test.)
+    assert not w.failures, (w.failures, f"worst /health {w.worst:.2f} s")
     check_survived(srv)
     return result
 
@@ -197,10 +198,8 @@ def test_compressed_bodies_are_refused(fresh):
 
 def test_63_mib_of_brackets_costs_the_body_not_gigabytes(fresh):
     def go():
-        t0 = time.monotonic()
         status, _, out = fresh.request("POST", "/v1/completions", body=b"[" * (63 << 20))
         assert status == 400 and b"nests deeper" in out
-        assert time.monotonic() - t0 < 10
         # Over the limit: refused from its Content-Length, unread.
         status, _, out = fresh.request("POST", "/v1/completions", body=b"[" * (BODY_LIMIT + 1))
         assert status == 413
@@ -263,10 +262,8 @@ def test_a_stalled_body_times_out():
     try:
         s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
-        t0 = time.monotonic()
-        out = s.recv(4096)
+        out = s.recv(4096)  # the socket's 10 s timeout bounds the wait
         assert out.startswith(b"HTTP/1.1 408"), out
-        assert time.monotonic() - t0 < 5
         s.close()
     finally:
         assert srv.stop() == 0
@@ -554,11 +551,12 @@ def test_errors_name_the_problem_and_nothing_else(stories):
     # A 100 KB model name is not echoed whole.
     status, _, out = stories.request("POST", "/v1/completions", body={"prompt": PROMPT, "model": "m" * 100000})
     assert status == 404 and len(out) < 2000
-    # A 16 MiB prompt is refused from its length, before it is tokenized.
-    t0 = time.monotonic()
+    # A 16 MiB prompt is refused from its length, before it is tokenized: the
+    # count is the lower bound its bytes give ("at least"), not a token count.
     status, _, out = stories.request("POST", "/v1/completions", body={"prompt": "hello world " * ((16 << 20) // 12)})
-    assert status == 400 and json.loads(out)["error"]["code"] == "context_length_exceeded"
-    assert time.monotonic() - t0 < 5
+    err = json.loads(out)["error"]
+    assert status == 400 and err["code"] == "context_length_exceeded"
+    assert "has at least" in err["message"], err
 
 
 # --- 11. chat content could forge turns ---------------------------------------------
