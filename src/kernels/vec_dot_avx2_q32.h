@@ -1,4 +1,4 @@
-// AVX2 kernels for the 32-element formats (q4_0, q4_1, q5_0, q5_1, q8_0).
+// AVX2 kernels for the 32-element formats (q4_0, q4_1, q5_0, q5_1, q8_0, mxfp4).
 // Compiled twice by vec_dot_avx2.cpp through simd_avx2_variants.h: TD_VNNI 0
 // (maddubs + madd) and TD_VNNI 1 (AVX-VNNI dpbusd), TD_TARGET naming the
 // matching target attribute. Not a normal header.
@@ -48,7 +48,12 @@ TD_FN __m256i fifth_bits(const uint8_t* qh) {
 
 TD_FN __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-TD_FN __m256 block_scale(uint16_t dx, uint16_t dy) { return _mm256_set1_ps(_cvtsh_ss(dx) * _cvtsh_ss(dy)); }
+// A block's weight scale times its activation block's d.
+template <typename BlockW>
+TD_FN __m256 block_scale(const BlockW& x, uint16_t dy) { return _mm256_set1_ps(_cvtsh_ss(x.d) * _cvtsh_ss(dy)); }
+TD_FN __m256 block_scale(const BlockMXFP4& x, uint16_t dy) {
+  return _mm256_set1_ps(e8m0_to_f32_half(x.e) * _cvtsh_ss(dy));
+}
 
 // Two accumulators so consecutive blocks' FMAs do not wait on each other.
 // Formats with a min (x = d*q + m) add m times q8_1's stored d*sum(q8).
@@ -59,8 +64,8 @@ TD_FN float sum_blocks(int64_t nb, const BlockW* x, const BlockA* y, Quants quan
   float mins0 = 0, mins1 = 0;
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) {
-    acc0 = _mm256_fmadd_ps(block_scale(x[b].d, y[b].d), _mm256_cvtepi32_ps(quants(x[b], y[b])), acc0);
-    acc1 = _mm256_fmadd_ps(block_scale(x[b + 1].d, y[b + 1].d), _mm256_cvtepi32_ps(quants(x[b + 1], y[b + 1])),
+    acc0 = _mm256_fmadd_ps(block_scale(x[b], y[b].d), _mm256_cvtepi32_ps(quants(x[b], y[b])), acc0);
+    acc1 = _mm256_fmadd_ps(block_scale(x[b + 1], y[b + 1].d), _mm256_cvtepi32_ps(quants(x[b + 1], y[b + 1])),
                            acc1);
     if constexpr (kHasMin) {
       mins0 += _cvtsh_ss(x[b].m) * _cvtsh_ss(y[b].s);
@@ -68,7 +73,7 @@ TD_FN float sum_blocks(int64_t nb, const BlockW* x, const BlockA* y, Quants quan
     }
   }
   if (b < nb) {
-    acc0 = _mm256_fmadd_ps(block_scale(x[b].d, y[b].d), _mm256_cvtepi32_ps(quants(x[b], y[b])), acc0);
+    acc0 = _mm256_fmadd_ps(block_scale(x[b], y[b].d), _mm256_cvtepi32_ps(quants(x[b], y[b])), acc0);
     if constexpr (kHasMin) mins0 += _cvtsh_ss(x[b].m) * _cvtsh_ss(y[b].s);
   }
   return hsum_ps(_mm256_add_ps(acc0, acc1)) + (mins0 + mins1);
@@ -89,6 +94,14 @@ struct Q5_0Sums {
 struct Q8_0Sums {
   TD_FN __m256i operator()(const BlockQ8_0& x, const BlockQ8_0& y) const { return dot_s8s8(load32(x.qs), load32(y.qs)); }
 };
+// MXFP4's codes looked up to their signed values (|v| <= 12) by one shuffle.
+struct Mxfp4Sums {
+  TD_FN __m256i operator()(const BlockMXFP4& x, const BlockQ8_0& y) const {
+    const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Values));
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set_m128i(table, table), unpack_nibbles(x.qs));
+    return dot_s8s8(v, load32(y.qs));
+  }
+};
 struct Q4_1Sums {
   TD_FN __m256i operator()(const BlockQ4_1& x, const BlockQ8_1& y) const {
     return dot_u8s8(unpack_nibbles(x.qs), load32(y.qs));
@@ -108,6 +121,10 @@ TD_FN float dot_q5_0(int64_t n, const void* w, const void* a) {
 }
 TD_FN float dot_q8_0(int64_t n, const void* w, const void* a) {
   return sum_blocks(n / kQK, static_cast<const BlockQ8_0*>(w), static_cast<const BlockQ8_0*>(a), Q8_0Sums{});
+}
+
+TD_FN float dot_mxfp4(int64_t n, const void* w, const void* a) {
+  return sum_blocks(n / kQK, static_cast<const BlockMXFP4*>(w), static_cast<const BlockQ8_0*>(a), Mxfp4Sums{});
 }
 
 TD_FN float dot_q4_1(int64_t n, const void* w, const void* a) {

@@ -56,6 +56,16 @@ void block_quants(const BlockQ5_1& x, int q[kQK]) {
 void block_quants(const BlockQ8_0& x, int q[kQK]) {
   for (int j = 0; j < kQK; ++j) q[j] = x.qs[j];
 }
+void block_quants(const BlockMXFP4& x, int q[kQK]) {
+  for (int j = 0; j < kQK / 2; ++j) q[j] = kMxfp4Values[x.qs[j] & 0xF], q[j + kQK / 2] = kMxfp4Values[x.qs[j] >> 4];
+}
+
+// A block's weight scale: its f16 d, or MXFP4's power of two.
+template <typename Block>
+float weight_scale(const Block& x) {
+  return f16_to_f32(x.d);
+}
+float weight_scale(const BlockMXFP4& x) { return e8m0_to_f32_half(x.e); }
 
 // Per block, an exact int32 sum of the quants' products scaled by both d;
 // the formats with a min (against q8_1) add m times q8_1's stored d * sum(q8).
@@ -69,7 +79,7 @@ float dot_q32(int64_t n, const void* w, const void* a) {
     block_quants(x[b], q);
     int32_t isum = 0;
     for (int j = 0; j < kQK; ++j) isum += q[j] * y[b].qs[j];
-    const float s = f16_to_f32(x[b].d) * f16_to_f32(y[b].d) * static_cast<float>(isum);
+    const float s = weight_scale(x[b]) * f16_to_f32(y[b].d) * static_cast<float>(isum);
     if constexpr (std::is_same_v<ActBlock, BlockQ8_1>) sum += s + f16_to_f32(x[b].m) * f16_to_f32(y[b].s);
     else sum += s;
   }
@@ -200,6 +210,7 @@ TypeFns scalar_dot(GgmlType w) {
     case GgmlType::Q5_0: return {.dot = dot_q32<BlockQ5_0, BlockQ8_0>};
     case GgmlType::Q5_1: return {.dot = dot_q32<BlockQ5_1, BlockQ8_1>};
     case GgmlType::Q8_0: return {.dot = dot_q32<BlockQ8_0, BlockQ8_0>};
+    case GgmlType::MXFP4: return {.dot = dot_q32<BlockMXFP4, BlockQ8_0>};
     case GgmlType::Q2_K: return {.dot = dot_q2_k};
     case GgmlType::Q3_K: return {.dot = dot_q3_k};
     case GgmlType::Q4_K: return {.dot = dot_q45_k<BlockQ4K>};
