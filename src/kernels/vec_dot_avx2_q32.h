@@ -48,12 +48,7 @@ TD_FN __m256i fifth_bits(const uint8_t* qh) {
 
 TD_FN __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// A block's weight scale times its activation block's d.
-template <typename BlockW>
-TD_FN __m256 block_scale(const BlockW& x, uint16_t dy) { return _mm256_set1_ps(_cvtsh_ss(x.d) * _cvtsh_ss(dy)); }
-TD_FN __m256 block_scale(const BlockMXFP4& x, uint16_t dy) {
-  return _mm256_set1_ps(e8m0_to_f32_half(x.e) * _cvtsh_ss(dy));
-}
+TD_FN __m256 block_scale(uint16_t dx, uint16_t dy) { return _mm256_set1_ps(_cvtsh_ss(dx) * _cvtsh_ss(dy)); }
 
 // Two accumulators so consecutive blocks' FMAs do not wait on each other.
 // Formats with a min (x = d*q + m) add m times q8_1's stored d*sum(q8).
@@ -64,8 +59,8 @@ TD_FN float sum_blocks(int64_t nb, const BlockW* x, const BlockA* y, Quants quan
   float mins0 = 0, mins1 = 0;
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) {
-    acc0 = _mm256_fmadd_ps(block_scale(x[b], y[b].d), _mm256_cvtepi32_ps(quants(x[b], y[b])), acc0);
-    acc1 = _mm256_fmadd_ps(block_scale(x[b + 1], y[b + 1].d), _mm256_cvtepi32_ps(quants(x[b + 1], y[b + 1])),
+    acc0 = _mm256_fmadd_ps(block_scale(x[b].d, y[b].d), _mm256_cvtepi32_ps(quants(x[b], y[b])), acc0);
+    acc1 = _mm256_fmadd_ps(block_scale(x[b + 1].d, y[b + 1].d), _mm256_cvtepi32_ps(quants(x[b + 1], y[b + 1])),
                            acc1);
     if constexpr (kHasMin) {
       mins0 += _cvtsh_ss(x[b].m) * _cvtsh_ss(y[b].s);
@@ -73,7 +68,7 @@ TD_FN float sum_blocks(int64_t nb, const BlockW* x, const BlockA* y, Quants quan
     }
   }
   if (b < nb) {
-    acc0 = _mm256_fmadd_ps(block_scale(x[b], y[b].d), _mm256_cvtepi32_ps(quants(x[b], y[b])), acc0);
+    acc0 = _mm256_fmadd_ps(block_scale(x[b].d, y[b].d), _mm256_cvtepi32_ps(quants(x[b], y[b])), acc0);
     if constexpr (kHasMin) mins0 += _cvtsh_ss(x[b].m) * _cvtsh_ss(y[b].s);
   }
   return hsum_ps(_mm256_add_ps(acc0, acc1)) + (mins0 + mins1);
@@ -123,8 +118,20 @@ TD_FN float dot_q8_0(int64_t n, const void* w, const void* a) {
   return sum_blocks(n / kQK, static_cast<const BlockQ8_0*>(w), static_cast<const BlockQ8_0*>(a), Q8_0Sums{});
 }
 
+// The scalar reference's chain (vec_dot_ref.cpp): each block's exact sum
+// reduced across lanes, then acc = fma(S, dw * da, acc) in block order.
 TD_FN float dot_mxfp4(int64_t n, const void* w, const void* a) {
-  return sum_blocks(n / kQK, static_cast<const BlockMXFP4*>(w), static_cast<const BlockQ8_0*>(a), Mxfp4Sums{});
+  const auto* x = static_cast<const BlockMXFP4*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  float acc = 0;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const __m256i v = Mxfp4Sums{}(x[b], y[b]);
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    acc = std::fma(static_cast<float>(_mm_cvtsi128_si32(s)), e8m0_to_f32_half(x[b].e) * _cvtsh_ss(y[b].d), acc);
+  }
+  return acc;
 }
 
 TD_FN float dot_q4_1(int64_t n, const void* w, const void* a) {
