@@ -32,7 +32,28 @@ TD_FN float dot_mxfp4(int64_t n, const void* w, const void* a) {
   const auto* y = static_cast<const BlockQ8_0*>(a);
   const int64_t nb = n / kQK;
   float acc = 0;
-  for (int64_t b = 0; b < nb; b += 2) {
+  int64_t b = 0;
+  // Four blocks at a time: their sums reduced together (unpacks fold the
+  // lanes of blocks b, b+2 and b+1, b+3 side by side), then four FMAs.
+  for (; b + 4 <= nb; b += 4) {
+    const __m512i s01 = mxfp4_pair_sums(x[b], x[b + 1],
+                                        join(load256(reinterpret_cast<const uint8_t*>(y[b].qs)),
+                                             load256(reinterpret_cast<const uint8_t*>(y[b + 1].qs))));
+    const __m512i s23 = mxfp4_pair_sums(x[b + 2], x[b + 3],
+                                        join(load256(reinterpret_cast<const uint8_t*>(y[b + 2].qs)),
+                                             load256(reinterpret_cast<const uint8_t*>(y[b + 3].qs))));
+    // Per 128-bit chunk k: [s01 sum, s23 sum] in lanes 0, 1 (and again in 2, 3).
+    const __m512i p = _mm512_add_epi32(_mm512_unpacklo_epi32(s01, s23), _mm512_unpackhi_epi32(s01, s23));
+    const __m512i q = _mm512_add_epi32(_mm512_unpacklo_epi64(p, p), _mm512_unpackhi_epi64(p, p));
+    // Chunks 0+1 hold blocks b, b+2; chunks 2+3 blocks b+1, b+3.
+    const __m512i r = _mm512_add_epi32(q, _mm512_shuffle_i32x4(q, q, 0xB1));
+    const __m128i r02 = _mm512_castsi512_si128(r), r13 = _mm512_extracti32x4_epi32(r, 2);
+    const int32_t S[4] = {_mm_cvtsi128_si32(r02), _mm_cvtsi128_si32(r13), _mm_extract_epi32(r02, 1),
+                          _mm_extract_epi32(r13, 1)};
+    for (int i = 0; i < 4; ++i)
+      acc = std::fma(static_cast<float>(S[i]), e8m0_to_f32_half(x[b + i].e) * _cvtsh_ss(y[b + i].d), acc);
+  }
+  for (; b < nb; b += 2) {
     const bool pair = b + 1 < nb;
     const __m256i y0 = load256(reinterpret_cast<const uint8_t*>(y[b].qs));
     const __m512i yq = pair ? join(y0, load256(reinterpret_cast<const uint8_t*>(y[b + 1].qs)))
