@@ -450,6 +450,7 @@ const std::map<std::string, std::string> kLlamaCppStories = {
     {"Q5_K_S", "66ed769a4df768d67b88ea4395e9dab273b717de9f64980b9cd5cfe832108b6f"},
     {"Q5_K_M", "017253a152346d29609472739647c6c1136557abaad67c24e6966fccd07eafda"},
     {"Q6_K", "137d1fbe834a43bc20cc1e04a9459af61953a7579baeedba17590faacfb13104"},
+    {"MXFP4_MOE", "d3b8fc31c5848a4788e8f74656add7222a16d804d32c4f2490c375ca1e665013"},
 };
 const std::map<std::string, std::string> kLlamaCppSynth = {
     {"Q2_K", "b8ea719459a71caf22f41cb71e3463d37439e8f50dd7701cc1f0884b70c9e560"},
@@ -464,6 +465,7 @@ const std::map<std::string, std::string> kLlamaCppSynth = {
     {"Q4_0", "d0065785e538a35f3ddc8b7953741b66653f794749fb973f6d5dfbf9358fcdd5"},
     {"Q8_0", "db25a06a1aa0ec999ce44fc7be0e872f7ea091cfc4069b2703eeda5aead53819"},
     {"BF16", "54b3e6d8a9b892131ecc43cbbe4548355e748929bf49365991c97ee884707fc8"},
+    {"MXFP4_MOE", "d38ce2a6503120d1300b35ad6dfc982dc4a9f13074f2770e3d6d96d9bd8403b6"},
 };
 
 TEST(Quantize, FilesEqualLlamaCppsByteForByte) {
@@ -483,6 +485,14 @@ TEST(Quantize, FilesEqualLlamaCppsByteForByte) {
     quantize(in, dir.file("g.gguf"), type);
     EXPECT_EQ(test::sha256_file(dir.file("g.gguf")), sha) << "synth " << type;
   }
+  // These files have no experts, so MXFP4_MOE writes Q8_0; --pure writes
+  // every matrix in MXFP4 (llama_model_quantize with pure = true).
+  QuantizeOptions pure;
+  pure.pure = true;
+  quantize(kStories, dir.file("s.gguf"), "MXFP4_MOE", pure);
+  EXPECT_EQ(test::sha256_file(dir.file("s.gguf")), "0e73aaaf6bf1b9c0d49d13b70e806776e5f12430e407833158c199b7567a93f0");
+  quantize(in, dir.file("g.gguf"), "MXFP4_MOE", pure);
+  EXPECT_EQ(test::sha256_file(dir.file("g.gguf")), "ba0edd99781a808c30094502e8565820fdccb88658a5551d141d148f04a6ed31");
 }
 
 // ----------------------------------------------------------- requantizing
