@@ -124,7 +124,7 @@ std::vector<float> activations(int64_t rows, int64_t cols) {
 }
 
 constexpr GgmlType kTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::F16,
-                               GgmlType::Q5_0, GgmlType::Q6_K, GgmlType::BF16};
+                               GgmlType::Q5_0, GgmlType::Q6_K, GgmlType::BF16, GgmlType::MXFP4};
 
 // The per-output vec_dot loop of the previous Matmul (tiles of 16 weight rows
 // meeting every activation row), for before/after numbers.
@@ -247,6 +247,12 @@ void gemv_args(benchmark::internal::Benchmark* b) {
   for (int m : {1, 16}) b->Args({4, 2048, 640, m, 2, 2});
   // Compute speed of the row kernels: 384 rows (1.5 MiB or less) read from L2.
   for (int ti = 0; ti < 7; ++ti) b->Args({ti, 384, 2048, 1, 1, 3});
+  // mxfp4 (vec_dot products) beside q4_0's rows above, one thread: decode
+  // from memory, Matmul's route and the per-output vec_dot loop ("old", the
+  // same loop for both types); from L2; and 64 activation rows.
+  for (int old : {0, 1}) b->Args({7, 5632, 2048, 1, 1, old});
+  b->Args({7, 384, 2048, 1, 1, 3});
+  for (int ti : {1, 7}) b->Args({ti, 2048, 2048, 64, 1, 0});
 }
 void BM_Gemv(benchmark::State& state) { BM_Gemm(state); }
 BENCHMARK(BM_Gemv)->Apply(gemv_args)->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(0.5);

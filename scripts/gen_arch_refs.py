@@ -57,7 +57,7 @@ MODELS = {
                                                 "--type", "q8_0"],
 }
 for t in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
-          "q4_k_m", "q5_k_m"]:
+          "q4_k_m", "q5_k_m", "mxfp4"]:
     MODELS["llama_k_" + t] = K_SHAPE + ["--type", t]
 
 

@@ -11,10 +11,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -448,6 +450,7 @@ const std::map<std::string, std::string> kLlamaCppStories = {
     {"Q5_K_S", "66ed769a4df768d67b88ea4395e9dab273b717de9f64980b9cd5cfe832108b6f"},
     {"Q5_K_M", "017253a152346d29609472739647c6c1136557abaad67c24e6966fccd07eafda"},
     {"Q6_K", "137d1fbe834a43bc20cc1e04a9459af61953a7579baeedba17590faacfb13104"},
+    {"MXFP4_MOE", "d3b8fc31c5848a4788e8f74656add7222a16d804d32c4f2490c375ca1e665013"},
 };
 const std::map<std::string, std::string> kLlamaCppSynth = {
     {"Q2_K", "b8ea719459a71caf22f41cb71e3463d37439e8f50dd7701cc1f0884b70c9e560"},
@@ -462,6 +465,7 @@ const std::map<std::string, std::string> kLlamaCppSynth = {
     {"Q4_0", "d0065785e538a35f3ddc8b7953741b66653f794749fb973f6d5dfbf9358fcdd5"},
     {"Q8_0", "db25a06a1aa0ec999ce44fc7be0e872f7ea091cfc4069b2703eeda5aead53819"},
     {"BF16", "54b3e6d8a9b892131ecc43cbbe4548355e748929bf49365991c97ee884707fc8"},
+    {"MXFP4_MOE", "d38ce2a6503120d1300b35ad6dfc982dc4a9f13074f2770e3d6d96d9bd8403b6"},
 };
 
 TEST(Quantize, FilesEqualLlamaCppsByteForByte) {
@@ -481,6 +485,14 @@ TEST(Quantize, FilesEqualLlamaCppsByteForByte) {
     quantize(in, dir.file("g.gguf"), type);
     EXPECT_EQ(test::sha256_file(dir.file("g.gguf")), sha) << "synth " << type;
   }
+  // These files have no experts, so MXFP4_MOE writes Q8_0; --pure writes
+  // every matrix in MXFP4 (llama_model_quantize with pure = true).
+  QuantizeOptions pure;
+  pure.pure = true;
+  quantize(kStories, dir.file("s.gguf"), "MXFP4_MOE", pure);
+  EXPECT_EQ(test::sha256_file(dir.file("s.gguf")), "0e73aaaf6bf1b9c0d49d13b70e806776e5f12430e407833158c199b7567a93f0");
+  quantize(in, dir.file("g.gguf"), "MXFP4_MOE", pure);
+  EXPECT_EQ(test::sha256_file(dir.file("g.gguf")), "ba0edd99781a808c30094502e8565820fdccb88658a5551d141d148f04a6ed31");
 }
 
 // ----------------------------------------------------------- requantizing
@@ -619,6 +631,78 @@ TEST(QuantizePlan, OptionsPureAndLeaveOutput) {
   m = planned(img, "q4_k_m", leave);
   EXPECT_EQ(m.at("output.weight"), "f32");
   EXPECT_EQ(m.at("token_embd.weight"), "q4_K");
+}
+
+// MXFP4_MOE: llama.cpp puts the expert tensors (3-D, one matrix per expert)
+// in MXFP4 and every other quantizable tensor, the output matrix included,
+// in Q8_0; --pure makes everything MXFP4.
+TEST(QuantizePlan, Mxfp4MoeExpertsInMxfp4TheRestInQ8_0) {
+  const std::vector<FakeTensor> ts = {
+      {"token_embd.weight", {256, 4}},           {"output.weight", {256, 4}},
+      {"blk.0.attn_q.weight", {256, 2}},         {"blk.0.attn_norm.weight", {256}},
+      {"blk.0.ffn_gate_inp.weight", {256, 4}},   {"blk.0.ffn_gate_exps.weight", {256, 64, 4}},
+      {"blk.0.ffn_up_exps.weight", {256, 64, 4}}, {"blk.0.ffn_down_exps.weight", {64, 256, 4}},
+      {"blk.0.odd_exps.weight", {100, 2, 4}},    {"blk.0.one_exp.weight", {256, 2, 1}}};
+  const auto img = fake_model("llama", 1, 8, 8, 4, ts);
+  auto m = planned(img, "MXFP4_MOE");
+  for (const char* n : {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.weight"})
+    EXPECT_EQ(m.at(n), "mxfp4") << n;
+  for (const char* n : {"token_embd.weight", "output.weight", "blk.0.attn_q.weight", "blk.0.one_exp.weight"})
+    EXPECT_EQ(m.at(n), "q8_0") << n;
+  EXPECT_EQ(m.at("blk.0.ffn_gate_inp.weight"), "f32");  // the router is never quantized
+  EXPECT_EQ(m.at("blk.0.attn_norm.weight"), "f32");
+  EXPECT_EQ(m.at("blk.0.odd_exps.weight"), "f16");  // 100 wide: no 32-element block fits
+  EXPECT_EQ(type_of("mxfp4_moe").ftype, 38u);
+  QuantizeOptions pure;
+  pure.pure = true;
+  m = planned(img, "MXFP4_MOE", pure);
+  EXPECT_EQ(m.at("output.weight"), "mxfp4");
+  EXPECT_EQ(m.at("blk.0.attn_q.weight"), "mxfp4");
+}
+
+// The written experts are the reference quantizer's blocks of each row of
+// each expert, and read back within MXFP4's error.
+TEST(Quantize, Mxfp4MoeWritesTheExpertsRowByRow) {
+  TempDir dir("mxfp4");
+  std::mt19937 rng(38);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  GgufWriter w;
+  w.add_string("general.architecture", "llama");
+  w.add_u32("llama.block_count", 1);
+  w.add_u32("llama.expert_count", 3);
+  const std::vector<int64_t> dims = {96, 5, 3};  // 3 experts of 5 rows of 96
+  std::vector<float> src(96 * 5 * 3);
+  for (float& v : src) v = normal(rng);
+  std::vector<uint8_t> bytes(src.size() * 4);
+  std::memcpy(bytes.data(), src.data(), bytes.size());
+  w.add_tensor("blk.0.ffn_up_exps.weight", GgmlType::F32, dims, bytes);
+  w.add_tensor("blk.0.attn_q.weight", GgmlType::F32, {96, 2}, std::vector<uint8_t>(96 * 2 * 4));
+  const std::vector<uint8_t> img = w.to_bytes();
+  const std::string in = dir.file("moe_f32.gguf"), out = dir.file("moe_mxfp4.gguf");
+  {
+    std::FILE* f = std::fopen(in.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(img.data(), 1, img.size(), f), img.size());
+    std::fclose(f);
+  }
+  quantize(in, out, "MXFP4_MOE");
+  auto q = GgufFile::open(out);
+  const GgufTensor* t = q->find_tensor("blk.0.ffn_up_exps.weight");
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(t->type, GgmlType::MXFP4);
+  EXPECT_EQ(t->dims, dims);
+  const size_t rb = row_bytes(GgmlType::MXFP4, 96);
+  ASSERT_EQ(t->n_bytes, rb * 15);
+  std::vector<uint8_t> want(rb);
+  for (int64_t r = 0; r < 15; ++r) {
+    quantize_row(GgmlType::MXFP4, src.data() + r * 96, want.data(), 96);
+    EXPECT_EQ(0, std::memcmp(t->data + r * rb, want.data(), rb)) << "row " << r;
+  }
+  // Gaussian rows: a few times the step (a quarter of the block maximum's
+  // power of two at the top, finer below) over sqrt(12).
+  EXPECT_LT(rel_rms_error(src, values(*t)), 0.2);
+  EXPECT_EQ(q->find_tensor("blk.0.attn_q.weight")->type, GgmlType::Q8_0);
+  EXPECT_EQ(q->get_int("general.file_type").value(), 38);
 }
 
 // ------------------------------------------------- GgufWriter, streamed data

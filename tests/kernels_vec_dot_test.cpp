@@ -21,7 +21,7 @@ namespace {
 constexpr GgmlType kWeightTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
                                      GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                                      GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
-                                     GgmlType::Q6_K};
+                                     GgmlType::Q6_K, GgmlType::MXFP4};
 // Odd counts, so no kernel can rely on pairs of blocks or a full unroll.
 constexpr int64_t kBlockCounts[] = {1, 3, 7, 33};
 constexpr uint32_t kSeeds[] = {1, 2, 3};
@@ -73,6 +73,13 @@ std::vector<uint8_t> random_weights(GgmlType t, int64_t n, std::mt19937& rng) {
       case GgmlType::Q4_K: reinterpret_cast<BlockQ4K*>(p)->d = half(), reinterpret_cast<BlockQ4K*>(p)->dmin = half(); break;
       case GgmlType::Q5_K: reinterpret_cast<BlockQ5K*>(p)->d = half(), reinterpret_cast<BlockQ5K*>(p)->dmin = half(); break;
       case GgmlType::Q6_K: reinterpret_cast<BlockQ6K*>(p)->d = half(); break;
+      // Exponents around 2^0 (random bytes would overflow the sums), and now
+      // and then the subnormal scales of e = 0 and 1.
+      case GgmlType::MXFP4: {
+        const int r = byte(rng);
+        reinterpret_cast<BlockMXFP4*>(p)->e = static_cast<uint8_t>(r < 16 ? r % 2 : 112 + r % 24);
+        break;
+      }
       default: ADD_FAILURE() << "no generator for " << name(t);
     }
   }
@@ -213,6 +220,10 @@ TEST(KernelsDotTest, EverySupportedLevelMatchesScalarRef) {
           EXPECT_LE(std::fabs(got - ref), 2 * rounding_budget(c))
               << name(t) << " level=" << kernel_level_name(level) << " blocks=" << blocks << " seed=" << seed
               << " got=" << got << " ref=" << ref << " magnitude=" << c.magnitude;
+          // MXFP4's dots all run the reference's one chain: the same bits.
+          if (t == GgmlType::MXFP4) {
+            EXPECT_EQ(got, ref) << kernel_level_name(level) << " blocks=" << blocks;
+          }
         }
     }
   }
@@ -249,7 +260,8 @@ TEST(KernelsDotTest, VecDotTypes) {
   EXPECT_EQ(vec_dot_type(GgmlType::F32), GgmlType::F32);
   EXPECT_EQ(vec_dot_type(GgmlType::F16), GgmlType::F16);
   EXPECT_EQ(vec_dot_type(GgmlType::BF16), GgmlType::BF16);
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0}) EXPECT_EQ(vec_dot_type(t), GgmlType::Q8_0);
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::MXFP4})
+    EXPECT_EQ(vec_dot_type(t), GgmlType::Q8_0);
   for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q5_1}) EXPECT_EQ(vec_dot_type(t), GgmlType::Q8_1);
   for (GgmlType t : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
     EXPECT_EQ(vec_dot_type(t), GgmlType::Q8_K);

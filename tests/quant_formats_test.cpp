@@ -235,5 +235,60 @@ TEST(QuantFormats, Q6_K) {
   for (int e = 0; e < 256; ++e) EXPECT_EQ(y[e], want[e]) << "element " << e;
 }
 
+// MXFP4: byte 0 the E8M0 exponent e, then 16 bytes of E2M1 codes (element j
+// in the low nibble of byte 1 + j, element j + 16 in the high one). Code c is
+// (sign c & 8) x {0, 0.5, 1, 1.5, 2, 3, 4, 6}[c & 7] times 2^(e - 127).
+TEST(QuantFormats, MXFP4CodesAndExponents) {
+  std::vector<uint8_t> b(17 * 4, 0);
+  b[0] = 127;  // block 0: 2^0
+  for (int j = 0; j < 16; ++j) b[1 + j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+  b[17] = 130;  // block 1: 2^3; element 0 <- code 7 (6), element 16 <- code 15 (-6)
+  b[18] = 0xF7;
+  b[34] = 0;  // block 2: e = 0; element 0 <- code 1: 0.5 x 2^-127, a float subnormal
+  b[35] = 0x01;
+  b[51] = 254;  // block 3: 2^127; element 1 <- code 10 (-1)
+  b[53] = 0x0A;
+  const auto y = dequant(GgmlType::MXFP4, b);
+  const float codes[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, 0, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], codes[j]) << j;
+    EXPECT_EQ(y[16 + j], codes[15 - j]) << j;
+  }
+  EXPECT_EQ(y[32], 48.0f);
+  EXPECT_EQ(y[48], -48.0f);
+  EXPECT_EQ(y[33], 0.0f);
+  EXPECT_EQ(y[64], 0x1p-128f);
+  EXPECT_EQ(y[97], -0x1p127f);
+}
+
+// ggml's quantizer: e = floor(log2(amax)) - 2 + 127, then per element the
+// nearest code, the lower code on a tie.
+TEST(QuantFormats, MXFP4QuantizerPicksExponentAndNearestCode) {
+  std::vector<float> x(32, 0.0f);
+  x[0] = 6.0f;     // once x[17] is 0, amax 6: e = 2 - 2 + 127 = 127, codes 0, 0.5, 1, 1.5, 2, 3, 4, 6
+  x[1] = 0.25f;    // between 0 (code 0) and 0.5 (code 1): a tie, so code 0
+  x[2] = -0.75f;   // between -0.5 (code 9) and -1 (code 10): code 9
+  x[3] = 5.0f;     // between 4 (code 6) and 6 (code 7): code 6
+  x[16] = -2.6f;   // nearest -3 (code 13)
+  x[17] = 100.0f;  // the largest magnitude after all: amax 100, e = 6 - 2 + 127 = 131
+  std::vector<uint8_t> b(17);
+  quantize_row(GgmlType::MXFP4, x.data(), b.data(), 32);
+  EXPECT_EQ(b[0], 131);  // scale 2^4 / 2 = 8 per doubled code: codes reach 12 * 8 = 96
+  EXPECT_EQ(b[1 + 1] >> 4, 7);   // 100 -> 96 (code 7), clipped to the top code
+  EXPECT_EQ(b[1 + 0] & 15, 1);   // 6 -> 8 (code 1), nearer than 0
+  x[17] = 0.0f;
+  quantize_row(GgmlType::MXFP4, x.data(), b.data(), 32);
+  EXPECT_EQ(b[0], 127);
+  EXPECT_EQ(b[1 + 0] & 15, 7);
+  EXPECT_EQ(b[1 + 1] & 15, 0);
+  EXPECT_EQ(b[1 + 2] & 15, 9);
+  EXPECT_EQ(b[1 + 3] & 15, 6);
+  EXPECT_EQ(b[1 + 0] >> 4, 13);
+  // An all-zero block: e = 0 and code 0 throughout.
+  std::vector<float> z(32, 0.0f);
+  quantize_row(GgmlType::MXFP4, z.data(), b.data(), 32);
+  EXPECT_EQ(b, std::vector<uint8_t>(17, 0));
+}
+
 }  // namespace
 }  // namespace tandem

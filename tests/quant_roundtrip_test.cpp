@@ -71,7 +71,7 @@ TEST(QuantRoundtrip, HandCheckedSmallCases) {
   // All-zero input gives all-zero blocks (d = 0) for every format.
   const std::vector<float> zeros(512, 0.0f);
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K,
-                     GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+                     GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::MXFP4}) {
     const auto y = roundtrip(t, zeros);
     EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float v) { return v == 0.0f; })) << type_traits(t).name;
   }

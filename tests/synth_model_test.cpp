@@ -161,7 +161,7 @@ TEST(SynthModel, EveryTypeLoadsBackWithItsTensorTypes) {
         {"f32", GgmlType::F32},   {"f16", GgmlType::F16},   {"bf16", GgmlType::BF16},   {"q8_0", GgmlType::Q8_0},
         {"q4_0", GgmlType::Q4_0}, {"q4_1", GgmlType::Q4_1}, {"q5_0", GgmlType::Q5_0},   {"q5_1", GgmlType::Q5_1},
         {"q2_k", GgmlType::Q2_K}, {"q3_k", GgmlType::Q3_K}, {"q4_k", GgmlType::Q4_K},   {"q5_k", GgmlType::Q5_K},
-        {"q6_k", GgmlType::Q6_K}, {"q4_k_m", GgmlType::Q4_K}, {"q5_k_m", GgmlType::Q5_K}};
+        {"q6_k", GgmlType::Q6_K}, {"q4_k_m", GgmlType::Q4_K}, {"q5_k_m", GgmlType::Q5_K}, {"mxfp4", GgmlType::MXFP4}};
     ASSERT_TRUE(bases.count(type));
     const GgmlType base = bases.at(type);
     int64_t params = 0;

@@ -28,12 +28,12 @@ namespace {
 enum Ftype : uint32_t {
   kAllF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 7, kQ5_0 = 8, kQ5_1 = 9, kQ2_K = 10,
   kQ3_K_S = 11, kQ3_K_M = 12, kQ3_K_L = 13, kQ4_K_S = 14, kQ4_K_M = 15, kQ5_K_S = 16,
-  kQ5_K_M = 17, kQ6_K = 18, kBF16 = 32,
+  kQ5_K_M = 17, kQ6_K = 18, kBF16 = 32, kMXFP4_MOE = 38,
 };
 
 // llama-quantize's list (the K-quant mixes also put the output matrix, or a
 // tied token embedding, in Q6_K), less the types Tandem has no format for (IQ*, TQ*,
-// MXFP4, Q1_0, Q2_0) and Q2_K_S (which needs an importance matrix). The
+// NVFP4, Q1_0, Q2_0) and Q2_K_S (which needs an importance matrix). The
 // aliases Q3_K, Q4_K, Q5_K come right before their _M mix.
 const std::vector<QuantizeType> kTypes = {
     {"Q4_0", kQ4_0, GgmlType::Q4_0, "4.5 bpw: 32-element blocks, an f16 scale"},
@@ -56,6 +56,7 @@ const std::vector<QuantizeType> kTypes = {
     {"F16", kF16, GgmlType::F16, "16 bpw, IEEE half"},
     {"BF16", kBF16, GgmlType::BF16, "16 bpw, bfloat16"},
     {"F32", kAllF32, GgmlType::F32, "32 bpw"},
+    {"MXFP4_MOE", kMXFP4_MOE, GgmlType::MXFP4, "MXFP4 (4.25 bpw) for the expert tensors, Q8_0 for the rest"},
 };
 
 std::string lower(std::string_view s) {
@@ -204,15 +205,22 @@ int ffn_layer(const MixState& s, int counter, const std::string& name) {
   return l;
 }
 
-GgmlType mix_type(MixState& s, GgmlType t, const std::string& name, int64_t ne0, Category cat) {
+GgmlType mix_type(MixState& s, GgmlType t, const std::string& name, const std::vector<int64_t>& dims,
+                  Category cat) {
   const uint32_t ft = s.ftype;
   const bool falcon = s.m.arch == "falcon";
   const int n_layer = s.m.n_layer;
+  const int64_t ne0 = dims[0];
   if (cat == Category::kOutput || (s.tied && cat == Category::kTokenEmbd)) {
-    if (falcon || ne0 % type_traits(t).block_elems != 0)
+    if (ft == kMXFP4_MOE)
+      t = GgmlType::Q8_0;
+    else if (falcon || ne0 % type_traits(t).block_elems != 0)
       t = GgmlType::Q8_0;
     else if (t != GgmlType::Q8_0)
       t = GgmlType::Q6_K;
+  } else if (ft == kMXFP4_MOE) {
+    // The experts (3-D: one matrix per expert) in MXFP4, everything else in Q8_0.
+    t = dims.size() > 2 && dims[2] > 1 ? GgmlType::MXFP4 : GgmlType::Q8_0;
   } else if (cat == Category::kTokenEmbd) {
     // no rule for the types made here
   } else if (is_attn_v_like(cat)) {
@@ -334,6 +342,11 @@ bool row_is_valid(GgmlType t, const uint8_t* p, int64_t n) {
     case GgmlType::Q2_K: off[0] = 80, off[1] = 82; break;
     case GgmlType::Q3_K: off[0] = 108; break;
     case GgmlType::Q6_K: off[0] = 208; break;
+    case GgmlType::MXFP4:
+      // An exponent byte of 0xFF (E8M0's NaN) is invalid.
+      for (int64_t b = 0; b < nb; ++b)
+        if (p[static_cast<size_t>(b) * tt.block_bytes] == 0xFF) return false;
+      return true;
     default: return true;
   }
   for (int64_t b = 0; b < nb; ++b) {
@@ -474,7 +487,7 @@ std::vector<TensorPlanEntry> plan_quantization(const GgufFile& in, const Quantiz
     if (allows_quantization(t->name, t->dims, opts)) {
       GgmlType nt = def;
       if (is_quantized(def)) {
-        if (!opts.pure) nt = mix_type(st, nt, t->name, t->dims[0], category_of(t->name));
+        if (!opts.pure) nt = mix_type(st, nt, t->name, t->dims, category_of(t->name));
         bool fell = false;
         const GgmlType f = fallback_type(nt, t->dims[0], fell);
         if (fell) {

@@ -104,7 +104,7 @@ constexpr TypeChoice kTypes[] = {
     {"q2_k", GgmlType::Q2_K, false, 10},  {"q3_k", GgmlType::Q3_K, false, 11},
     {"q4_k", GgmlType::Q4_K, false, 14},  {"q5_k", GgmlType::Q5_K, false, 16},
     {"q6_k", GgmlType::Q6_K, false, 18},  {"q4_k_m", GgmlType::Q4_K, true, 15},
-    {"q5_k_m", GgmlType::Q5_K, true, 17},
+    {"q5_k_m", GgmlType::Q5_K, true, 17},  {"mxfp4", GgmlType::MXFP4, false, 38},
 };
 
 const TypeChoice& type_choice(const std::string& name) {

@@ -41,7 +41,7 @@ struct SynthSpec {
   bool rope_freqs = false;      // llama only: a Llama-3 style rope_freqs.weight (factors 1..8)
   std::optional<bool> tied;     // output = token_embd; default: separate for llama, tied for the others
   std::string vocab_from;       // GGUF whose tokenizer.* keys are copied; n_vocab = its token count
-  // f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k: every
+  // f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k mxfp4: every
   // matrix in that type ("pure", like llama-quantize --pure), except that a
   // K-quant falls back as llama.cpp does for rows that are not a multiple of
   // 256 (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0). q4_k_m / q5_k_m: llama.cpp's

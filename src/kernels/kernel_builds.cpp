@@ -20,7 +20,7 @@ constexpr LevelFnsOf kScalarLevel[] = {builds::scalar_attention, builds::scalar_
 #if defined(__x86_64__)
 constexpr TypeFnsOf kAvx512VnniTypes[] = {builds::avx512_panels, builds::avx512_q32_rows,
                                           builds::avx512_kquant_rows, builds::avx512_float_rows,
-                                          builds::avx512_acts};
+                                          builds::avx512_acts, builds::avx512_dot};
 constexpr LevelFnsOf kAvx512VnniLevel[] = {builds::avx512_vnni_attention};
 constexpr LevelFnsOf kAvx512Level[] = {builds::avx512_attention, builds::avx512_ops};
 constexpr TypeFnsOf kAvx2VnniTypes[] = {builds::avx2_vnni_dot, builds::avx2_vnni_panels};

@@ -81,6 +81,7 @@ TypeFns avx512_q32_rows(GgmlType w);    // product_rows_avx512_q32.cpp
 TypeFns avx512_kquant_rows(GgmlType w); // product_rows_avx512_kquant.cpp
 TypeFns avx512_float_rows(GgmlType w);  // product_rows_avx512_float.cpp
 TypeFns avx512_acts(GgmlType w);        // product_acts_avx512.cpp
+TypeFns avx512_dot(GgmlType w);         // vec_dot_avx512.cpp
 LevelFns avx512_vnni_attention();        // attention_avx512.cpp
 #endif
 }  // namespace builds

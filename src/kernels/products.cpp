@@ -50,6 +50,7 @@ constexpr TypeRow kTable[] = {
     {GgmlType::Q5_1, GemmClass::kNone,   0,        0,         false},
     {GgmlType::Q2_K, GemmClass::kNone,   0,        0,         false},
     {GgmlType::Q3_K, GemmClass::kNone,   0,        0,         false},
+    {GgmlType::MXFP4, GemmClass::kNone,  0,        0,         false},
 };
 constexpr size_t kTypes = std::size(kTable);
 

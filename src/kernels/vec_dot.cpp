@@ -16,7 +16,8 @@ GgmlType vec_dot_type(GgmlType w) {
     case GgmlType::BF16: return GgmlType::BF16;
     case GgmlType::Q4_0:
     case GgmlType::Q5_0:
-    case GgmlType::Q8_0: return GgmlType::Q8_0;
+    case GgmlType::Q8_0:
+    case GgmlType::MXFP4: return GgmlType::Q8_0;
     case GgmlType::Q4_1:
     case GgmlType::Q5_1: return GgmlType::Q8_1;
     case GgmlType::Q2_K:

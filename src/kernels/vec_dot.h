@@ -2,7 +2,7 @@
 // of activations, the innermost loop of every linear layer.
 //
 // Like llama.cpp, activations are first converted to the weight format's
-// partner type (its "vec_dot type"): q8_0 for q4_0/q5_0/q8_0, q8_1 for
+// partner type (its "vec_dot type"): q8_0 for q4_0/q5_0/q8_0/mxfp4, q8_1 for
 // q4_1/q5_1, q8_K for the K-quants, f16 for f16, bf16 for bf16, f32 for f32.
 // The quantized formats then dot in integers, which is both what makes them
 // fast and what keeps our results close to llama.cpp's.

@@ -7,6 +7,7 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -253,6 +254,7 @@ TypeFns avx2_dot(GgmlType w) {
     case GgmlType::Q5_0: return {.dot = avx2_plain::dot_q5_0};
     case GgmlType::Q5_1: return {.dot = avx2_plain::dot_q5_1};
     case GgmlType::Q8_0: return {.dot = avx2_plain::dot_q8_0};
+    case GgmlType::MXFP4: return {.dot = avx2_plain::dot_mxfp4};
     case GgmlType::Q2_K: return {.dot = avx2_plain::dot_q2_k};
     case GgmlType::Q3_K: return {.dot = avx2_plain::dot_q3_k};
     case GgmlType::Q4_K: return {.dot = avx2_plain::dot_q4_k};
@@ -270,6 +272,7 @@ TypeFns avx2_vnni_dot(GgmlType w) {
     case GgmlType::Q5_0: return {.dot = avx2_vnni::dot_q5_0};
     case GgmlType::Q5_1: return {.dot = avx2_vnni::dot_q5_1};
     case GgmlType::Q8_0: return {.dot = avx2_vnni::dot_q8_0};
+    case GgmlType::MXFP4: return {.dot = avx2_vnni::dot_mxfp4};
     default: return {};
   }
 }

@@ -1,4 +1,4 @@
-// AVX2 kernels for the 32-element formats (q4_0, q4_1, q5_0, q5_1, q8_0).
+// AVX2 kernels for the 32-element formats (q4_0, q4_1, q5_0, q5_1, q8_0, mxfp4).
 // Compiled twice by vec_dot_avx2.cpp through simd_avx2_variants.h: TD_VNNI 0
 // (maddubs + madd) and TD_VNNI 1 (AVX-VNNI dpbusd), TD_TARGET naming the
 // matching target attribute. Not a normal header.
@@ -89,6 +89,14 @@ struct Q5_0Sums {
 struct Q8_0Sums {
   TD_FN __m256i operator()(const BlockQ8_0& x, const BlockQ8_0& y) const { return dot_s8s8(load32(x.qs), load32(y.qs)); }
 };
+// MXFP4's codes looked up to their signed values (|v| <= 12) by one shuffle.
+struct Mxfp4Sums {
+  TD_FN __m256i operator()(const BlockMXFP4& x, const BlockQ8_0& y) const {
+    const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Values));
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set_m128i(table, table), unpack_nibbles(x.qs));
+    return dot_s8s8(v, load32(y.qs));
+  }
+};
 struct Q4_1Sums {
   TD_FN __m256i operator()(const BlockQ4_1& x, const BlockQ8_1& y) const {
     return dot_u8s8(unpack_nibbles(x.qs), load32(y.qs));
@@ -108,6 +116,22 @@ TD_FN float dot_q5_0(int64_t n, const void* w, const void* a) {
 }
 TD_FN float dot_q8_0(int64_t n, const void* w, const void* a) {
   return sum_blocks(n / kQK, static_cast<const BlockQ8_0*>(w), static_cast<const BlockQ8_0*>(a), Q8_0Sums{});
+}
+
+// The scalar reference's chain (vec_dot_ref.cpp): each block's exact sum
+// reduced across lanes, then acc = fma(S, dw * da, acc) in block order.
+TD_FN float dot_mxfp4(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const BlockMXFP4*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  float acc = 0;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const __m256i v = Mxfp4Sums{}(x[b], y[b]);
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    acc = std::fma(static_cast<float>(_mm_cvtsi128_si32(s)), e8m0_to_f32_half(x[b].e) * _cvtsh_ss(y[b].d), acc);
+  }
+  return acc;
 }
 
 TD_FN float dot_q4_1(int64_t n, const void* w, const void* a) {

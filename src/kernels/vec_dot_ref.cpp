@@ -2,6 +2,7 @@
 // formulation: per block (or sub-block) an exact int32 sum of products of the
 // stored quants, scaled once by the float scales. SIMD kernels compute the same
 // integers, so they differ from these only in float summation order.
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -56,6 +57,9 @@ void block_quants(const BlockQ5_1& x, int q[kQK]) {
 void block_quants(const BlockQ8_0& x, int q[kQK]) {
   for (int j = 0; j < kQK; ++j) q[j] = x.qs[j];
 }
+void block_quants(const BlockMXFP4& x, int q[kQK]) {
+  for (int j = 0; j < kQK / 2; ++j) q[j] = kMxfp4Values[x.qs[j] & 0xF], q[j + kQK / 2] = kMxfp4Values[x.qs[j] >> 4];
+}
 
 // Per block, an exact int32 sum of the quants' products scaled by both d;
 // the formats with a min (against q8_1) add m times q8_1's stored d * sum(q8).
@@ -74,6 +78,24 @@ float dot_q32(int64_t n, const void* w, const void* a) {
     else sum += s;
   }
   return sum;
+}
+
+// MXFP4 as llama.cpp computes it on x86 (its repacked mxfp4 kernels, which
+// its CPU backend uses for every matrix of a multiple of 8 rows): one chain,
+// acc = fma(float(S_b), dw_b * da_b, acc) over the blocks in order, S_b the
+// block's exact integer sum. Every SIMD level gives these bits.
+float dot_mxfp4(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const BlockMXFP4*>(w);
+  const auto* y = static_cast<const BlockQ8_0*>(a);
+  float acc = 0;
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    int q[kQK];
+    block_quants(x[b], q);
+    int32_t isum = 0;
+    for (int j = 0; j < kQK; ++j) isum += q[j] * y[b].qs[j];
+    acc = std::fma(static_cast<float>(isum), e8m0_to_f32_half(x[b].e) * f16_to_f32(y[b].d), acc);
+  }
+  return acc;
 }
 
 float dot_q2_k(int64_t n, const void* w, const void* a) {
@@ -200,6 +222,7 @@ TypeFns scalar_dot(GgmlType w) {
     case GgmlType::Q5_0: return {.dot = dot_q32<BlockQ5_0, BlockQ8_0>};
     case GgmlType::Q5_1: return {.dot = dot_q32<BlockQ5_1, BlockQ8_1>};
     case GgmlType::Q8_0: return {.dot = dot_q32<BlockQ8_0, BlockQ8_0>};
+    case GgmlType::MXFP4: return {.dot = dot_mxfp4};
     case GgmlType::Q2_K: return {.dot = dot_q2_k};
     case GgmlType::Q3_K: return {.dot = dot_q3_k};
     case GgmlType::Q4_K: return {.dot = dot_q45_k<BlockQ4K>};

@@ -32,6 +32,7 @@ constexpr Entry kTypes[] = {
     {27, {"i64", 1, 8, false}},
     {28, {"f64", 1, 8, false}},
     {30, {"bf16", 1, 2, true}},
+    {39, {"mxfp4", 32, 1 + 16, true}},
 };
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "quant/quant_blocks.h"
 #include "quant/quant_internal.h"
 
 namespace tandem {
@@ -93,8 +94,6 @@ uint16_t f32_to_bf16(float f) {
 }
 
 namespace {
-
-constexpr int kQK = 32;  // elements per block of the 32-element formats
 
 // C's float -> int8_t conversion (truncation) for the in-range values the
 // quantizers produce; non-finite input (which would be undefined behaviour in
@@ -273,6 +272,49 @@ void quant_q8_0(const float* x, uint8_t* b, int64_t nb) {
   }
 }
 
+// ---- MXFP4: e (E8M0), qs[16] as in Q4_0; value = kMxfp4Values[code] * 2^(e-128).
+void dequant_mxfp4(const uint8_t* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, b += 17, y += kQK) {
+    const float d = e8m0_to_f32_half(b[0]);
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[j] = static_cast<float>(kMxfp4Values[b[1 + j] & 0x0f]) * d;
+      y[j + kQK / 2] = static_cast<float>(kMxfp4Values[b[1 + j] >> 4]) * d;
+    }
+  }
+}
+
+// The code nearest x / d; on a tie the lower code, as ggml's search.
+uint8_t mxfp4_code(float x, float d) {
+  uint8_t best = 0;
+  float best_err = std::fabs(static_cast<float>(kMxfp4Values[0]) * d - x);
+  for (uint8_t c = 1; c < 16; ++c) {
+    const float err = std::fabs(static_cast<float>(kMxfp4Values[c]) * d - x);
+    if (err < best_err) best = c, best_err = err;
+  }
+  return best;
+}
+
+// ggml's exponent: floor(log2(amax)) - 2 + 127, so amax lands in the codes'
+// top range (12 * 2^(e-128) = 1.5 * 2^floor(log2 amax)). ggml converts it
+// to a byte unchecked; here it is clamped to the valid exponents 0..254, a
+// difference only for amax below 2^-125 or not finite.
+void quant_mxfp4(const float* x, uint8_t* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK, b += 17) {
+    float amax = 0.f;
+    for (int j = 0; j < kQK; ++j)
+      if (amax < std::fabs(x[j])) amax = std::fabs(x[j]);
+    uint8_t e = 0;
+    if (amax > 0.f) {
+      const float ef = std::floor(std::log2(amax)) - 2 + 127;
+      e = static_cast<uint8_t>(std::clamp(ef, 0.0f, 254.0f));
+    }
+    const float d = e8m0_to_f32_half(e);
+    b[0] = e;
+    for (int j = 0; j < kQK / 2; ++j)
+      b[1 + j] = static_cast<uint8_t>(mxfp4_code(x[j], d) | (mxfp4_code(x[j + kQK / 2], d) << 4));
+  }
+}
+
 // ---- plain element types
 void dequant_f32(const uint8_t* b, float* y, int64_t n) { std::memcpy(y, b, static_cast<size_t>(n) * 4); }
 void quant_f32(const float* x, uint8_t* b, int64_t n) { std::memcpy(b, x, static_cast<size_t>(n) * 4); }
@@ -304,6 +346,7 @@ constexpr Codec kCodecs[] = {
     {GgmlType::Q5_0, dequant_q5_0, quant_q5_0},
     {GgmlType::Q5_1, dequant_q5_1, quant_q5_1},
     {GgmlType::Q8_0, dequant_q8_0, quant_q8_0},
+    {GgmlType::MXFP4, dequant_mxfp4, quant_mxfp4},
     {GgmlType::Q2_K, quant_detail::dequant_q2_k, quant_detail::quant_q2_k},
     {GgmlType::Q3_K, quant_detail::dequant_q3_k, quant_detail::quant_q3_k},
     {GgmlType::Q4_K, quant_detail::dequant_q4_k, quant_detail::quant_q4_k},

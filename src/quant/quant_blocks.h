@@ -52,6 +52,25 @@ struct BlockQ8_1 {
   int8_t qs[kQK];
 };
 
+// MXFP4 (OCP microscaling): 32 E2M1 codes sharing one E8M0 exponent. Code
+// c stands for kMxfp4Values[c] * 2^(e - 128): the table holds the E2M1
+// values doubled (so they are integers), and the scale halves them back.
+struct BlockMXFP4 {
+  uint8_t e;             // E8M0: the block's power of two, biased by 127
+  uint8_t qs[kQK / 2];   // element j in the low nibble of qs[j], j+16 in the high one
+};
+
+inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// 2^(e - 128), the scale of kMxfp4Values (ggml's GGML_E8M0_TO_FP32_HALF):
+// e = 0 and 1 give the subnormals 2^-128 and 2^-127.
+inline float e8m0_to_f32_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 struct BlockQ2K {
   uint8_t scales[kQKK / 16];  // low nibble scale, high nibble min, per 16 elements
   uint8_t qs[kQKK / 4];
@@ -100,6 +119,7 @@ static_assert(sizeof(BlockQ5_0) == 22);
 static_assert(sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ8_1) == 36);
+static_assert(sizeof(BlockMXFP4) == 17);
 static_assert(sizeof(BlockQ2K) == 84);
 static_assert(sizeof(BlockQ3K) == 110);
 static_assert(sizeof(BlockQ4K) == 144);
