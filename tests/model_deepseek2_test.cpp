@@ -29,7 +29,7 @@ SynthSpec small_spec() {
   SynthSpec s;
   s.arch = "deepseek2";
   s.n_layer = 2, s.n_embd = 128, s.n_ff = 256, s.n_head = 4;
-  s.head_dim = 48, s.rope_dim = 16, s.kv_lora_rank = 64, s.head_dim_v = 32;
+  s.head_dim = 64, s.rope_dim = 32, s.kv_lora_rank = 64, s.head_dim_v = 32;
   s.vocab_from = test::shared_path("models/gguf/stories260K.gguf");
   return s;
 }
@@ -207,11 +207,11 @@ TEST(Deepseek2, CacheHoldsTheLatentAndRopePart) {
   auto m = Model::load(path);
   const KvShape s = m->kv_shape();
   EXPECT_EQ(s.n_head_kv, 1);
-  EXPECT_EQ(s.k_width, 16);  // the rope part
+  EXPECT_EQ(s.k_width, 32);  // the rope part
   EXPECT_EQ(s.v_width, 64);  // the latent
-  // 2 layers x (64 + 16) f16 values, against 2 x 4 heads x (48 + 32) per head.
-  EXPECT_EQ(KvCache::bytes_per_token(s, kv_format(KvType::kF16, KvType::kF16)), 2u * 80 * 2);
-  EXPECT_NE(describe_kv_cache(m->config()).find("320 bytes per token in f16"), std::string::npos)
+  // 2 layers x (64 + 32) f16 values, against 2 x 4 heads x (64 + 32) per head.
+  EXPECT_EQ(KvCache::bytes_per_token(s, kv_format(KvType::kF16, KvType::kF16)), 2u * 96 * 2);
+  EXPECT_NE(describe_kv_cache(m->config()).find("384 bytes per token in f16"), std::string::npos)
       << describe_kv_cache(m->config());
   fs::remove(path);
 }

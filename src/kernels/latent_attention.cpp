@@ -7,7 +7,12 @@
 
 #include "core/error.h"
 #include "quant/quant.h"
+#include "runtime/cpu_features.h"
 #include "runtime/thread_pool.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace tandem {
 namespace {
@@ -24,8 +29,10 @@ void check_view(const LatentShape& s, const KvLayerView& kv) {
 }
 
 // Sums in 16 independent lanes, added in a fixed order at the end: the
-// compiler vectorizes the lanes, and the result does not depend on it.
-float dot(const float* a, const float* b, int32_t n) {
+// compiler vectorizes the lanes, and the result does not depend on it. Built
+// for AVX-512 and a baseline (the CPU picks one, so a process always runs
+// the same one).
+__attribute__((target_clones("avx512f", "default"))) float dot(const float* a, const float* b, int32_t n) {
   float acc[16] = {};
   int32_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -36,6 +43,30 @@ float dot(const float* a, const float* b, int32_t n) {
   return acc[0];
 }
 
+// acc += w * x, n elements.
+__attribute__((target_clones("avx512f", "default"))) void axpy(float* acc, float w, const float* x, int32_t n) {
+  for (int32_t i = 0; i < n; ++i) acc[i] += w * x[i];
+}
+
+#if defined(__x86_64__)
+// The hardware conversion is exact (every f16 is an f32), as f16_to_f32 is.
+__attribute__((target("avx,f16c"))) int32_t f16_row_f16c(const uint16_t* h, float* x, int32_t n) {
+  int32_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  return i;
+}
+#endif
+
+void f16_row(const uint16_t* h, float* x, int32_t n) {
+  int32_t i = 0;
+#if defined(__x86_64__)
+  static const bool f16c = cpu_features().f16c;
+  if (f16c) i = f16_row_f16c(h, x, n);
+#endif
+  for (; i < n; ++i) x[i] = f16_to_f32(h[i]);
+}
+
 }  // namespace
 
 void latent_read(const KvLayerView& kv, int32_t pos, float* latent, float* rope) {
@@ -43,11 +74,7 @@ void latent_read(const KvLayerView& kv, int32_t pos, float* latent, float* rope)
   const int32_t L = kv.v_head, R = kv.k_head;
   switch (kv.v_type) {
     case KvType::kF32: std::copy_n(kv.value<float>(pos, 0), L, latent); break;
-    case KvType::kF16: {
-      const uint16_t* v = kv.value<uint16_t>(pos, 0);
-      for (int32_t i = 0; i < L; ++i) latent[i] = f16_to_f32(v[i]);
-      break;
-    }
+    case KvType::kF16: f16_row(kv.value<uint16_t>(pos, 0), latent, L); break;
     case KvType::kQ8_0: {
       const uint8_t* w = kv.value_words(pos, 0);
       const uint16_t* sc = kv.value_scales(pos, 0);
@@ -140,8 +167,7 @@ void latent_attention(const LatentShape& s, const KvLayerView& kv, const float* 
           for (int32_t j = 0; j < cnt; ++j) {
             const float w = std::exp(scores[j] - nm);
             l[hh] += w;
-            const float* lat = rows.data() + size_t(j) * W;
-            for (int32_t i = 0; i < L; ++i) a[i] += w * lat[i];
+            axpy(a, w, rows.data() + size_t(j) * W, L);
           }
         }
       }
