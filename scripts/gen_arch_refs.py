@@ -40,6 +40,7 @@ N_GREEDY = 16
 # A llama shape whose widths suit every block size (K-quants need 256).
 K_SHAPE = ["--arch", "llama", "--layers", "2", "--embd", "256", "--ff", "512", "--heads", "4", "--kv-heads", "2"]
 SMALL = ["--layers", "2", "--embd", "128", "--ff", "256"]
+DS2 = SMALL + ["--heads", "4", "--head-dim", "64", "--rope-dim", "32", "--kv-lora", "64", "--head-dim-v", "32"]
 
 MODELS = {
     # Architectures, F32 weights: differences here are forward-pass bugs, not rounding.
@@ -55,6 +56,15 @@ MODELS = {
                       "--kv-heads", "1", "--head-dim", "64", "--window", "8", "--type", "q4_k_m"],
     "qwen3_q8_0": ["--arch", "qwen3"] + SMALL + ["--heads", "4", "--kv-heads", "2", "--head-dim", "64",
                                                 "--type", "q8_0"],
+    # Latent attention: DeepSeek-V2-Lite's structure at small widths (query
+    # heads of 32 unrotated + 32 rotated, values of 32, a latent of 64).
+    "deepseek2_f32": ["--arch", "deepseek2"] + DS2,
+    "deepseek2_qlora_f32": ["--arch", "deepseek2"] + DS2 + ["--q-lora", "96"],
+    "deepseek2_q8_0": ["--arch", "deepseek2"] + DS2 + ["--type", "q8_0"],
+    # V2-Lite's YaRN (factor 40, log multiplier 0.0707) over an original
+    # context of 32, so the ramp falls inside the 16 rotated pairs.
+    "deepseek2_yarn_f32": ["--arch", "deepseek2"] + DS2 + ["--yarn-factor", "40", "--yarn-orig-ctx", "32",
+                                                          "--yarn-log-mul", "0.0707"],
 }
 for t in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
           "q4_k_m", "q5_k_m", "mxfp4"]:

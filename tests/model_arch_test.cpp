@@ -44,6 +44,13 @@ SynthSpec spec_from_args(const std::vector<std::string>& a) {
     else if (f == "--head-dim") s.head_dim = std::stoi(v);
     else if (f == "--ctx") s.n_ctx = std::stoi(v);
     else if (f == "--window") s.sliding_window = std::stoi(v);
+    else if (f == "--kv-lora") s.kv_lora_rank = std::stoi(v);
+    else if (f == "--q-lora") s.q_lora_rank = std::stoi(v);
+    else if (f == "--rope-dim") s.rope_dim = std::stoi(v);
+    else if (f == "--head-dim-v") s.head_dim_v = std::stoi(v);
+    else if (f == "--yarn-factor") s.yarn_factor = std::stof(v);
+    else if (f == "--yarn-orig-ctx") s.yarn_orig_ctx = std::stoi(v);
+    else if (f == "--yarn-log-mul") s.yarn_log_mul = std::stof(v);
     else if (f == "--rope-base") s.rope_base = std::stof(v);
     else if (f == "--eps") s.rms_eps = std::stof(v);
     else if (f == "--type") s.type = v;

@@ -39,10 +39,17 @@ TEST(ModelPlan, LayoutsAreWhatTheLoadGives) {
       EXPECT_EQ(plan.matrices.back().name, "token_embd.weight");
       EXPECT_EQ(plan.matrices.front().name, "blk.0.attn_q.weight");
       auto m = Model::load(p.string(), {.prepack = mode});
+      // The layers' matrices that exist (attention ones first), then the output.
       std::vector<const WeightMatrix*> loaded;
+      std::vector<int64_t> chunk_rows;
       for (const LayerWeights& L : m->weights().layers)
-        for (const WeightMatrix* W : L.matrices()) loaded.push_back(W);
+        for (const WeightMatrix* W : L.matrices())
+          if (*W) {
+            loaded.push_back(W);
+            chunk_rows.push_back(W == &L.w_gate || W == &L.w_up || W == &L.w_down ? kFfnChunkRows : kAttnChunkRows);
+          }
       loaded.push_back(&m->weights().output);
+      chunk_rows.push_back(1);
       size_t repacked = 0;
       for (size_t i = 0; i < loaded.size(); ++i) {
         const MatrixPlan& mp = plan.matrices[i];
@@ -50,7 +57,7 @@ TEST(ModelPlan, LayoutsAreWhatTheLoadGives) {
         EXPECT_EQ(mp.layout.bytes, layout_bytes(*loaded[i], loaded[i]->layout)) << mp.name;
         repacked += mp.layout.bytes;
         EXPECT_EQ(mp.decode.route, select_product(mp.type, mp.layout.layout, 1, plan.level, stream_tuning()).route);
-        EXPECT_EQ(mp.prefill_rows, i + 1 == loaded.size() ? 1 : i % 7 < 4 ? kAttnChunkRows : kFfnChunkRows);
+        EXPECT_EQ(mp.prefill_rows, chunk_rows[i]);
       }
       EXPECT_EQ(repacked, m->packed_bytes());
       const std::string text = describe_plan(plan);

@@ -6,6 +6,8 @@
 #include "cli/common.h"
 #include "gguf/gguf.h"
 #include "gguf/inspect.h"
+#include "core/error.h"
+#include "model/model.h"
 #include "model/plan.h"
 
 namespace tandem::cli {
@@ -28,6 +30,14 @@ void add_inspect_command(CLI::App& app, int& rc) {
     auto f = GgufFile::open(o->path);
     if (o->plan) std::fputs(describe_plan(plan_products(*f, o->runtime)).c_str(), stdout);
     else std::fputs(describe_gguf(*f, o->full).c_str(), stdout);
+    if (!o->plan) {
+      // What the KV cache costs, for files whose architecture Tandem runs.
+      try {
+        std::fputs(("\n" + describe_kv_cache(ModelConfig::from_gguf(*f))).c_str(), stdout);
+      } catch (const Error& e) {
+        std::fprintf(stdout, "\nkv cache: not described: %s\n", e.what());
+      }
+    }
     rc = 0;
   });
 }

@@ -18,6 +18,7 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "engine/llm_engine.h"
+#include "kv/kv_cache.h"
 #include "model/model.h"
 #include "server/api_server.h"
 
@@ -147,9 +148,15 @@ int serve(const ServeOpts& o) {
   const MetricsSnapshot km = engine.metrics();
   const std::string window =
       km.kv_window > 0 ? fmt::format(" (sliding-window layers keep {} positions)", km.kv_window) : "";
-  std::fprintf(stderr, "tandem serve: KV cache %s, %lld tokens in %.1f MiB%s\n",
+  const KvShape kv_shape = model->kv_shape();
+  const std::string layout =
+      model->config().latent_attention()
+          ? fmt::format(", latent: {} + {} values a layer", kv_shape.v_width, kv_shape.k_width)
+          : "";
+  std::fprintf(stderr, "tandem serve: KV cache %s, %lld tokens in %.1f MiB, %zu bytes per token%s%s\n",
                kv_format_name(kv_format(ec.kv_cache)).c_str(), static_cast<long long>(km.kv_tokens_total),
-               static_cast<double>(engine.kv_bytes()) / (1024.0 * 1024.0), window.c_str());
+               static_cast<double>(engine.kv_bytes()) / (1024.0 * 1024.0),
+               KvCache::bytes_per_token(kv_shape, kv_format(ec.kv_cache)), layout.c_str(), window.c_str());
   if (!srv.kv_events_endpoint().empty())
     std::fprintf(stderr, "tandem serve: KV events on %s%s%s\n", srv.kv_events_endpoint().c_str(),
                  srv.kv_events_replay_endpoint().empty() ? "" : ", replay on ",

@@ -17,8 +17,9 @@ namespace {
 
 struct SynthOpts {
   std::string out, preset, arch, vocab, type, name;
-  std::optional<int32_t> layers, embd, ff, heads, kv_heads, head_dim, ctx, window;
-  std::optional<float> rope_base, eps;
+  std::optional<int32_t> layers, embd, ff, heads, kv_heads, head_dim, ctx, window, kv_lora, q_lora, rope_dim, head_dim_v;
+  std::optional<float> rope_base, eps, yarn_factor, yarn_log_mul;
+  std::optional<int32_t> yarn_orig_ctx;
   std::optional<uint64_t> seed;
   bool rope_freqs = false, tied = false, untied = false;
   int32_t threads = 0;
@@ -39,6 +40,13 @@ SynthSpec build_spec(const SynthOpts& o) {
   set(s.head_dim, o.head_dim);
   set(s.n_ctx, o.ctx);
   set(s.sliding_window, o.window);
+  set(s.kv_lora_rank, o.kv_lora);
+  set(s.q_lora_rank, o.q_lora);
+  set(s.rope_dim, o.rope_dim);
+  set(s.head_dim_v, o.head_dim_v);
+  if (o.yarn_factor) s.yarn_factor = *o.yarn_factor;
+  if (o.yarn_log_mul) s.yarn_log_mul = *o.yarn_log_mul;
+  set(s.yarn_orig_ctx, o.yarn_orig_ctx);
   if (o.rope_base) s.rope_base = o.rope_base;
   if (o.eps) s.rms_eps = o.eps;
   if (o.seed) s.seed = *o.seed;
@@ -63,7 +71,7 @@ void add_synth_command(CLI::App& app, int& rc) {
   cmd->add_option("-o,--output", o->out, "Output GGUF file")->required();
   cmd->add_option("--preset", o->preset,
                   fmt::format("A named shape: {}", fmt::join(synth_preset_names(), ", ")));
-  cmd->add_option("--arch", o->arch, "llama | qwen2 | qwen3 | gemma3 (default llama)");
+  cmd->add_option("--arch", o->arch, "llama | qwen2 | qwen3 | gemma3 | deepseek2 (default llama)");
   cmd->add_option("--name", o->name, "general.name (default synth-<arch>)");
   cmd->add_option("--layers", o->layers, "Number of blocks (default 2)");
   cmd->add_option("--embd", o->embd, "Embedding width (default 64)");
@@ -73,6 +81,13 @@ void add_synth_command(CLI::App& app, int& rc) {
   cmd->add_option("--head-dim", o->head_dim, "Width of one head (default embd/heads)");
   cmd->add_option("--ctx", o->ctx, "context_length (default 2048)");
   cmd->add_option("--window", o->window, "gemma3 sliding window (default 512)");
+  cmd->add_option("--kv-lora", o->kv_lora, "deepseek2: latent width kv_lora_rank (default 512)");
+  cmd->add_option("--q-lora", o->q_lora, "deepseek2: q LoRA rank (default 0: attn_q)");
+  cmd->add_option("--rope-dim", o->rope_dim, "deepseek2: rotated dims per head (default 64)");
+  cmd->add_option("--head-dim-v", o->head_dim_v, "deepseek2: value width per head (default 128)");
+  cmd->add_option("--yarn-factor", o->yarn_factor, "deepseek2: YaRN rope scaling factor (default none)");
+  cmd->add_option("--yarn-orig-ctx", o->yarn_orig_ctx, "deepseek2: YaRN original context length (default 4096)");
+  cmd->add_option("--yarn-log-mul", o->yarn_log_mul, "deepseek2: YaRN log multiplier as GGUF stores it (default 0)");
   cmd->add_option("--rope-base", o->rope_base, "RoPE frequency base (default 10000 llama, 1e6 others)");
   cmd->add_option("--eps", o->eps, "RMS norm epsilon (default 1e-5 llama, 1e-6 others)");
   cmd->add_flag("--rope-freqs", o->rope_freqs, "llama: add Llama-3 style rope_freqs.weight factors");

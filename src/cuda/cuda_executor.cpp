@@ -266,6 +266,9 @@ CudaExecutor::CudaExecutor(Model& m, const KvPlan& plan) : model_(m), cfg_(m.con
   use_graphs_ = m.options().cuda_graphs;
 
   const ModelConfig& c = cfg_;
+  if (c.latent_attention())
+    fail(ErrorKind::kUnsupported, "the CUDA backend has no latent attention ({}); run this model on the CPU",
+         c.arch_name);
   if (!attention_shape_supported(c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v))
     fail(ErrorKind::kUnsupported,
          "the CUDA backend's attention handles head dimensions up to 256 and up to 4096 value elements per KV head; "

@@ -17,7 +17,11 @@ constexpr int64_t kDefaultKvCapBytes = int64_t{2} << 30;
 KvPlan size_kv_pool(const Model& m, const KvPoolAsk& a) {
   const ModelConfig& mc = m.config();
   const KvShape shape = m.kv_shape();
-  const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(shape, a.format));
+  KvFormat format = a.format;
+  // A latent cache is read back as the latent itself (kernels/latent_attention.h):
+  // its elements are stored neither rotated nor smoothed.
+  if (mc.latent_attention()) format.rotate_k = format.rotate_v = format.smooth_k = false;
+  const int64_t per_token = static_cast<int64_t>(KvCache::bytes_per_token(shape, format));
   // Sliding-window layers on pages of their own, given back as the window
   // passes them; every size below is in tokens that hold all layers.
   const KvPaging paging =
@@ -50,12 +54,12 @@ KvPlan size_kv_pool(const Model& m, const KvPoolAsk& a) {
          sized_by_default ? ", half the memory available" : "", a.max_context);
   if (n_blocks > INT32_MAX) fail(ErrorKind::kInvalidArgument, "KV pool of {} blocks is too large", n_blocks);
   const uint64_t pool_bytes = static_cast<uint64_t>(n_blocks) * a.block_size *
-                              KvCache::layer_bytes_per_token(shape, a.format) * uint64_t(paging.layers_per_page);
+                              KvCache::layer_bytes_per_token(shape, format) * uint64_t(paging.layers_per_page);
   if (avail && pool_bytes + static_cast<uint64_t>(a.swap_bytes) > *avail)
     fail(ErrorKind::kResource,
          "the KV pool ({} MiB) and swap space ({} MiB) need more than the {} MiB of memory available; ask for less",
          pool_bytes >> 20, a.swap_bytes >> 20, *avail >> 20);
-  return KvPlan{shape, static_cast<int32_t>(n_blocks), a.block_size, a.format, paging, a.max_context};
+  return KvPlan{shape, static_cast<int32_t>(n_blocks), a.block_size, format, paging, a.max_context};
 }
 
 }  // namespace tandem

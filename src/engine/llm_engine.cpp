@@ -129,6 +129,10 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model)
   const KvFormat kv_fmt = kv_format(c.kv_cache);
   const KvCacheTypes& kc = c.kv_cache;
   check_streaming_window(kc, c.block_size, max_context, c.spec.mode, c.device);
+  if (mc.latent_attention() && kc.heavy > 0)
+    fail(ErrorKind::kInvalidArgument,
+         "heavy hitters rank positions by attention mass, which latent attention ({}) does not record",
+         mc.arch_name);
   const bool latency = c.policy == SchedulePolicy::kLatency;
   const int32_t batch_tokens = c.max_batch_tokens > 0 ? c.max_batch_tokens : (latency ? 256 : 1024);
   const int32_t chunk = latency ? std::min(batch_tokens, 128) : batch_tokens;

@@ -159,10 +159,34 @@ Resolved resolve(const SynthSpec& in) {
   r.s = in;
   SynthSpec& s = r.s;
   const bool llama = s.arch == "llama", qwen2 = s.arch == "qwen2", qwen3 = s.arch == "qwen3",
-             gemma3 = s.arch == "gemma3";
-  if (!llama && !qwen2 && !qwen3 && !gemma3)
-    fail(ErrorKind::kInvalidArgument, "synth: unknown architecture '{}' (known: llama, qwen2, qwen3, gemma3)",
+             gemma3 = s.arch == "gemma3", deepseek2 = s.arch == "deepseek2";
+  if (!llama && !qwen2 && !qwen3 && !gemma3 && !deepseek2)
+    fail(ErrorKind::kInvalidArgument,
+         "synth: unknown architecture '{}' (known: llama, qwen2, qwen3, gemma3, deepseek2)", s.arch);
+  if (deepseek2) {
+    if (s.n_head_kv != 0 && s.n_head_kv != 1)
+      fail(ErrorKind::kInvalidArgument, "synth: deepseek2 caches one latent per token; kv-heads = {} must be 1",
+           s.n_head_kv);
+    s.n_head_kv = 1;
+    if (s.head_dim == 0) s.head_dim = 192;
+    if (s.kv_lora_rank == 0) s.kv_lora_rank = 512;
+    if (s.rope_dim == 0) s.rope_dim = 64;
+    if (s.head_dim_v == 0) s.head_dim_v = 128;
+    check_range("kv-lora", s.kv_lora_rank, 2, 1 << 16);
+    check_range("q-lora", s.q_lora_rank, 0, 1 << 20);
+    check_range("head-dim-v", s.head_dim_v, 1, 4096);
+    check_range("rope-dim", s.rope_dim, 2, s.head_dim - 1);
+    if (s.rope_dim % 2 != 0)
+      fail(ErrorKind::kInvalidArgument, "synth: rope-dim = {} is odd; RoPE rotates pairs", s.rope_dim);
+    if (!std::isfinite(s.yarn_factor) || s.yarn_factor < 0 || !std::isfinite(s.yarn_log_mul))
+      fail(ErrorKind::kInvalidArgument, "synth: yarn factor {} and log multiplier {} must be finite, factor >= 0",
+           s.yarn_factor, s.yarn_log_mul);
+    check_range("yarn-orig-ctx", s.yarn_orig_ctx, 1, 1 << 24);
+  } else if (s.kv_lora_rank != 0 || s.q_lora_rank != 0 || s.rope_dim != 0 || s.head_dim_v != 0 ||
+             s.yarn_factor != 0) {
+    fail(ErrorKind::kInvalidArgument, "synth: kv-lora, q-lora, rope-dim and head-dim-v are deepseek2's, not {}",
          s.arch);
+  }
   if (s.name.empty()) s.name = "synth-" + s.arch;
   constexpr int64_t kBig = 1 << 20;
   check_range("layers", s.n_layer, 1, 1024);
@@ -194,13 +218,13 @@ Resolved resolve(const SynthSpec& in) {
   if (s.rope_freqs && !llama)
     fail(ErrorKind::kInvalidArgument, "synth: rope_freqs factors are only supported for llama, not {}", s.arch);
 
-  r.rope_base = s.rope_base.value_or(llama ? 10000.0f : 1000000.0f);
+  r.rope_base = s.rope_base.value_or(llama || deepseek2 ? 10000.0f : 1000000.0f);
   r.rms_eps = s.rms_eps.value_or(llama ? 1e-5f : 1e-6f);
   if (!std::isfinite(r.rope_base) || r.rope_base <= 0)
     fail(ErrorKind::kInvalidArgument, "synth: rope base {} must be a positive number", r.rope_base);
   if (!std::isfinite(r.rms_eps) || r.rms_eps <= 0)
     fail(ErrorKind::kInvalidArgument, "synth: rms epsilon {} must be a positive number", r.rms_eps);
-  r.tied = s.tied.value_or(!llama);
+  r.tied = s.tied.value_or(!llama && !deepseek2);
   type_choice(s.type);  // validates
   if (s.vocab_from.empty())
     fail(ErrorKind::kInvalidArgument,
@@ -261,9 +285,34 @@ std::vector<Planned> plan_tensors(const Resolved& r) {
   vec("output_norm.weight", E, Init::kNorm);
   if (!r.tied) matrix("output.weight", E, V, -1);
   if (s.rope_freqs) vec("rope_freqs.weight", D / 2, Init::kRopeFreqs);
+  // A per-head stack of matrices, [cols, per, heads].
+  auto stack = [&](std::string name, int64_t cols, int64_t per, int64_t heads, int layer) {
+    GgmlType t = matrix_type(r, tc, name, layer, cols);
+    p.push_back({std::move(name), {cols, per, heads}, Init::kMatrix, t});
+  };
   for (int il = 0; il < s.n_layer; ++il) {
     auto n = [il](const char* t) { return fmt::format("blk.{}.{}", il, t); };
     vec(n("attn_norm.weight"), E, Init::kNorm);
+    if (s.arch == "deepseek2") {
+      const int64_t H = s.n_head, KL = s.kv_lora_rank, R = s.rope_dim, Dv = s.head_dim_v;
+      if (s.q_lora_rank > 0) {
+        matrix(n("attn_q_a.weight"), E, s.q_lora_rank, il);
+        vec(n("attn_q_a_norm.weight"), s.q_lora_rank, Init::kNorm);
+        matrix(n("attn_q_b.weight"), s.q_lora_rank, QW, il);
+      } else {
+        matrix(n("attn_q.weight"), E, QW, il);
+      }
+      matrix(n("attn_kv_a_mqa.weight"), E, KL + R, il);
+      vec(n("attn_kv_a_norm.weight"), KL, Init::kNorm);
+      stack(n("attn_k_b.weight"), D - R, KL, H, il);
+      stack(n("attn_v_b.weight"), KL, Dv, H, il);
+      matrix(n("attn_output.weight"), H * Dv, E, il);
+      vec(n("ffn_norm.weight"), E, Init::kNorm);
+      matrix(n("ffn_gate.weight"), E, F, il);
+      matrix(n("ffn_up.weight"), E, F, il);
+      matrix(n("ffn_down.weight"), F, E, il);
+      continue;
+    }
     matrix(n("attn_q.weight"), E, QW, il);
     matrix(n("attn_k.weight"), E, KW, il);
     matrix(n("attn_v.weight"), E, KW, il);
@@ -346,7 +395,9 @@ std::vector<std::string> synth_type_names() {
   return v;
 }
 
-std::vector<std::string> synth_preset_names() { return {"tinyllama-1.1b", "qwen3-0.6b", "gemma3-270m"}; }
+std::vector<std::string> synth_preset_names() {
+  return {"tinyllama-1.1b", "qwen3-0.6b", "gemma3-270m", "deepseek-v2-lite-dense"};
+}
 
 SynthSpec synth_preset(const std::string& name) {
   SynthSpec s;
@@ -360,6 +411,10 @@ SynthSpec synth_preset(const std::string& name) {
     s.arch = "gemma3";
     s.n_layer = 18, s.n_embd = 640, s.n_ff = 2048, s.n_head = 4, s.n_head_kv = 1, s.head_dim = 256;
     s.sliding_window = 512;
+  } else if (name == "deepseek-v2-lite-dense") {
+    s.arch = "deepseek2";
+    s.n_layer = 27, s.n_embd = 2048, s.n_ff = 10944, s.n_head = 16, s.n_ctx = 163840;
+    s.yarn_factor = 40, s.yarn_orig_ctx = 4096, s.yarn_log_mul = 0.0707f;
   } else {
     fail(ErrorKind::kInvalidArgument, "synth: unknown preset '{}' (known: {})", name,
          fmt::join(synth_preset_names(), ", "));
@@ -387,9 +442,30 @@ SynthReport synth_model(const SynthSpec& spec, const std::string& out_path, int 
   w.add_u32(a + "attention.head_count_kv", static_cast<uint32_t>(s.n_head_kv));
   w.add_f32(a + "attention.layer_norm_rms_epsilon", r.rms_eps);
   w.add_f32(a + "rope.freq_base", r.rope_base);
-  // Qwen3 and Gemma 3 converters always write the head width; the others only
-  // need it when it is not n_embd / n_head.
-  if (s.arch == "qwen3" || s.arch == "gemma3" || s.head_dim * s.n_head != s.n_embd) {
+  if (s.arch == "deepseek2") {
+    // As llama.cpp's converter writes DeepSeek-V2: key/value_length are what
+    // the cache holds per token (latent + rope, latent), the _mla ones the
+    // per-head widths. The expert keys llama.cpp requires are written too;
+    // with every layer dense, no expert tensor exists.
+    w.add_u32(a + "attention.key_length", static_cast<uint32_t>(s.kv_lora_rank + s.rope_dim));
+    w.add_u32(a + "attention.value_length", static_cast<uint32_t>(s.kv_lora_rank));
+    w.add_u32(a + "attention.key_length_mla", static_cast<uint32_t>(s.head_dim));
+    w.add_u32(a + "attention.value_length_mla", static_cast<uint32_t>(s.head_dim_v));
+    w.add_u32(a + "attention.kv_lora_rank", static_cast<uint32_t>(s.kv_lora_rank));
+    w.add_u32(a + "attention.q_lora_rank", static_cast<uint32_t>(s.q_lora_rank));
+    w.add_u32(a + "rope.dimension_count", static_cast<uint32_t>(s.rope_dim));
+    w.add_u32(a + "leading_dense_block_count", static_cast<uint32_t>(s.n_layer));
+    w.add_u32(a + "expert_feed_forward_length", static_cast<uint32_t>(s.n_ff));
+    w.add_u32(a + "expert_shared_count", 0);
+    if (s.yarn_factor > 0) {
+      w.add_string(a + "rope.scaling.type", "yarn");
+      w.add_f32(a + "rope.scaling.factor", s.yarn_factor);
+      w.add_u32(a + "rope.scaling.original_context_length", static_cast<uint32_t>(s.yarn_orig_ctx));
+      w.add_f32(a + "rope.scaling.yarn_log_multiplier", s.yarn_log_mul);
+    }
+  } else if (s.arch == "qwen3" || s.arch == "gemma3" || s.head_dim * s.n_head != s.n_embd) {
+    // Qwen3 and Gemma 3 converters always write the head width; the others
+    // only need it when it is not n_embd / n_head.
     w.add_u32(a + "attention.key_length", static_cast<uint32_t>(s.head_dim));
     w.add_u32(a + "attention.value_length", static_cast<uint32_t>(s.head_dim));
   }

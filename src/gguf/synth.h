@@ -26,14 +26,29 @@
 namespace tandem {
 
 struct SynthSpec {
-  std::string arch = "llama";   // llama | qwen2 | qwen3 | gemma3
+  std::string arch = "llama";   // llama | qwen2 | qwen3 | gemma3 | deepseek2
   std::string name;             // general.name; empty: "synth-<arch>"
   int32_t n_layer = 2;
   int32_t n_embd = 64;
   int32_t n_ff = 128;
   int32_t n_head = 4;
   int32_t n_head_kv = 0;        // 0: n_head (no GQA)
-  int32_t head_dim = 0;         // 0: n_embd / n_head
+  int32_t head_dim = 0;         // 0: n_embd / n_head (deepseek2: 192, the query head width)
+  // deepseek2's latent attention (DeepSeek-V2-Lite's shape by default): the
+  // kv latent width, the q LoRA rank (0: attn_q, as V2-Lite), the rope part
+  // of each query head, the per-head value width. Every layer is dense
+  // (leading_dense_block_count = layers); the file carries the split
+  // attn_k_b / attn_v_b up-projections, as current llama.cpp converters write.
+  int32_t kv_lora_rank = 0;     // 0: 512
+  int32_t q_lora_rank = 0;
+  int32_t rope_dim = 0;         // 0: 64
+  int32_t head_dim_v = 0;       // 0: 128
+  // deepseek2: YaRN rope scaling (rope.scaling.*) when yarn_factor > 0, as
+  // V2-Lite's file states it (factor 40, original context 4096, log
+  // multiplier 0.0707, the converter's 0.1 x 0.707).
+  float yarn_factor = 0;
+  int32_t yarn_orig_ctx = 4096;
+  float yarn_log_mul = 0;
   int32_t n_ctx = 2048;         // {arch}.context_length
   std::optional<float> rope_base;  // default: 10000 (llama), 1e6 (qwen2, qwen3, gemma3 global layers)
   std::optional<float> rms_eps;    // default: 1e-5 (llama), 1e-6 (others)
@@ -61,6 +76,9 @@ struct SynthReport {
 
 // Named shapes (no vocabulary: --vocab-from is always needed).
 // tinyllama-1.1b: llama, 22 layers, 2048 wide, 5632 FFN, 32 heads, 4 KV heads.
+// deepseek-v2-lite-dense: DeepSeek-V2-Lite's attention (27 layers, 2048 wide,
+// 16 heads, kv LoRA 512, rope 64) with every layer's FFN dense (10944, its
+// first layer's), as the latent-attention benchmarks use it.
 SynthSpec synth_preset(const std::string& name);  // throws kInvalidArgument, listing the names
 std::vector<std::string> synth_preset_names();
 

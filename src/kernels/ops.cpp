@@ -152,7 +152,13 @@ void rope_angles(const RopeParams& p, int32_t pos, float* cos_out, float* sin_ou
   float theta = static_cast<float>(pos);
   for (int32_t i = 0; i < p.dims / 2; ++i) {
     const float ff = p.freq_factors ? p.freq_factors[i] : 1.0f;
-    const float t = p.scale * (theta / ff);
+    const float extrap = theta / ff;
+    float t = p.scale * extrap;
+    if (p.yarn) {
+      const float y = (static_cast<float>(i) - p.yarn_low) / std::max(0.001f, p.yarn_high - p.yarn_low);
+      const float ramp = 1.0f - std::min(1.0f, std::max(0.0f, y));
+      t = t * (1.0f - ramp) + extrap * ramp;
+    }
     cos_out[i] = std::cos(t);
     sin_out[i] = std::sin(t);
     theta *= theta_scale;

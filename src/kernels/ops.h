@@ -27,6 +27,11 @@ struct RopeParams {
   float base = 10000.0f;
   float scale = 1.0f;
   const float* freq_factors = nullptr;
+  // YaRN (ggml's rope_yarn with ext_factor 1): pair i's angle blends the
+  // interpolated (scaled) and the original one by a ramp that is 1 below
+  // pair yarn_low and 0 above yarn_high.
+  bool yarn = false;
+  float yarn_low = 0.0f, yarn_high = 0.0f;
 };
 // cos/sin for position `pos`, rope_dims/2 pairs each: computed once per token
 // and shared by all heads.

@@ -1,6 +1,8 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "core/error.h"
 #include "gguf/gguf.h"
@@ -13,6 +15,7 @@ const char* arch_name(Arch a) {
     case Arch::kQwen2: return "qwen2";
     case Arch::kQwen3: return "qwen3";
     case Arch::kGemma3: return "gemma3";
+    case Arch::kDeepseek2: return "deepseek2";
   }
   return "?";
 }
@@ -47,6 +50,70 @@ struct Keys {
   }
 };
 
+// YaRN as llama.cpp applies it to deepseek2 (llama-context.cpp and the
+// deepseek2 graph): beta_fast 32, beta_slow 1; the GGUF's
+// yarn_log_multiplier carries the converter's factor 0.1, taken off again.
+// Its attention factor cancels against the rope's own magnitude factor, so
+// the rotated parts keep magnitude rope_mscale (1 for DeepSeek-V2), and the
+// softmax scale takes mscale^2 with mscale = 1 + 0.1 * log_mul * ln(factor).
+void read_yarn(const GgufFile& f, const Keys& k, ModelConfig& c) {
+  const float factor = k.opt_float("rope.scaling.factor", 1.0);
+  if (factor <= 0) fail(ErrorKind::kInvalidFile, "{}: rope.scaling.factor {} <= 0", f.path(), factor);
+  const int32_t orig = k.opt_int("rope.scaling.original_context_length", c.n_ctx_train, 1, 1 << 24);
+  const float log_mul = k.opt_float("rope.scaling.yarn_log_multiplier", 0.0) / 0.1f;
+  const float attn = k.opt_float("rope.scaling.attn_factor", 1.0);
+  c.rope_scale = 1.0f / factor;
+  c.rope_yarn = true;
+  const auto corr_dim = [&](float n_rot) {
+    return static_cast<float>(c.rope_dims) * std::log(static_cast<float>(orig) / (n_rot * 2.0f * std::numbers::pi_v<float>)) /
+           (2.0f * std::log(c.rope_base));
+  };
+  c.yarn_low = std::max(0.0f, std::floor(corr_dim(32.0f)));
+  c.yarn_high = std::min(static_cast<float>(c.rope_dims - 1), std::ceil(corr_dim(1.0f)));
+  const auto get_mscale = [](float s, float m) { return s <= 1.0f ? 1.0f : 0.1f * m * std::log(s) + 1.0f; };
+  const float ratio = log_mul != 0.0f ? 1.0f : get_mscale(factor, 1.0f);
+  c.rope_mscale = ratio * attn;
+  c.yarn_attn_mscale = c.rope_mscale * (1.0f + 0.1f * log_mul * std::log(factor));
+}
+
+// The one place that refuses deepseek2's mixture-of-experts layers: they
+// need the expert feed-forward, which this build does not have yet.
+void refuse_moe_layers(const GgufFile& f, const ModelConfig& c) {
+  if (c.n_dense_lead < c.n_layer)
+    fail(ErrorKind::kUnsupported,
+         "{}: deepseek2 layers {}..{} are mixture-of-experts layers (leading_dense_block_count = {} of {} blocks); "
+         "the expert feed-forward is not supported yet, so only deepseek2 files whose every layer is dense load",
+         f.path(), c.n_dense_lead, c.n_layer - 1, c.n_dense_lead, c.n_layer);
+}
+
+// deepseek2's latent attention, in either form converters write: the split
+// per-head up-projections (attention.key_length_mla set; key_length is then
+// the cached latent + rope width, value_length the latent's, one KV head),
+// or the older fused attn_kv_b (key_length / value_length are per head).
+void read_latent_attention(const GgufFile& f, const Keys& k, ModelConfig& c) {
+  c.rope_style = RopeStyle::kNormal;
+  c.kv_lora_rank = k.req_int("attention.kv_lora_rank", 1, 1 << 16);
+  c.q_lora_rank = k.opt_int("attention.q_lora_rank", 0, 0, 1 << 20);
+  if (f.get_int(k.k("attention.key_length_mla"))) {
+    const int32_t cached_k = c.head_dim, cached_v = c.head_dim_v;
+    c.head_dim = k.req_int("attention.key_length_mla", 2, 4096);
+    c.head_dim_v = k.req_int("attention.value_length_mla", 1, 4096);
+    if (cached_k != c.kv_lora_rank + c.rope_dims || cached_v != c.kv_lora_rank || c.n_head_kv != 1)
+      fail(ErrorKind::kInvalidFile,
+           "{}: latent attention expects key_length = kv_lora_rank + rope dims ({} + {}), value_length = "
+           "kv_lora_rank and one KV head; the file has {}, {} and {}",
+           f.path(), c.kv_lora_rank, c.rope_dims, cached_k, cached_v, c.n_head_kv);
+  } else {
+    c.kv_b_fused = true;
+  }
+  if (c.rope_dims >= c.head_dim || c.rope_dims % 2 != 0)
+    fail(ErrorKind::kInvalidFile, "{}: rope dims {} must be even and below the query head width {}", f.path(),
+         c.rope_dims, c.head_dim);
+  c.n_head_kv = 1;  // the cache holds one latent per token, shared by every head
+  c.n_dense_lead = k.opt_int("leading_dense_block_count", 0, 0, c.n_layer);
+  refuse_moe_layers(f, c);
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
@@ -58,8 +125,10 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   else if (*arch == "qwen2") c.arch = Arch::kQwen2;
   else if (*arch == "qwen3") c.arch = Arch::kQwen3;
   else if (*arch == "gemma3") c.arch = Arch::kGemma3;
+  else if (*arch == "deepseek2") c.arch = Arch::kDeepseek2;
   else
-    fail(ErrorKind::kUnsupported, "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3, gemma3)",
+    fail(ErrorKind::kUnsupported,
+         "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3, gemma3, deepseek2)",
          f.path(), *arch);
   c.name = f.get_string("general.name").value_or(*arch);
 
@@ -88,6 +157,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     float factor = k.opt_float("rope.scaling.factor", 1.0);
     if (factor <= 0) fail(ErrorKind::kInvalidFile, "{}: rope.scaling.factor {} <= 0", f.path(), factor);
     c.rope_scale = 1.0f / factor;
+  } else if (scaling && *scaling == "yarn" && c.arch == Arch::kDeepseek2) {
+    read_yarn(f, k, c);
   } else if (scaling && *scaling != "none" && !scaling->empty()) {
     fail(ErrorKind::kUnsupported, "{}: rope scaling type '{}' is not supported", f.path(), *scaling);
   }
@@ -122,9 +193,13 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
       c.rope_scale_swa = 1.0f;
       break;
     }
+    case Arch::kDeepseek2:
+      read_latent_attention(f, k, c);
+      break;
   }
   // Gemma 3 27B scales queries by 1/sqrt(n_embd/n_head); the others by 1/sqrt(head_dim).
   c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (c.rope_yarn) c.attn_scale = c.yarn_attn_mscale * c.yarn_attn_mscale / std::sqrt(static_cast<float>(c.head_dim));
   if (c.arch == Arch::kGemma3 && c.n_layer == 62)
     c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head));
   return c;

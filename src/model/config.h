@@ -14,7 +14,7 @@ namespace tandem {
 
 class GgufFile;
 
-enum class Arch { kLlama, kQwen2, kQwen3, kGemma3 };
+enum class Arch { kLlama, kQwen2, kQwen3, kGemma3, kDeepseek2 };
 
 struct ModelConfig {
   Arch arch = Arch::kLlama;
@@ -36,6 +36,12 @@ struct ModelConfig {
   int32_t rope_dims = 0;          // rotated dims per head (<= head_dim)
   float rope_base = 10000.0f;     // global layers
   float rope_scale = 1.0f;        // position multiplier (1/linear factor)
+  // YaRN (deepseek2): rope_scale is 1/factor; the ramp's pair range; the
+  // factor the rotated parts' magnitude is multiplied by (ggml's mscale).
+  bool rope_yarn = false;
+  float yarn_low = 0.0f, yarn_high = 0.0f;
+  float rope_mscale = 1.0f;
+  float yarn_attn_mscale = 1.0f;  // the softmax scale is its square / sqrt(head_dim)
   float rope_base_swa = 10000.0f; // sliding-window layers (gemma3)
   float rope_scale_swa = 1.0f;
 
@@ -48,6 +54,17 @@ struct ModelConfig {
   bool qkv_bias = false;          // qwen2
   bool qk_norm = false;           // qwen3, gemma3
   bool sandwich_norm = false;     // gemma3: norms after attention and FFN too
+
+  // Multi-head latent attention (deepseek2): > 0 turns it on. Each token's
+  // keys and values are one kv_lora_rank-wide latent plus rope_dims rotated
+  // values shared by every head; head_dim (key_length_mla) is the per-head
+  // query width, its first head_dim - rope_dims unrotated, and head_dim_v
+  // (value_length_mla) the per-head value width after the up-projection.
+  int32_t kv_lora_rank = 0;
+  int32_t q_lora_rank = 0;        // > 0: queries through attn_q_a / attn_q_b
+  bool kv_b_fused = false;        // the file has attn_kv_b instead of attn_k_b / attn_v_b
+  int32_t n_dense_lead = 0;       // leading_dense_block_count: layers with a dense FFN
+  bool latent_attention() const { return kv_lora_rank > 0; }
 
   // Builds and validates the config. Throws tandem::Error naming the key.
   static ModelConfig from_gguf(const GgufFile& f);

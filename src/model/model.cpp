@@ -19,6 +19,7 @@
 #include "kernels/ops.h"
 #include "kernels/layouts.h"
 #include "kv/kv_cache.h"
+#include "model/latent_attention.h"
 #include "model/layer_recipe.h"
 #include "model/repack_cache.h"
 #include "tokenizer/tokenizer.h"
@@ -60,6 +61,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const RuntimeOptions
     fail(ErrorKind::kInvalidFile, "{}: the vocabulary has {} tokens but token_embd.weight has {} rows", path,
          m->tok_->n_vocab(), m->cfg_.n_vocab);
   m->s_ = std::make_unique<Scratch>(m->level_, stream_tuning(opts));
+  if (m->cfg_.latent_attention()) m->latent_ = std::make_unique<LatentScratch>(m->level_, stream_tuning(opts));
   m->prepack_weights(opts);
   // Reading the norm vectors at bind, and the repacking, mapped pages of the
   // file around what they read (fault-around maps up to 64 KiB, a large
@@ -71,8 +73,23 @@ std::unique_ptr<Model> Model::load(const std::string& path, const RuntimeOptions
 
 void Model::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
-KvShape Model::kv_shape() const {
-  return {cfg_.n_layer, cfg_.n_head_kv * cfg_.head_dim, cfg_.n_head_kv * cfg_.head_dim_v, cfg_.n_head_kv};
+KvShape kv_shape_of(const ModelConfig& c) {
+  if (c.latent_attention()) return {c.n_layer, c.rope_dims, c.kv_lora_rank, 1};
+  return {c.n_layer, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v, c.n_head_kv};
+}
+
+KvShape Model::kv_shape() const { return kv_shape_of(cfg_); }
+
+std::string describe_kv_cache(const ModelConfig& c) {
+  const KvShape shape = kv_shape_of(c);
+  auto bytes = [&](KvType t) { return KvCache::bytes_per_token(shape, kv_format(t, t)); };
+  const std::string layout =
+      c.latent_attention()
+          ? fmt::format("latent, {} + {} rope values a layer for all {} heads (per head it would be {} x {})",
+                        c.kv_lora_rank, c.rope_dims, c.n_head, c.n_head, c.head_dim + c.head_dim_v)
+          : fmt::format("per head, {} KV heads of {} + {} values a layer", c.n_head_kv, c.head_dim, c.head_dim_v);
+  return fmt::format("kv cache: {}, {} layers: {} bytes per token in f16 ({} in f32, {} in q8_0)\n", layout,
+                     c.n_layer, bytes(KvType::kF16), bytes(KvType::kF32), bytes(KvType::kQ8_0));
 }
 
 namespace {
@@ -227,8 +244,11 @@ std::vector<std::span<const uint8_t>> Model::decode_weight_regions() const {
     if (r0 < W.rows) out.emplace_back(W.row(r0), static_cast<size_t>(W.rows - r0) * W.row_stride);
   };
   add(w_.output);
-  for (const LayerWeights& L : w_.layers)
+  for (const LayerWeights& L : w_.layers) {
     for (const WeightMatrix* W : L.matrices()) add(*W);
+    add(L.k_b);  // latent attention's up-projections, read in the file's rows
+    add(L.v_b);
+  }
   return out;
 }
 
@@ -448,6 +468,9 @@ RopeParams layer_rope(const ModelConfig& c, const ModelWeights& w, int32_t il) {
   rope.base = swa ? c.rope_base_swa : c.rope_base;
   rope.scale = swa ? c.rope_scale_swa : c.rope_scale;
   rope.freq_factors = w.rope_freqs.empty() ? nullptr : w.rope_freqs.data();
+  rope.yarn = c.rope_yarn;
+  rope.yarn_low = c.yarn_low;
+  rope.yarn_high = c.yarn_high;
   return rope;
 }
 
@@ -480,6 +503,11 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
   const RopeParams rope = layer_rope(c, w_, il);
   const int32_t half = c.rope_dims / 2;
   const AttnShape shape{c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, swa ? c.sliding_window : 0};
+  if (c.latent_attention()) {
+    if (static_cast<int64_t>(s.attn.size()) < n * OW) s.attn.resize(n * OW);
+    latent_attention_rows(il, batch, c0, n, seqs, kv, pool, s.xn.data() + c0 * E, s.attn.data());
+    return;
+  }
   // Sized for the chunk; they only grow, so that a short last chunk does not
   // make the next layer's first one zero-fill them again.
   for (auto [buf, width] : {std::pair{&s.q, QW}, {&s.k, KW}, {&s.v, VW}, {&s.rope_cos, int64_t{half}},

@@ -28,6 +28,7 @@ struct KvPaging;
 struct KvShape;
 class ThreadPool;
 class Tokenizer;
+struct LatentScratch;
 struct SeqKv;
 
 struct BatchRow {
@@ -64,6 +65,15 @@ void check_batch(const Batch& batch, std::span<SeqKv* const> seqs, int32_t n_voc
 // chunk reads the q/k/v/o weights again. docs/performance.md has the numbers.
 inline constexpr int64_t kAttnChunkRows = 256;
 inline constexpr int64_t kFfnChunkRows = 128;
+
+// The KV cache's shape for a model of this config: n_layer layers of
+// n_head_kv heads, or for latent attention one latent (as V) and one shared
+// rotated key part (as K) per token and layer.
+KvShape kv_shape_of(const ModelConfig& c);
+
+// One line on what the cache holds per token: its layout, and the bytes a
+// token takes over every layer in f16, f32 and q8_0 (tandem inspect).
+std::string describe_kv_cache(const ModelConfig& c);
 
 class Model {
  public:
@@ -127,6 +137,11 @@ class Model {
   // may keep only some rows (in increasing order) past its attention; they
   // end up compacted into the first rows.
   struct LayerSteps;
+  // Rows [c0, c0 + n) through a latent-attention layer (deepseek2), xn their
+  // normed rows, up to the output projection's input `attn` (n rows of
+  // n_head * head_dim_v): model/latent_attention.cpp.
+  void latent_attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n, std::span<SeqKv* const> seqs,
+                             KvCache& kv, ThreadPool& pool, const float* xn, float* attn);
   void attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n, std::span<SeqKv* const> seqs, KvCache& kv,
                       ThreadPool& pool);
 
@@ -135,6 +150,7 @@ class Model {
   ModelWeights w_;
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<Scratch> s_;
+  std::unique_ptr<LatentScratch> latent_;  // latent attention models only
   KernelLevel level_ = KernelLevel::kScalar;
   RuntimeOptions opts_;
   struct FreeDeleter {

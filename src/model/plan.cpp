@@ -34,7 +34,7 @@ ModelPlan plan_products(const GgufFile& f, const RuntimeOptions& opts) {
   // matrix computes logits for the prompt's last row only.
   std::vector<std::pair<const WeightMatrix*, int64_t>> all;
   for (const LayerWeights& L : w.layers) {
-    for (const WeightMatrix* W : {&L.wq, &L.wk, &L.wv, &L.wo}) all.emplace_back(W, kAttnChunkRows);
+    for (const WeightMatrix* W : {&L.wq_a, &L.wq, &L.wk, &L.wv, &L.wo}) all.emplace_back(W, kAttnChunkRows);
     for (const WeightMatrix* W : {&L.w_gate, &L.w_up, &L.w_down}) all.emplace_back(W, kFfnChunkRows);
   }
   all.emplace_back(&w.output, 1);

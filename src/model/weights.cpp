@@ -26,6 +26,12 @@ class Binder {
     if (t->dims.size() != 2 || t->dims[0] != cols || (rows >= 0 && t->dims[1] != rows))
       fail(ErrorKind::kInvalidFile, "{}: tensor '{}' has shape {}, expected [{}, {}]", f_.path(), name,
            shape(*t), cols, rows);
+    return checked(name, *t);
+  }
+
+  // A tensor of the expected shape as a matrix of its type.
+  WeightMatrix checked(const std::string& name, const GgufTensor& tr) const {
+    const GgufTensor* t = &tr;
     if (!type_traits(t->type).can_dequantize)
       fail(ErrorKind::kUnsupported, "{}: tensor '{}' has type {}, which Tandem cannot compute with", f_.path(),
            name, type_traits(t->type).name);
@@ -37,6 +43,18 @@ class Binder {
     m.rows = t->dims[1];
     m.row_stride = row_bytes(t->type, m.cols);
     return m;
+  }
+
+  // A [cols, per, heads] tensor (llama.cpp's per-head stacks, such as
+  // attn_k_b) as one matrix of per * heads rows.
+  WeightMatrix stacked(const std::string& name, int64_t cols, int64_t per, int64_t heads) const {
+    const GgufTensor* t = find(name, true);
+    if (t->dims.size() != 3 || t->dims[0] != cols || t->dims[1] != per || t->dims[2] != heads)
+      fail(ErrorKind::kInvalidFile, "{}: tensor '{}' has shape {}, expected [{}, {}, {}]", f_.path(), name,
+           shape(*t), cols, per, heads);
+    GgufTensor flat = *t;
+    flat.dims = {cols, per * heads};
+    return checked(name, flat);
   }
 
   WeightVector vector(const std::string& name, int64_t n, bool required = true) const {
@@ -58,6 +76,66 @@ class Binder {
   const GgufFile& f_;
 };
 
+// Latent attention's tensors (deepseek2), in either form (config.h).
+void bind_latent(const Binder& b, const ModelConfig& c, int32_t il, LayerWeights& L) {
+  auto n = [il](const char* s) { return fmt::format("blk.{}.{}", il, s); };
+  const int64_t E = c.n_embd, H = c.n_head, Dk = c.head_dim, Dv = c.head_dim_v;
+  const int64_t R = c.rope_dims, nope = Dk - R, kvl = c.kv_lora_rank;
+  if (c.q_lora_rank > 0) {
+    L.wq_a = b.matrix(n("attn_q_a.weight"), E, c.q_lora_rank);
+    L.q_a_norm = b.vector(n("attn_q_a_norm.weight"), c.q_lora_rank);
+    L.wq = b.matrix(n("attn_q_b.weight"), c.q_lora_rank, H * Dk);
+  } else {
+    L.wq = b.matrix(n("attn_q.weight"), E, H * Dk);
+  }
+  L.wk = b.matrix(n("attn_kv_a_mqa.weight"), E, kvl + R);
+  L.kv_a_norm = b.vector(n("attn_kv_a_norm.weight"), kvl);
+  if (!c.kv_b_fused) {
+    L.k_b = b.stacked(n("attn_k_b.weight"), nope, kvl, H);
+    L.v_b = b.stacked(n("attn_v_b.weight"), kvl, Dv, H);
+    L.v_b_pitch = Dv;
+    return;
+  }
+  // attn_kv_b: per head, nope key rows then Dv value rows, each kvl wide.
+  // The values are used in place; the keys are absorbed into the query,
+  // which needs them transposed (kvl rows of nope per head), made here in f32.
+  L.v_b = b.matrix(n("attn_kv_b.weight"), kvl, H * (nope + Dv));
+  L.v_b_pitch = nope + Dv;
+  L.v_b_offset = nope;
+  L.k_b_owned.resize(size_t(H * kvl * nope));
+  std::vector<float> row(static_cast<size_t>(kvl));
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < nope; ++i) {
+      dequantize_row(L.v_b.type, L.v_b.row(h * (nope + Dv) + i), row.data(), kvl);
+      for (int64_t r = 0; r < kvl; ++r) L.k_b_owned[size_t((h * kvl + r) * nope + i)] = row[size_t(r)];
+    }
+  L.k_b.type = GgmlType::F32;
+  L.k_b.data = reinterpret_cast<const uint8_t*>(L.k_b_owned.data());
+  L.k_b.cols = nope;
+  L.k_b.rows = H * kvl;
+  L.k_b.row_stride = size_t(nope) * sizeof(float);
+}
+
+// Per-head Q, K and V projections (every other family).
+void bind_attention(const Binder& b, const ModelConfig& c, int32_t il, LayerWeights& L) {
+  auto n = [il](const char* s) { return fmt::format("blk.{}.{}", il, s); };
+  const int64_t q_width = int64_t{c.n_head} * c.head_dim;
+  const int64_t k_width = int64_t{c.n_head_kv} * c.head_dim;
+  const int64_t v_width = int64_t{c.n_head_kv} * c.head_dim_v;
+  L.wq = b.matrix(n("attn_q.weight"), c.n_embd, q_width);
+  L.wk = b.matrix(n("attn_k.weight"), c.n_embd, k_width);
+  L.wv = b.matrix(n("attn_v.weight"), c.n_embd, v_width);
+  if (c.qkv_bias) {
+    L.bq = b.vector(n("attn_q.bias"), q_width);
+    L.bk = b.vector(n("attn_k.bias"), k_width);
+    L.bv = b.vector(n("attn_v.bias"), v_width);
+  }
+  if (c.qk_norm) {
+    L.q_norm = b.vector(n("attn_q_norm.weight"), c.head_dim);
+    L.k_norm = b.vector(n("attn_k_norm.weight"), c.head_dim);
+  }
+}
+
 }  // namespace
 
 ModelWeights ModelWeights::bind(const GgufFile& f, ModelConfig& c) {
@@ -70,27 +148,17 @@ ModelWeights ModelWeights::bind(const GgufFile& f, ModelConfig& c) {
   if (!w.output) w.output = w.tok_embd;
   w.rope_freqs = b.vector("rope_freqs.weight", c.rope_dims / 2, /*required=*/false);
 
-  const int64_t q_width = int64_t{c.n_head} * c.head_dim;
-  const int64_t k_width = int64_t{c.n_head_kv} * c.head_dim;
-  const int64_t v_width = int64_t{c.n_head_kv} * c.head_dim_v;
   const int64_t o_width = int64_t{c.n_head} * c.head_dim_v;
   for (int32_t il = 0; il < c.n_layer; ++il) {
     auto n = [il](const char* s) { return fmt::format("blk.{}.{}", il, s); };
     LayerWeights L;
     L.attn_norm = b.vector(n("attn_norm.weight"), c.n_embd);
-    L.wq = b.matrix(n("attn_q.weight"), c.n_embd, q_width);
-    L.wk = b.matrix(n("attn_k.weight"), c.n_embd, k_width);
-    L.wv = b.matrix(n("attn_v.weight"), c.n_embd, v_width);
+    if (c.latent_attention()) {
+      bind_latent(b, c, il, L);
+    } else {
+      bind_attention(b, c, il, L);
+    }
     L.wo = b.matrix(n("attn_output.weight"), o_width, c.n_embd);
-    if (c.qkv_bias) {
-      L.bq = b.vector(n("attn_q.bias"), q_width);
-      L.bk = b.vector(n("attn_k.bias"), k_width);
-      L.bv = b.vector(n("attn_v.bias"), v_width);
-    }
-    if (c.qk_norm) {
-      L.q_norm = b.vector(n("attn_q_norm.weight"), c.head_dim);
-      L.k_norm = b.vector(n("attn_k_norm.weight"), c.head_dim);
-    }
     if (c.sandwich_norm) {
       L.post_attn_norm = b.vector(n("post_attention_norm.weight"), c.n_embd);
       L.post_ffn_norm = b.vector(n("post_ffw_norm.weight"), c.n_embd);

@@ -26,9 +26,23 @@ struct LayerWeights {
   WeightMatrix w_gate, w_up, w_down;
   WeightVector post_ffn_norm;       // gemma3
 
-  // The seven linear layers, in forward order.
-  std::array<WeightMatrix*, 7> matrices() { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
-  std::array<const WeightMatrix*, 7> matrices() const { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
+  // Latent attention (deepseek2): wq is attn_q, or attn_q_b after attn_q_a
+  // and its norm; wk is attn_kv_a_mqa (the latent, then the rope part).
+  // k_b and v_b are the per-head up-projections, one head's rows after
+  // another ([kv_lora_rank x qk_nope] and [head_dim_v x kv_lora_rank] each),
+  // read per head in the file's rows and never repacked.
+  WeightMatrix wq_a;
+  WeightVector q_a_norm, kv_a_norm;
+  WeightMatrix k_b, v_b;
+  std::vector<float> k_b_owned;     // k_b transposed out of a fused attn_kv_b, f32
+  // Head h's value up-projection is v_b's rows [h * v_b_pitch + v_b_offset,
+  // + head_dim_v): attn_v_b's heads follow each other, attn_kv_b's
+  // interleave each head's key rows with its value rows.
+  int64_t v_b_pitch = 0, v_b_offset = 0;
+
+  // The linear layers, in forward order (empty ones have no rows).
+  std::array<WeightMatrix*, 8> matrices() { return {&wq_a, &wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
+  std::array<const WeightMatrix*, 8> matrices() const { return {&wq_a, &wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
 };
 
 struct ModelWeights {

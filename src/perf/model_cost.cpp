@@ -87,8 +87,10 @@ ModelCost model_cost(const Model& m) {
     (per_token ? mc.layer_macs_per_token : mc.output_macs) += matrix_macs(x);
     if (per_token) macs_by_type[x.type] += matrix_macs(x);
   };
-  for (const LayerWeights& L : w.layers)
+  for (const LayerWeights& L : w.layers) {
     for (const WeightMatrix* x : L.matrices()) add(*x, true);
+    for (const WeightMatrix* x : {&L.k_b, &L.v_b}) add(*x, true);  // latent attention's up-projections
+  }
   add(w.output, false);
   if (!w.layers.empty()) {
     const LayerWeights& last = w.layers.back();
