@@ -16,6 +16,7 @@
 #include "engine/llm_engine.h"
 #include "gguf/synth.h"
 #include "model/model.h"
+#include "perf/bench.h"
 #include "test_support.h"
 #include "tokenizer/tokenizer.h"
 
@@ -179,6 +180,21 @@ TEST_F(KvStoreTest, EvictsLeastRecentlyUsedBeyondItsSize) {
   EXPECT_GT(small.m.store.blocks_evicted, 0u);
   EXPECT_LE(small.m.store.bytes, 2 * one + one / 2);
   EXPECT_EQ(small.out.tokens, first.out.tokens);
+}
+
+// bench --kv-store: every repetition's prompt from the store, the same tokens.
+TEST_F(KvStoreTest, BenchReadsEachRepetitionsPromptFromTheStore) {
+  BenchOptions o;
+  o.model_path = test::shared_path("models/gguf/stories260K.gguf");
+  o.n_prompt = 64;
+  o.n_gen = 4;
+  o.reps = 2;
+  o.threads = 1;
+  const BenchResult plain = run_bench(o);
+  o.kv_store = dir_.string();
+  const BenchResult stored = run_bench(o);
+  EXPECT_EQ(stored.tokens, plain.tokens);
+  EXPECT_GE(files().size(), 64u / 16);
 }
 
 TEST_F(KvStoreTest, RefusesABadFolderOrSize) {
