@@ -212,13 +212,13 @@ def main():
     row("--kv-store, after a restart", warm)
     row("  of which reading the store", read)
     row("  copying blocks out (engine thread, first run)", capture)
+    if peer_cold:
+        row("llama.cpp, cold (then save_state)", peer_cold)
+        row("llama.cpp, load_state then the prompt", peer_warm)
     print("\nCPU time the server used until the first token (ms, every thread):\n")
     print("| server | median | range |\n|---|---|---|")
     row("no store", cpu_plain)
     row("--kv-store, after a restart", cpu_warm)
-    if peer_cold:
-        row("llama.cpp, cold (then save_state)", peer_cold)
-        row("llama.cpp, load_state then the prompt", peer_warm)
 
 
 if __name__ == "__main__":
