@@ -105,6 +105,23 @@ TEST_F(KvStoreTest, RestartReadsThePromptBack) {
   // Every full block came from the store; a prompt of whole blocks still computes its last token.
   EXPECT_EQ(again.out.timings.cached_tokens, int32_t(std::min(n_full * 16, p.size() - 1)));
   EXPECT_EQ(again.m.store.blocks_written, 0u);  // nothing new to write for the prompt's blocks
+
+  // Blocks from the store enter the cache as BlockStored KV events, named as computed ones are.
+  Engine e(*model_, config(dir_));
+  std::vector<uint64_t> stored;
+  e.set_kv_event_sink([&](std::vector<KvCacheEvent> ev) {
+    for (const KvCacheEvent& x : ev)
+      if (x.kind == KvCacheEvent::Kind::kStored) stored.push_back(x.hash);
+  });
+  std::vector<int32_t> tokens;
+  e.submit(p, greedy(24), [&](const RequestEvent& ev) { tokens.insert(tokens.end(), ev.tokens.begin(), ev.tokens.end()); });
+  while (e.step()) {  // Engine::step publishes the step's KV events after it
+  }
+  EXPECT_EQ(tokens, first.out.tokens);
+  const std::vector<uint64_t> names = KvStore::block_hashes(p, 16, "");
+  ASSERT_GE(stored.size(), n_full);
+  EXPECT_EQ(std::vector<uint64_t>(stored.begin(), stored.begin() + ptrdiff_t(n_full)), names);
+  EXPECT_EQ(e.metrics().store.blocks_read, n_full);
 }
 
 TEST_F(KvStoreTest, DamagedFilesAreRefusedAndRecomputed) {
