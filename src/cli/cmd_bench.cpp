@@ -22,6 +22,7 @@ struct BenchCliOpts {
   BenchOptions bench;
   SpecFlags spec;
   KvCacheFlags kv;
+  KvStoreFlags store;
   bool json = false;
   bool roofline = false;
   std::string roofline_cache;
@@ -136,6 +137,7 @@ void add_bench_command(CLI::App& app, int& rc) {
   add_runtime_options(cmd, o->bench.runtime);
   add_spec_options(cmd, o->spec);
   add_kv_cache_options(cmd, o->kv);
+  add_kv_store_options(cmd, o->store);
   add_device_option(cmd, o->bench.device);
   cmd->add_option("-f,--prompt-file", o->bench.prompt_file,
                   "Take the prompt from this text (cycled to -p tokens) instead of ids drawn from the vocabulary");
@@ -151,6 +153,8 @@ void add_bench_command(CLI::App& app, int& rc) {
     o->bench.spec.adaptive = !o->spec.fixed;
     o->bench.draft_model = o->spec.draft_model;
     o->bench.kv_cache = kv_cache_types(o->kv);
+    o->bench.kv_store = o->store.dir;
+    o->bench.kv_store_bytes = kv_store_bytes(o->store);
     const BenchResult r = run_bench(o->bench);
     if (r.device != "cpu") {  // the CPU's ceilings say nothing about a GPU run
       if (o->json)

@@ -32,6 +32,7 @@ struct RunOpts {
   int32_t threads = 0;
   int32_t ctx = 0;
   KvCacheFlags kv;
+  KvStoreFlags store;
   std::string json_schema, json_schema_file;
   RuntimeOptions runtime;
   SpecFlags spec;
@@ -121,11 +122,15 @@ int run(RunOpts& o) {
   ec.max_context = ctx;
   ec.kv_tokens = ctx + 15;
   ec.kv_cache = kv_cache_types(o.kv);
+  ec.kv_store = o.store.dir;
+  ec.kv_store_bytes = kv_store_bytes(o.store);
   ec.max_seqs = 1;
   ec.max_waiting = 0;
   ec.policy = SchedulePolicy::kThroughput;
   ec.max_batch_tokens = ctx;
-  ec.prefix_caching = o.interactive;  // an interactive chat's turns and prefills reuse each other's blocks
+  // An interactive chat's turns and prefills reuse each other's blocks; a
+  // KV store's blocks enter through the prefix cache.
+  ec.prefix_caching = o.interactive || !o.store.dir.empty();
   if (o.interactive) ec.max_seqs = 2;  // a prefill may still run when the message is sent
   ec.spec.mode = parse_spec_mode(o.spec.mode);
   ec.spec.max_draft = o.spec.draft_max;
@@ -193,6 +198,7 @@ void add_run_command(CLI::App& app, int& rc) {
   cmd->add_option("-c,--ctx-size", o->ctx, "Context size in tokens (0: min(model's, 4096))")
       ->capture_default_str();
   add_kv_cache_options(cmd, o->kv);
+  add_kv_store_options(cmd, o->store);
   add_runtime_options(cmd, o->runtime);
   add_spec_options(cmd, o->spec);
   add_device_option(cmd, o->device);

@@ -34,6 +34,7 @@ struct ServeOpts {
   RuntimeOptions runtime;
   SpecFlags spec;
   KvCacheFlags kv;
+  KvStoreFlags store;
   std::string device = "cpu";
   int32_t json_depth = 64;
   std::string kv_events, kv_events_replay, kv_events_topic, kv_events_format = "array-map", kv_events_seed;
@@ -79,6 +80,8 @@ int serve(const ServeOpts& o) {
   ec.kv_tokens = o.kv_tokens;
   ec.kv_bytes = o.kv_memory.empty() ? 0 : parse_bytes(o.kv_memory, "--kv-memory");
   ec.kv_cache = kv_cache_types(o.kv);
+  ec.kv_store = o.store.dir;
+  ec.kv_store_bytes = kv_store_bytes(o.store);
   ec.swap_bytes = o.swap_space.empty() ? 0 : parse_bytes(o.swap_space, "--swap-space");
   ec.max_batch_tokens = o.max_batch_tokens;
   ec.max_seqs = o.max_seqs;
@@ -188,6 +191,7 @@ void add_serve_command(CLI::App& app, int& rc) {
   auto* mem = cmd->add_option("--kv-memory", o->kv_memory, "KV cache pool size in bytes (suffixes K, M, G)");
   cmd->add_option("--kv-tokens", o->kv_tokens, "KV cache pool size in tokens")->excludes(mem);
   add_kv_cache_options(cmd, o->kv);
+  add_kv_store_options(cmd, o->store);
   cmd->add_option("--swap-space", o->swap_space,
                   "Host memory for the K/V of preempted sequences (suffixes K, M, G); without it they are "
                   "recomputed");

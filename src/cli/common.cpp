@@ -162,6 +162,22 @@ void add_kv_cache_options(CLI::App* cmd, KvCacheFlags& f) {
       ->capture_default_str();
 }
 
+void add_kv_store_options(CLI::App* cmd, KvStoreFlags& f) {
+  cmd->add_option("--kv-store", f.dir,
+                  "Folder of KV blocks that outlives the process: full prefix blocks are written there as they are "
+                  "cached and read back when a prompt's prefix is not in memory (at the next start, or written by "
+                  "another instance of the same model sharing the folder)");
+  cmd->add_option("--kv-store-size", f.size,
+                  "Most bytes of --kv-store files; the least recently used go beyond it (suffixes K, M, G)")
+      ->capture_default_str();
+}
+
+int64_t kv_store_bytes(const KvStoreFlags& f) {
+  const int64_t n = parse_bytes(f.size, "--kv-store-size");
+  if (n <= 0) fail(ErrorKind::kInvalidArgument, "--kv-store-size must be more than 0 bytes, got '{}'", f.size);
+  return n;
+}
+
 KvCacheTypes kv_cache_types(const KvCacheFlags& f) {
   auto one = [&](const std::string& own, const char* flag) {
     const std::string& name = !own.empty() ? own : !f.both.empty() ? f.both : std::string("f16");

@@ -56,6 +56,15 @@ void add_kv_cache_options(CLI::App* cmd, KvCacheFlags& f);
 // and its flag.
 KvCacheTypes kv_cache_types(const KvCacheFlags& f);
 
+// --kv-store DIR, --kv-store-size BYTES: a folder of KV blocks that
+// outlives the process (engine/kv_store.h).
+struct KvStoreFlags {
+  std::string dir, size = "4G";
+};
+void add_kv_store_options(CLI::App* cmd, KvStoreFlags& f);
+// --kv-store-size in bytes; kInvalidArgument naming the flag.
+int64_t kv_store_bytes(const KvStoreFlags& f);
+
 // --device cpu|cuda (model/executor.h).
 void add_device_option(CLI::App* cmd, std::string& device);
 

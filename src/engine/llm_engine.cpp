@@ -9,6 +9,7 @@
 #include "runtime/thread_pool.h"
 #include "engine/kv_pool_sizing.h"
 #include "engine/kv_event_relay.h"
+#include "engine/kv_store.h"
 #include "engine/metrics_recorder.h"
 #include "engine/prefill_pacer.h"
 #include "engine/prefill_sessions.h"
@@ -24,6 +25,8 @@
 #include "kv/block_manager.h"
 #include "model/executor.h"
 #include "model/model.h"
+#include "model/model_fingerprint.h"
+#include "runtime/cpu_features.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tandem {
@@ -54,6 +57,7 @@ struct Engine::Impl {
   std::unique_ptr<PrefillSessions> sessions;  // progressive prefill
   std::unique_ptr<SpeculativeDecoding> spec;  // cfg.spec.mode != kOff
   std::unique_ptr<KvEventRelay> kv_events;
+  std::unique_ptr<KvStore> store;  // --kv-store
   PromptScorer scored;  // prompt positions whose logprobs this step's logits give
 
   // Intake: filled by submit()/cancel() on any thread, drained by step().
@@ -193,6 +197,19 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model)
   }
   metrics.set_pool(n_blocks, n_blocks * c.block_size / groups, paging.window, c.prefix_caching);
   kv_events = std::make_unique<KvEventRelay>(*blocks);
+  if (!c.kv_store.empty()) {
+    if (!c.prefix_caching)
+      fail(ErrorKind::kInvalidArgument, "--kv-store needs the prefix cache: its blocks enter and leave through it");
+    // Blocks are only as good as the numbers that made them: the model, and
+    // where and with which kernels it ran. Key smoothing is measured from the
+    // model over max_positions (model/key_smoothing.h).
+    const std::string where = exec->device() + "/" + kernel_level_name(m.kernel_level());
+    const uint64_t id = kv_checksum(std::as_bytes(std::span(where.data(), where.size())), model_fingerprint(m.file()));
+    const uint64_t smoothing = kv_fmt.smooth_k ? kv_checksum({}, uint64_t(plan.max_positions)) | 1 : 0;
+    store = std::make_unique<KvStore>(c.kv_store, c.kv_store_bytes,
+                                      kv_block_layout(plan.shape, plan.format, paging, c.block_size, id, smoothing),
+                                      *blocks, *exec);
+  }
 
   check_speculation(c.spec, draft_model != nullptr);
   if (c.spec.mode != SpecMode::kOff) {
@@ -207,6 +224,9 @@ void Engine::Impl::drain_inbox() {
   inbox.take(fresh, cancel_ids);
   for (auto& s : fresh) {
     if (observer) report.arrived.push_back({s->req->id, s->req->arrival_s});
+    // Its prefix from the KV store, where the prefix cache ends: admission then finds it cached.
+    if (store && !s->wants_prompt_logits())
+      store->load(std::span<const int32_t>(s->tokens).first(size_t(s->n_prompt)), s->req->params.cache_salt);
     sched->add(std::move(s));
   }
   if (cancel_ids.empty()) return;
@@ -406,7 +426,9 @@ void Engine::Impl::accept(std::span<const ScheduledSeq> scheduled) {
       accept_verified(s, x, nv);  // streams before the tokens may finish it
       continue;
     }
+    const int32_t published = static_cast<int32_t>(s->blocks.prefix.size());
     blocks->commit(s->blocks, s->tokens, s->blocks.n_computed + scheduled[i].n_tokens);
+    if (store) store->save(*s, published);  // before the window slides or a step reuses a page
     window->slide(*s);
     if (batch.last_row[i] < 0) continue;
     const Sampled& x = sampled[si++];
@@ -534,7 +556,18 @@ void Engine::cancel(uint64_t request_id) {
   impl_->inbox.cancel(request_id);
 }
 
-MetricsSnapshot Engine::metrics() const { return impl_->metrics.snapshot(); }
+MetricsSnapshot Engine::metrics() const {
+  MetricsSnapshot m = impl_->metrics.snapshot();
+  if (impl_->store) {
+    m.kv_store = true;
+    m.store = impl_->store->stats();
+  }
+  return m;
+}
+
+void Engine::flush_kv_store() {
+  if (impl_->store) impl_->store->flush();
+}
 
 bool Engine::step() {
   const bool busy = impl_->step();

@@ -65,6 +65,11 @@ struct EngineConfig {
   // Host memory for the K/V of preempted sequences (bytes); 0: they are
   // recomputed instead (see engine/scheduler.h).
   int64_t swap_bytes = 0;
+  // A folder of KV blocks that outlives the process (engine/kv_store.h),
+  // shared by instances of one model; empty: none. Files beyond
+  // kv_store_bytes go, least recently used first.
+  std::string kv_store;
+  int64_t kv_store_bytes = int64_t{4} << 30;
   // Speculative decoding (engine/speculation.h); kDraft needs a draft model.
   SpecConfig spec{};
   // Progressive prefill sessions (RequestParams::session): at most this many,
@@ -124,6 +129,10 @@ class Engine {
   // Thread-safe: at the next step, the prefix cache forgets every block no
   // sequence holds (a cold start; AllBlocksCleared when that is all of them).
   void reset_prefix_cache();
+
+  // Waits until the KV store's writer has written every block queued so far
+  // (a no-op without --kv-store).
+  void flush_kv_store();
 
   // For tests, between steps: throws std::logic_error naming the first broken
   // invariant of the KV block accounting (BlockManager::check_invariants).

@@ -27,6 +27,21 @@ struct Histogram {
   }
 };
 
+// The KV store (--kv-store; engine/kv_store.h): blocks and bytes read into
+// the prefix cache and written out, files refused or not written, and the
+// time each side took.
+struct KvStoreStats {
+  uint64_t blocks_read = 0, bytes_read = 0;
+  uint64_t read_failures = 0;  // files refused (corrupt, truncated, another model or format)
+  uint64_t blocks_written = 0, bytes_written = 0;
+  uint64_t write_failures = 0;  // the OS refused, or the writer's queue was full
+  uint64_t blocks_evicted = 0;
+  double read_seconds = 0;     // intake: reading, checking and loading files
+  double capture_seconds = 0;  // the engine's thread copying blocks out for the writer
+  double write_seconds = 0;    // the writer thread: encoding and writing
+  int64_t bytes = 0;           // on disk, as this instance knows it
+};
+
 struct MetricsSnapshot {
   // gauges
   int64_t running = 0, waiting = 0, swapped = 0;
@@ -59,6 +74,8 @@ struct MetricsSnapshot {
     for (const PhaseTotals& p : phases) n += p.steps;
     return n;
   }
+  bool kv_store = false;  // --kv-store given
+  KvStoreStats store;
   // latencies (seconds)
   Histogram ttft{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
   Histogram itl{{0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2}};

@@ -393,6 +393,83 @@ void BlockManager::free(SeqBlocks& s) {
   s = SeqBlocks{};
 }
 
+int32_t BlockManager::cached_blocks(std::span<const int32_t> tokens, std::string_view salt) const {
+  if (!prefix_caching_) return 0;
+  const uint64_t sk = salt_key(salt);
+  std::vector<int32_t> hits = walk(0, tokens, SIZE_MAX, sk);
+  size_t n = hits.size();
+  for (int32_t g = 0; g < n_windowed_ && n > 0; ++g) n = walk(g + 1, tokens, n, sk).size();
+  return static_cast<int32_t>(n);
+}
+
+int32_t BlockManager::import_blocks(std::span<const int32_t> tokens, std::string_view salt, int32_t first,
+                                    int32_t count, const FillBlockFn& fill) {
+  if (!prefix_caching_ || count <= 0) return 0;
+  const uint64_t sk = salt_key(salt);
+  const int32_t groups = 1 + n_windowed_;
+  // Each group's cached chain (a group may hold more than the shortest:
+  // windowed pages are given back, and reused, before group 0's), held
+  // with the imported blocks so that taking a fresh page never evicts them.
+  std::vector<std::vector<int32_t>> held(static_cast<size_t>(groups));
+  size_t shortest = SIZE_MAX;
+  for (int32_t g = 0; g < groups; ++g) {
+    held[g] = walk(g, tokens, SIZE_MAX, sk);
+    shortest = std::min(shortest, held[g].size());
+  }
+  if (first < 0 || size_t(first) != shortest)
+    fail(ErrorKind::kInvalidArgument, "import_blocks: block {} does not follow the prompt's {} cached blocks", first,
+         shortest);
+  for (const auto& h : held)
+    for (int32_t b : h) acquire(b);
+  auto release_held = [&] {
+    // Tail first, windowed groups first, as free() does: the cached list
+    // gives up a prefix's later blocks before its earlier ones.
+    for (auto h = held.rbegin(); h != held.rend(); ++h)
+      for (auto it = h->rbegin(); it != h->rend(); ++it) release(*it);
+  };
+  const size_t bs = size_t(block_size_);
+  int32_t done = 0;
+  std::vector<int32_t> pages(static_cast<size_t>(groups));
+  std::vector<BlockRef> parents(static_cast<size_t>(groups));
+  for (size_t i = size_t(first); done < count && (i + 1) * bs <= tokens.size(); ++i, ++done) {
+    auto t = tokens.subspan(i * bs, bs);
+    // A page for each group that lacks block i; -1 for those that hold it.
+    int32_t need = 0;
+    bool free_key = true;
+    for (int32_t g = 0; g < groups; ++g) {
+      if (i < held[g].size()) continue;
+      ++need;
+      parents[g] = i == 0 ? root(g, sk) : BlockRef{held[g][i - 1], blocks_[held[g][i - 1]].epoch};
+      free_key = free_key && !index_.contains(key_hash(parents[g], t));
+    }
+    // Another key holding this hash stays (as in commit), and the pool keeps
+    // what it needs.
+    if (!free_key || n_free() < need) break;
+    for (int32_t g = 0; g < groups; ++g) pages[g] = i < held[g].size() ? -1 : take_free();
+    bool filled = false;
+    try {
+      filled = fill(static_cast<int32_t>(i), pages);
+    } catch (...) {
+      for (int32_t p : pages)
+        if (p >= 0) release(p);
+      release_held();
+      throw;
+    }
+    if (!filled) {
+      for (int32_t p : pages)
+        if (p >= 0) release(p);
+      break;
+    }
+    for (int32_t g = 0; g < groups; ++g) {
+      if (pages[g] < 0) continue;
+      publish(pages[g], parents[g], t, key_hash(parents[g], t), g > 0, i == 0 ? salt : std::string_view());
+      held[g].push_back(pages[g]);
+    }
+  }
+  release_held();
+  return done;
+}
+
 int32_t BlockManager::clear_prefix_cache() {
   // Every published block free: one AllBlocksCleared says it all.
   const bool all = recording_ && int64_t(index_.size()) == n_cached_free_ && n_cached_free_ > 0;

@@ -212,6 +212,22 @@ class BlockManager {
   // same epoch): a reference that does not pin the block can check it.
   bool holds(BlockRef r) const { return is_current(r); }
 
+  // Blocks computed elsewhere (a KV store, another instance). How many of
+  // the prompt's first full blocks the prefix cache holds in every group.
+  int32_t cached_blocks(std::span<const int32_t> tokens, std::string_view salt = {}) const;
+  // Publishes the prompt's full blocks from `first` (== cached_blocks) on,
+  // at most `count`, as cached free blocks, as commit would have: takes a
+  // page for each group that lacks the block, and fill(index, pages) (one
+  // per group, group 0's first; -1 where the group holds it already) writes
+  // its K/V. Stops at the first block fill refuses (returns false), or when
+  // no page is left but the prompt's own; returns how many it published.
+  // The prompt's cached blocks are kept meanwhile, and the new ones are
+  // announced as KV events like computed ones. kInvalidArgument when
+  // `first` is not cached_blocks.
+  using FillBlockFn = std::function<bool(int32_t index, std::span<const int32_t> pages)>;
+  int32_t import_blocks(std::span<const int32_t> tokens, std::string_view salt, int32_t first, int32_t count,
+                        const FillBlockFn& fill);
+
   // Forgets cached content of free blocks (e.g. to measure a cold start).
   // Returns how many blocks it dropped.
   int32_t clear_prefix_cache();

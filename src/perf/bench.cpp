@@ -72,7 +72,13 @@ struct RepTimes {
 // One repetition on the serving engine: B requests of the same P-token
 // prompt arrive together; the first step computes every prompt (and samples
 // each first token), the next N steps decode all B together, greedily.
-RepTimes one_rep(Engine& e, const std::vector<int32_t>& prompt, int32_t N, int32_t B) {
+RepTimes one_rep(Engine& e, const std::vector<int32_t>& prompt, int32_t N, int32_t B, bool store) {
+  if (store) {
+    // The prompt from the store, not from the last repetition's cache: the
+    // reset happens between steps, so one idle step carries it out.
+    e.reset_prefix_cache();
+    e.step();
+  }
   RequestParams p;
   p.sampling.temperature = 0;
   p.max_tokens = N + 1;  // the prefill's token, then one per decode step
@@ -99,6 +105,7 @@ RepTimes one_rep(Engine& e, const std::vector<int32_t>& prompt, int32_t N, int32
   t.decode_cpu_s = cpu_seconds() - c0;
   out[0].resize(std::min<size_t>(out[0].size(), static_cast<size_t>(N)));  // the last token is never fed back
   t.generated = std::move(out[0]);
+  if (store) e.flush_kv_store();  // every block on disk before the next repetition reads it
   return t;
 }
 
@@ -186,7 +193,9 @@ BenchResult run_bench(const BenchOptions& opts) {
   ec.max_waiting = B;
   ec.policy = SchedulePolicy::kThroughput;
   ec.max_batch_tokens = B * P;
-  ec.prefix_caching = false;
+  ec.prefix_caching = !opts.kv_store.empty();  // a store's blocks enter through the prefix cache
+  ec.kv_store = opts.kv_store;
+  ec.kv_store_bytes = opts.kv_store_bytes;
   ec.spec = opts.spec;
   ec.device = opts.device;
   ec.memory_available = opts.runtime.memory_available;
@@ -209,7 +218,7 @@ BenchResult run_bench(const BenchOptions& opts) {
   const std::vector<int32_t> prompt = opts.prompt_file.empty() ? bench_tokens(*model, P) : text_tokens(*model, opts.prompt_file, P);
 
   const auto tw = Clock::now();
-  for (int32_t i = 0; i < opts.warmup; ++i) one_rep(engine, prompt, N, B);
+  for (int32_t i = 0; i < opts.warmup; ++i) one_rep(engine, prompt, N, B, !opts.kv_store.empty());
   r.warmup_s = since(tw);
 
   ThreadPool& read_pool = engine.compute_pool();
@@ -217,7 +226,7 @@ BenchResult run_bench(const BenchOptions& opts) {
   std::vector<double> prefill_tps, decode_tps;
   const MetricsSnapshot before = engine.metrics();
   for (int32_t i = 0; i < opts.reps; ++i) {
-    const RepTimes t = one_rep(engine, prompt, N, B);
+    const RepTimes t = one_rep(engine, prompt, N, B, !opts.kv_store.empty());
     if (r.tokens.empty()) {
       r.tokens = prompt;
       r.tokens.insert(r.tokens.end(), t.generated.begin(), t.generated.end());

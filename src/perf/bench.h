@@ -42,6 +42,12 @@ struct BenchOptions {
   std::string draft_model;       // for SpecMode::kDraft
   std::string device = "cpu";    // model/executor.h
   KvCacheTypes kv_cache = {};    // kv/kv_cache.h
+  // A KV store folder (engine/kv_store.h): each repetition starts with the
+  // in-memory prefix cache cleared, so its prefill brings the prompt's blocks
+  // from the store (written by the warm-up, or an earlier run) and computes
+  // only what is not there.
+  std::string kv_store;
+  int64_t kv_store_bytes = int64_t{4} << 30;
 };
 
 struct Stats {

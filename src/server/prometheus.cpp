@@ -154,6 +154,31 @@ std::string render_prometheus(const MetricsSnapshot& m, const ServingInfo& info)
                            : 0.0;
   single(out, "tandem_prefix_cache_hit_ratio", "gauge", "Prefix-cache hit tokens over queried tokens (0 when none).",
          ratio);
+  if (m.kv_store) {  // --kv-store (engine/kv_store.h)
+    const KvStoreStats& st = m.store;
+    single(out, "tandem_kv_store_blocks_read_total", "counter", "KV blocks read from the KV store into the prefix cache.",
+           st.blocks_read);
+    single(out, "tandem_kv_store_bytes_read_total", "counter", "Bytes of KV blocks read from the KV store.",
+           st.bytes_read);
+    single(out, "tandem_kv_store_read_failures_total", "counter",
+           "KV store files refused (corrupt, truncated, another model or format): recomputed instead.",
+           st.read_failures);
+    single(out, "tandem_kv_store_read_seconds_total", "counter",
+           "Time spent reading, checking and loading KV store files.", number(st.read_seconds));
+    single(out, "tandem_kv_store_blocks_written_total", "counter", "KV blocks written to the KV store.",
+           st.blocks_written);
+    single(out, "tandem_kv_store_bytes_written_total", "counter", "Bytes of KV block files written.",
+           st.bytes_written);
+    single(out, "tandem_kv_store_write_failures_total", "counter",
+           "KV blocks not written (the OS refused, or the writer was too far behind).", st.write_failures);
+    single(out, "tandem_kv_store_write_seconds_total", "counter", "Time the writer thread spent encoding and writing.",
+           number(st.write_seconds));
+    single(out, "tandem_kv_store_capture_seconds_total", "counter",
+           "Time the engine's thread spent copying blocks out for the writer.", number(st.capture_seconds));
+    single(out, "tandem_kv_store_blocks_evicted_total", "counter",
+           "KV store files removed to keep it within --kv-store-size.", st.blocks_evicted);
+    single(out, "tandem_kv_store_bytes", "gauge", "Bytes of KV store files, as this instance knows them.", st.bytes);
+  }
   vllm_families(out, m, info);
   return out;
 }
