@@ -17,7 +17,8 @@ namespace {
 
 struct SynthOpts {
   std::string out, preset, arch, vocab, type, name;
-  std::optional<int32_t> layers, embd, ff, heads, kv_heads, head_dim, ctx, window;
+  std::optional<int32_t> layers, embd, ff, heads, kv_heads, head_dim, ctx, window, experts, experts_used, ff_exp,
+      ff_shexp;
   std::optional<float> rope_base, eps;
   std::optional<uint64_t> seed;
   bool rope_freqs = false, tied = false, untied = false;
@@ -39,6 +40,10 @@ SynthSpec build_spec(const SynthOpts& o) {
   set(s.head_dim, o.head_dim);
   set(s.n_ctx, o.ctx);
   set(s.sliding_window, o.window);
+  set(s.n_expert, o.experts);
+  set(s.n_expert_used, o.experts_used);
+  set(s.n_ff_exp, o.ff_exp);
+  set(s.n_ff_shexp, o.ff_shexp);
   if (o.rope_base) s.rope_base = o.rope_base;
   if (o.eps) s.rms_eps = o.eps;
   if (o.seed) s.seed = *o.seed;
@@ -63,7 +68,7 @@ void add_synth_command(CLI::App& app, int& rc) {
   cmd->add_option("-o,--output", o->out, "Output GGUF file")->required();
   cmd->add_option("--preset", o->preset,
                   fmt::format("A named shape: {}", fmt::join(synth_preset_names(), ", ")));
-  cmd->add_option("--arch", o->arch, "llama | qwen2 | qwen3 | gemma3 (default llama)");
+  cmd->add_option("--arch", o->arch, "llama | qwen2 | qwen3 | gemma3 | qwen2moe | qwen3moe (default llama)");
   cmd->add_option("--name", o->name, "general.name (default synth-<arch>)");
   cmd->add_option("--layers", o->layers, "Number of blocks (default 2)");
   cmd->add_option("--embd", o->embd, "Embedding width (default 64)");
@@ -73,6 +78,10 @@ void add_synth_command(CLI::App& app, int& rc) {
   cmd->add_option("--head-dim", o->head_dim, "Width of one head (default embd/heads)");
   cmd->add_option("--ctx", o->ctx, "context_length (default 2048)");
   cmd->add_option("--window", o->window, "gemma3 sliding window (default 512)");
+  cmd->add_option("--experts", o->experts, "Experts per layer (qwen*moe default 8; llama: Mixtral-style MoE)");
+  cmd->add_option("--experts-used", o->experts_used, "Experts each token uses (default 2)");
+  cmd->add_option("--ff-exp", o->ff_exp, "qwen*moe: one expert's width (default --ff)");
+  cmd->add_option("--ff-shexp", o->ff_shexp, "qwen2moe: the shared expert's width (default --ff)");
   cmd->add_option("--rope-base", o->rope_base, "RoPE frequency base (default 10000 llama, 1e6 others)");
   cmd->add_option("--eps", o->eps, "RMS norm epsilon (default 1e-5 llama, 1e-6 others)");
   cmd->add_flag("--rope-freqs", o->rope_freqs, "llama: add Llama-3 style rope_freqs.weight factors");

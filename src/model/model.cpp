@@ -20,6 +20,7 @@
 #include "kernels/layouts.h"
 #include "kv/kv_cache.h"
 #include "model/layer_recipe.h"
+#include "model/moe_ffn.h"
 #include "model/repack_cache.h"
 #include "tokenizer/tokenizer.h"
 
@@ -40,7 +41,8 @@ struct Model::Scratch {
   std::vector<int64_t> want;     // rows that asked for logits
   std::vector<uint8_t> embd_row;  // an embedding row's bytes, read from the file
   Matmul mm;
-  Scratch(KernelLevel level, const StreamTuning& tuning) : mm(level, tuning) {}
+  MoeFfn moe;
+  Scratch(KernelLevel level, const StreamTuning& tuning) : mm(level, tuning), moe(level) {}
 };
 
 Model::~Model() = default;
@@ -129,8 +131,14 @@ void Model::prepack_weights(const RuntimeOptions& opts) {
   std::vector<size_t> sizes;
   {
     std::vector<WeightMatrix*> every = {&w_.output};
-    for (LayerWeights& L : w_.layers)
-      for (WeightMatrix* W : L.matrices()) every.push_back(W);
+    for (LayerWeights& L : w_.layers) {
+      for (WeightMatrix* W : L.matrices())
+        if (*W) every.push_back(W);
+      if (L.moe) {
+        every.push_back(&L.moe.router);
+        for (WeightMatrix* W : L.moe.matrices()) every.push_back(W);
+      }
+    }
     for (WeightMatrix* W : every)
       if (const LayoutChoice c = choose_layout(*W, level, mode); c.layout != WeightLayout::kFileRows)
         all.push_back(W), layouts.push_back(c), sizes.push_back(c.bytes);
@@ -226,9 +234,12 @@ std::vector<std::span<const uint8_t>> Model::decode_weight_regions() const {
     }
     if (r0 < W.rows) out.emplace_back(W.row(r0), static_cast<size_t>(W.rows - r0) * W.row_stride);
   };
+  // Experts apart: a decode step reads only the ones its rows pick.
   add(w_.output);
-  for (const LayerWeights& L : w_.layers)
+  for (const LayerWeights& L : w_.layers) {
     for (const WeightMatrix* W : L.matrices()) add(*W);
+    if (L.moe) add(L.moe.router);
+  }
   return out;
 }
 
@@ -318,6 +329,14 @@ struct Model::LayerSteps {
     const LayerWeights& L = m.w_.layers[il];
     Scratch& s = *m.s_;
     const int64_t E = c.n_embd;
+    if (L.moe) {
+      const MoeShape shape = MoeShape::of(c);
+      for (int64_t c0 = 0; c0 < R; c0 += kMoeChunkRows) {
+        const int64_t n = std::min(kMoeChunkRows, R - c0);
+        s.moe.run(L.moe, shape, s.xn.data() + c0 * E, E, n, s.o.data() + c0 * E, E, s.mm, pool);
+      }
+      return;
+    }
     // In chunks of rows: the gate and up rows (2 x n_ff floats each) are the
     // widest activations, and a long prompt's would set the peak memory. A
     // row's result does not depend on the rows computed beside it.

@@ -64,6 +64,10 @@ void check_batch(const Batch& batch, std::span<SeqKv* const> seqs, int32_t n_voc
 // chunk reads the q/k/v/o weights again. docs/performance.md has the numbers.
 inline constexpr int64_t kAttnChunkRows = 256;
 inline constexpr int64_t kFfnChunkRows = 128;
+// Rows per chunk of a mixture-of-experts block: each picked expert is read
+// once per chunk, so a chunk holds a whole default prefill step; its buffers
+// grow with rows x top-k x n_embd (model/moe_ffn.h).
+inline constexpr int64_t kMoeChunkRows = 512;
 
 class Model {
  public:
