@@ -69,10 +69,11 @@ SynthSpec small_moe(const std::string& arch, const std::string& type = "f32") {
   s.n_ff = 96;
   s.n_head = 4;
   s.n_head_kv = 2;
+  s.head_dim = 32;  // a q8_0 KV cache needs heads of a multiple of 32
   s.n_expert = 8;
   s.n_expert_used = 2;
   if (arch != "llama") s.n_ff_exp = 32;
-  if (arch == "qwen2moe") s.n_ff_shexp = 48;
+  if (arch == "qwen2moe") s.n_ff_shexp = 64;
   s.type = type;
   s.vocab_from = test::shared_path("models/gguf/stories260K.gguf");
   return s;
@@ -138,7 +139,7 @@ TEST(MoeLoad, ExpertTensorsAreThreeDimensionalPerExpertViews) {
   EXPECT_EQ(c.n_expert, 8);
   EXPECT_EQ(c.n_expert_used, 2);
   EXPECT_EQ(c.n_ff_exp, 32);
-  EXPECT_EQ(c.n_ff_shexp, 48);
+  EXPECT_EQ(c.n_ff_shexp, 64);
   EXPECT_FALSE(c.moe_gating.normalize);  // qwen2moe keeps the softmax probabilities
   const MoeWeights& moe = m->weights().layers[1].moe;
   ASSERT_TRUE(moe);
