@@ -72,7 +72,8 @@ MODELS = {
     "qwen3moe_q4_k_m": ["--arch", "qwen3moe", "--layers", "2", "--embd", "256", "--ff", "512", "--heads", "4",
                         "--kv-heads", "2", "--head-dim", "64", "--experts", "8", "--experts-used", "2",
                         "--ff-exp", "256", "--type", "q4_k_m"],
-    "llama_moe_q4_k_m": K_SHAPE + ["--experts", "8", "--experts-used", "2", "--type", "q4_k_m"],
+    "llama_moe_q4_k_m": ["--arch", "llama", "--layers", "2", "--embd", "256", "--ff", "256", "--heads", "4",
+                         "--kv-heads", "2", "--experts", "8", "--experts-used", "2", "--type", "q4_k_m"],
 }
 for t in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
           "q4_k_m", "q5_k_m"]:

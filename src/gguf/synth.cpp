@@ -217,7 +217,7 @@ Resolved resolve(const SynthSpec& in) {
     fail(ErrorKind::kInvalidArgument, "synth: rope base {} must be a positive number", r.rope_base);
   if (!std::isfinite(r.rms_eps) || r.rms_eps <= 0)
     fail(ErrorKind::kInvalidArgument, "synth: rms epsilon {} must be a positive number", r.rms_eps);
-  r.tied = s.tied.value_or(!llama);
+  r.tied = s.tied.value_or(!llama && !qwen_moe);  // llama.cpp's qwen2moe needs output.weight
   type_choice(s.type);  // validates
   if (s.vocab_from.empty())
     fail(ErrorKind::kInvalidArgument,

@@ -45,7 +45,7 @@ struct SynthSpec {
   std::optional<float> rms_eps;    // default: 1e-5 (llama), 1e-6 (others)
   int32_t sliding_window = 0;   // gemma3 only; 0: 512
   bool rope_freqs = false;      // llama only: a Llama-3 style rope_freqs.weight (factors 1..8)
-  std::optional<bool> tied;     // output = token_embd; default: separate for llama, tied for the others
+  std::optional<bool> tied;     // output = token_embd; default: separate for llama and the MoE families, tied for the others
   std::string vocab_from;       // GGUF whose tokenizer.* keys are copied; n_vocab = its token count
   // f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k: every
   // matrix in that type ("pure", like llama-quantize --pure), except that a
