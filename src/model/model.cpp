@@ -234,11 +234,16 @@ std::vector<std::span<const uint8_t>> Model::decode_weight_regions() const {
     }
     if (r0 < W.rows) out.emplace_back(W.row(r0), static_cast<size_t>(W.rows - r0) * W.row_stride);
   };
-  // Experts apart: a decode step reads only the ones its rows pick.
+  // Of a MoE layer, k experts: a decode row reads the k its router picks,
+  // all of one shape and layout, so the first k stand for them.
   add(w_.output);
   for (const LayerWeights& L : w_.layers) {
     for (const WeightMatrix* W : L.matrices()) add(*W);
-    if (L.moe) add(L.moe.router);
+    if (!L.moe) continue;
+    add(L.moe.router);
+    for (const WeightMatrix* W : {&L.moe.sh_gate, &L.moe.sh_up, &L.moe.sh_down}) add(*W);
+    for (int32_t e = 0; e < cfg_.n_expert_used; ++e)
+      for (const auto* kind : {&L.moe.gate, &L.moe.up, &L.moe.down}) add((*kind)[e]);
   }
   return out;
 }

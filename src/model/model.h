@@ -167,7 +167,8 @@ class Model {
   const std::string& load_warning() const { return load_warning_; }
   // The memory a decode step streams: every linear layer's and the output
   // matrix's bytes, where they are (repacked buffers, tiles, the mapping),
-  // so a benchmark can time a plain read of the very same pages.
+  // so a benchmark can time a plain read of the very same pages (of a MoE
+  // layer: k experts, as many bytes as one row's picks).
   std::vector<std::span<const uint8_t>> decode_weight_regions() const;
 };
 
