@@ -65,6 +65,25 @@ MODELS = {
     # context of 32, so the ramp falls inside the 16 rotated pairs.
     "deepseek2_yarn_f32": ["--arch", "deepseek2"] + DS2 + ["--yarn-factor", "40", "--yarn-orig-ctx", "32",
                                                           "--yarn-log-mul", "0.0707"],
+    # Mixtures of experts: Mixtral's tensors on llama (softmax, top-k, renormalised), qwen3moe (the same
+    # gating), qwen2moe (no renormalisation, a shared expert behind a sigmoid gate).
+    "llama_moe_f32": ["--arch", "llama"] + SMALL + ["--heads", "4", "--kv-heads", "2", "--experts", "8",
+                                                   "--experts-used", "2"],
+    "qwen3moe_f32": ["--arch", "qwen3moe"] + SMALL + ["--heads", "4", "--kv-heads", "2", "--head-dim", "64",
+                                                     "--experts", "16", "--experts-used", "4", "--ff-exp", "64"],
+    "qwen2moe_f32": ["--arch", "qwen2moe"] + SMALL + ["--heads", "4", "--kv-heads", "2", "--experts", "8",
+                                                     "--experts-used", "2", "--ff-exp", "64", "--ff-shexp", "192"],
+    "qwen3moe_q8_0": ["--arch", "qwen3moe"] + SMALL + ["--heads", "4", "--kv-heads", "2", "--head-dim", "64",
+                                                      "--experts", "16", "--experts-used", "4", "--ff-exp", "64",
+                                                      "--type", "q8_0"],
+    "qwen2moe_q8_0": ["--arch", "qwen2moe"] + SMALL + ["--heads", "4", "--kv-heads", "2", "--experts", "8",
+                                                      "--experts-used", "2", "--ff-exp", "64", "--ff-shexp", "192",
+                                                      "--type", "q8_0"],
+    "qwen3moe_q4_k_m": ["--arch", "qwen3moe", "--layers", "2", "--embd", "256", "--ff", "512", "--heads", "4",
+                        "--kv-heads", "2", "--head-dim", "64", "--experts", "8", "--experts-used", "2",
+                        "--ff-exp", "256", "--type", "q4_k_m"],
+    "llama_moe_q4_k_m": ["--arch", "llama", "--layers", "2", "--embd", "256", "--ff", "256", "--heads", "4",
+                         "--kv-heads", "2", "--experts", "8", "--experts-used", "2", "--type", "q4_k_m"],
 }
 for t in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
           "q4_k_m", "q5_k_m", "mxfp4"]:

@@ -51,6 +51,10 @@ SynthSpec spec_from_args(const std::vector<std::string>& a) {
     else if (f == "--yarn-factor") s.yarn_factor = std::stof(v);
     else if (f == "--yarn-orig-ctx") s.yarn_orig_ctx = std::stoi(v);
     else if (f == "--yarn-log-mul") s.yarn_log_mul = std::stof(v);
+    else if (f == "--experts") s.n_expert = std::stoi(v);
+    else if (f == "--experts-used") s.n_expert_used = std::stoi(v);
+    else if (f == "--ff-exp") s.n_ff_exp = std::stoi(v);
+    else if (f == "--ff-shexp") s.n_ff_shexp = std::stoi(v);
     else if (f == "--rope-base") s.rope_base = std::stof(v);
     else if (f == "--eps") s.rms_eps = std::stof(v);
     else if (f == "--type") s.type = v;
@@ -176,22 +180,24 @@ INSTANTIATE_TEST_SUITE_P(Models, ArchVsLlamaCpp, ::testing::ValuesIn(reference_f
 
 TEST(ArchVsLlamaCppRefs, CoverEveryArchitectureAndType) {
   std::set<std::string> arches, types;
-  bool rope_freqs = false, gqa = false, window_inside_prompt = false;
+  bool rope_freqs = false, gqa = false, window_inside_prompt = false, mixtral = false;
   for (const auto& p : reference_files()) {
     const auto ref = nlohmann::json::parse(test::read_file(p.string()));
     const SynthSpec s = spec_from_args(ref["synth_args"].get<std::vector<std::string>>());
     arches.insert(s.arch);
     types.insert(s.type);
     rope_freqs |= s.rope_freqs;
+    mixtral |= s.arch == "llama" && s.n_expert > 0;
     gqa |= s.n_head_kv != 0 && s.n_head_kv < s.n_head;
     // The window only matters when the prompt is longer, and the 5:1 pattern
     // needs 6 layers before a global one follows local ones.
     window_inside_prompt |= s.arch == "gemma3" && s.sliding_window > 0 &&
                             s.sliding_window < static_cast<int32_t>(ref["prompt_ids"].size()) && s.n_layer >= 6;
   }
-  for (const char* a : {"llama", "qwen2", "qwen3", "gemma3"}) EXPECT_TRUE(arches.count(a)) << a;
+  for (const char* a : {"llama", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe"}) EXPECT_TRUE(arches.count(a)) << a;
   for (const auto& t : synth_type_names()) EXPECT_TRUE(types.count(t)) << t;
   EXPECT_TRUE(rope_freqs);
+  EXPECT_TRUE(mixtral);
   EXPECT_TRUE(gqa);
   EXPECT_TRUE(window_inside_prompt);
 }

@@ -17,7 +17,8 @@ namespace {
 
 struct SynthOpts {
   std::string out, preset, arch, vocab, type, name;
-  std::optional<int32_t> layers, embd, ff, heads, kv_heads, head_dim, ctx, window, kv_lora, q_lora, rope_dim, head_dim_v;
+  std::optional<int32_t> layers, embd, ff, heads, kv_heads, head_dim, ctx, window, kv_lora, q_lora, rope_dim, head_dim_v,
+      experts, experts_used, ff_exp, ff_shexp;
   std::optional<float> rope_base, eps, yarn_factor, yarn_log_mul;
   std::optional<int32_t> yarn_orig_ctx;
   std::optional<uint64_t> seed;
@@ -47,6 +48,10 @@ SynthSpec build_spec(const SynthOpts& o) {
   if (o.yarn_factor) s.yarn_factor = *o.yarn_factor;
   if (o.yarn_log_mul) s.yarn_log_mul = *o.yarn_log_mul;
   set(s.yarn_orig_ctx, o.yarn_orig_ctx);
+  set(s.n_expert, o.experts);
+  set(s.n_expert_used, o.experts_used);
+  set(s.n_ff_exp, o.ff_exp);
+  set(s.n_ff_shexp, o.ff_shexp);
   if (o.rope_base) s.rope_base = o.rope_base;
   if (o.eps) s.rms_eps = o.eps;
   if (o.seed) s.seed = *o.seed;
@@ -71,7 +76,7 @@ void add_synth_command(CLI::App& app, int& rc) {
   cmd->add_option("-o,--output", o->out, "Output GGUF file")->required();
   cmd->add_option("--preset", o->preset,
                   fmt::format("A named shape: {}", fmt::join(synth_preset_names(), ", ")));
-  cmd->add_option("--arch", o->arch, "llama | qwen2 | qwen3 | gemma3 | deepseek2 (default llama)");
+  cmd->add_option("--arch", o->arch, "llama | qwen2 | qwen3 | gemma3 | qwen2moe | qwen3moe | deepseek2 (default llama)");
   cmd->add_option("--name", o->name, "general.name (default synth-<arch>)");
   cmd->add_option("--layers", o->layers, "Number of blocks (default 2)");
   cmd->add_option("--embd", o->embd, "Embedding width (default 64)");
@@ -88,6 +93,10 @@ void add_synth_command(CLI::App& app, int& rc) {
   cmd->add_option("--yarn-factor", o->yarn_factor, "deepseek2: YaRN rope scaling factor (default none)");
   cmd->add_option("--yarn-orig-ctx", o->yarn_orig_ctx, "deepseek2: YaRN original context length (default 4096)");
   cmd->add_option("--yarn-log-mul", o->yarn_log_mul, "deepseek2: YaRN log multiplier as GGUF stores it (default 0)");
+  cmd->add_option("--experts", o->experts, "Experts per layer (qwen*moe default 8; llama: Mixtral-style MoE)");
+  cmd->add_option("--experts-used", o->experts_used, "Experts each token uses (default 2)");
+  cmd->add_option("--ff-exp", o->ff_exp, "qwen*moe: one expert's width (default --ff)");
+  cmd->add_option("--ff-shexp", o->ff_shexp, "qwen2moe: the shared expert's width (default --ff)");
   cmd->add_option("--rope-base", o->rope_base, "RoPE frequency base (default 10000 llama, 1e6 others)");
   cmd->add_option("--eps", o->eps, "RMS norm epsilon (default 1e-5 llama, 1e-6 others)");
   cmd->add_flag("--rope-freqs", o->rope_freqs, "llama: add Llama-3 style rope_freqs.weight factors");

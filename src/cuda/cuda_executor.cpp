@@ -274,6 +274,9 @@ CudaExecutor::CudaExecutor(Model& m, const KvPlan& plan) : model_(m), cfg_(m.con
          "the CUDA backend's attention handles head dimensions up to 256 and up to 4096 value elements per KV head; "
          "this model has {} heads of {} / {} over {} KV heads",
          c.n_head, c.head_dim, c.head_dim_v, c.n_head_kv);
+  if (c.n_expert > 0)
+    fail(ErrorKind::kUnsupported, "the CUDA backend runs dense feed-forward blocks only; this model has {} experts",
+         c.n_expert);
   if (plan.block_size <= 0 || plan.n_blocks <= 0)
     fail(ErrorKind::kInvalidArgument, "KV cache needs at least one block (got {} blocks of {})", plan.n_blocks,
          plan.block_size);

@@ -159,10 +159,11 @@ Resolved resolve(const SynthSpec& in) {
   r.s = in;
   SynthSpec& s = r.s;
   const bool llama = s.arch == "llama", qwen2 = s.arch == "qwen2", qwen3 = s.arch == "qwen3",
-             gemma3 = s.arch == "gemma3", deepseek2 = s.arch == "deepseek2";
-  if (!llama && !qwen2 && !qwen3 && !gemma3 && !deepseek2)
+             gemma3 = s.arch == "gemma3", deepseek2 = s.arch == "deepseek2",
+             qwen_moe = s.arch == "qwen2moe" || s.arch == "qwen3moe";
+  if (!llama && !qwen2 && !qwen3 && !gemma3 && !deepseek2 && !qwen_moe)
     fail(ErrorKind::kInvalidArgument,
-         "synth: unknown architecture '{}' (known: llama, qwen2, qwen3, gemma3, deepseek2)", s.arch);
+         "synth: unknown architecture '{}' (known: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, deepseek2)", s.arch);
   if (deepseek2) {
     if (s.n_head_kv != 0 && s.n_head_kv != 1)
       fail(ErrorKind::kInvalidArgument, "synth: deepseek2 caches one latent per token; kv-heads = {} must be 1",
@@ -208,6 +209,23 @@ Resolved resolve(const SynthSpec& in) {
   if (s.head_dim % 2 != 0)
     fail(ErrorKind::kInvalidArgument, "synth: head-dim = {} is odd; RoPE rotates pairs", s.head_dim);
   check_range("ctx", s.n_ctx, 1, 1 << 24);
+  if (qwen_moe && s.n_expert == 0) s.n_expert = 8;
+  if (s.n_expert != 0 && !llama && !qwen_moe)
+    fail(ErrorKind::kInvalidArgument, "synth: experts are supported for llama, qwen2moe and qwen3moe, not {}", s.arch);
+  if (s.n_expert != 0) {
+    check_range("experts", s.n_expert, 1, 1 << 16);
+    if (s.n_expert_used == 0) s.n_expert_used = std::min(2, s.n_expert);
+    check_range("experts-used", s.n_expert_used, 1, s.n_expert);
+    if (s.n_ff_exp == 0 || llama) s.n_ff_exp = s.n_ff;  // Mixtral's experts are feed_forward_length wide
+    check_range("ff-exp", s.n_ff_exp, 1, kBig);
+    if (s.arch == "qwen2moe" && s.n_ff_shexp == 0) s.n_ff_shexp = s.n_ff;
+  } else if (s.n_expert_used != 0 || s.n_ff_exp != 0) {
+    fail(ErrorKind::kInvalidArgument, "synth: experts-used and ff-exp need experts");
+  }
+  if (s.n_ff_shexp != 0 && s.arch != "qwen2moe")
+    fail(ErrorKind::kInvalidArgument, "synth: a shared expert (ff-shexp) is only supported for qwen2moe, not {}",
+         s.arch);
+  if (s.n_ff_shexp != 0) check_range("ff-shexp", s.n_ff_shexp, 1, kBig);
 
   if (gemma3) {
     if (s.sliding_window == 0) s.sliding_window = 512;
@@ -224,7 +242,7 @@ Resolved resolve(const SynthSpec& in) {
     fail(ErrorKind::kInvalidArgument, "synth: rope base {} must be a positive number", r.rope_base);
   if (!std::isfinite(r.rms_eps) || r.rms_eps <= 0)
     fail(ErrorKind::kInvalidArgument, "synth: rms epsilon {} must be a positive number", r.rms_eps);
-  r.tied = s.tied.value_or(!llama && !deepseek2);
+  r.tied = s.tied.value_or(!llama && !deepseek2 && !qwen_moe);  // llama.cpp's qwen2moe needs output.weight
   type_choice(s.type);  // validates
   if (s.vocab_from.empty())
     fail(ErrorKind::kInvalidArgument,
@@ -243,9 +261,11 @@ GgmlType matrix_type(const Resolved& r, const TypeChoice& tc, const std::string&
     const int64_t qk = type_traits(tc.base).block_elems;
     if (is_output) {
       t = ne0 % qk != 0 ? GgmlType::Q8_0 : GgmlType::Q6_K;
-    } else if ((name.ends_with("attn_v.weight") || name.ends_with("ffn_down.weight")) &&
+    } else if (name.ends_with("attn_v.weight") && r.s.n_expert == 8) {
+      t = GgmlType::Q8_0;  // llama.cpp's rule for 8-expert models
+    } else if ((name.ends_with("attn_v.weight") || name.find("ffn_down") != std::string::npos) &&
                use_more_bits(layer, r.s.n_layer)) {
-      t = GgmlType::Q6_K;
+      t = GgmlType::Q6_K;  // ffn_down, ffn_down_exps, ffn_down_shexp
     }
   }
   const TypeTraits& tt = type_traits(t);
@@ -268,8 +288,8 @@ GgmlType matrix_type(const Resolved& r, const TypeChoice& tc, const std::string&
 std::vector<Planned> plan_tensors(const Resolved& r) {
   const SynthSpec& s = r.s;
   const TypeChoice& tc = type_choice(s.type);
-  const bool qkv_bias = s.arch == "qwen2";
-  const bool qk_norm = s.arch == "qwen3" || s.arch == "gemma3";
+  const bool qkv_bias = s.arch == "qwen2" || s.arch == "qwen2moe";
+  const bool qk_norm = s.arch == "qwen3" || s.arch == "qwen3moe" || s.arch == "gemma3";
   const bool sandwich = s.arch == "gemma3";
   const int64_t E = s.n_embd, V = r.n_vocab, F = s.n_ff, D = s.head_dim;
   const int64_t QW = r.q_width(), KW = r.kv_width();
@@ -280,6 +300,11 @@ std::vector<Planned> plan_tensors(const Resolved& r) {
     p.push_back({std::move(name), {cols, rows}, Init::kMatrix, t});
   };
   auto vec = [&](std::string name, int64_t n, Init init) { p.push_back({std::move(name), {n}, init, GgmlType::F32}); };
+  // The experts: one 3-D tensor per kind, [cols, rows, n_expert].
+  auto experts = [&](std::string name, int64_t cols, int64_t rows, int layer) {
+    GgmlType t = matrix_type(r, tc, name, layer, cols);
+    p.push_back({std::move(name), {cols, rows, s.n_expert}, Init::kMatrix, t});
+  };
 
   matrix("token_embd.weight", E, V, -1);
   vec("output_norm.weight", E, Init::kNorm);
@@ -328,9 +353,23 @@ std::vector<Planned> plan_tensors(const Resolved& r) {
     }
     if (sandwich) vec(n("post_attention_norm.weight"), E, Init::kNorm);
     vec(n("ffn_norm.weight"), E, Init::kNorm);
-    matrix(n("ffn_gate.weight"), E, F, il);
-    matrix(n("ffn_up.weight"), E, F, il);
-    matrix(n("ffn_down.weight"), F, E, il);
+    if (s.n_expert > 0) {
+      // The router stays f32, as llama-quantize leaves it.
+      p.push_back({n("ffn_gate_inp.weight"), {E, s.n_expert}, Init::kMatrix, GgmlType::F32});
+      experts(n("ffn_gate_exps.weight"), E, s.n_ff_exp, il);
+      experts(n("ffn_up_exps.weight"), E, s.n_ff_exp, il);
+      experts(n("ffn_down_exps.weight"), s.n_ff_exp, E, il);
+      if (s.n_ff_shexp > 0) {
+        vec(n("ffn_gate_inp_shexp.weight"), E, Init::kMatrix);
+        matrix(n("ffn_gate_shexp.weight"), E, s.n_ff_shexp, il);
+        matrix(n("ffn_up_shexp.weight"), E, s.n_ff_shexp, il);
+        matrix(n("ffn_down_shexp.weight"), s.n_ff_shexp, E, il);
+      }
+    } else {
+      matrix(n("ffn_gate.weight"), E, F, il);
+      matrix(n("ffn_up.weight"), E, F, il);
+      matrix(n("ffn_down.weight"), F, E, il);
+    }
     if (sandwich) vec(n("post_ffw_norm.weight"), E, Init::kNorm);
   }
   return p;
@@ -396,7 +435,8 @@ std::vector<std::string> synth_type_names() {
 }
 
 std::vector<std::string> synth_preset_names() {
-  return {"tinyllama-1.1b", "qwen3-0.6b", "gemma3-270m", "deepseek-v2-lite-dense"};
+  return {"tinyllama-1.1b", "qwen3-0.6b",   "gemma3-270m",      "qwen3-30b-a3b",
+          "mixtral-8x7b",  "qwen1.5-moe-a2.7b", "deepseek-v2-lite-dense"};
 }
 
 SynthSpec synth_preset(const std::string& name) {
@@ -415,6 +455,20 @@ SynthSpec synth_preset(const std::string& name) {
     s.arch = "deepseek2";
     s.n_layer = 27, s.n_embd = 2048, s.n_ff = 10944, s.n_head = 16, s.n_ctx = 163840;
     s.yarn_factor = 40, s.yarn_orig_ctx = 4096, s.yarn_log_mul = 0.0707f;
+  } else if (name == "qwen3-30b-a3b") {
+    s.arch = "qwen3moe";
+    s.n_layer = 48, s.n_embd = 2048, s.n_ff = 6144, s.n_head = 32, s.n_head_kv = 4, s.head_dim = 128;
+    s.n_expert = 128, s.n_expert_used = 8, s.n_ff_exp = 768;
+    s.tied = false;
+  } else if (name == "mixtral-8x7b") {
+    s.arch = "llama";
+    s.n_layer = 32, s.n_embd = 4096, s.n_ff = 14336, s.n_head = 32, s.n_head_kv = 8;
+    s.n_expert = 8, s.n_expert_used = 2;
+  } else if (name == "qwen1.5-moe-a2.7b") {
+    s.arch = "qwen2moe";
+    s.n_layer = 24, s.n_embd = 2048, s.n_ff = 5632, s.n_head = 16, s.n_head_kv = 16;
+    s.n_expert = 60, s.n_expert_used = 4, s.n_ff_exp = 1408, s.n_ff_shexp = 5632;
+    s.tied = false;
   } else {
     fail(ErrorKind::kInvalidArgument, "synth: unknown preset '{}' (known: {})", name,
          fmt::join(synth_preset_names(), ", "));
@@ -442,6 +496,12 @@ SynthReport synth_model(const SynthSpec& spec, const std::string& out_path, int 
   w.add_u32(a + "attention.head_count_kv", static_cast<uint32_t>(s.n_head_kv));
   w.add_f32(a + "attention.layer_norm_rms_epsilon", r.rms_eps);
   w.add_f32(a + "rope.freq_base", r.rope_base);
+  if (s.n_expert > 0) {
+    w.add_u32(a + "expert_count", static_cast<uint32_t>(s.n_expert));
+    w.add_u32(a + "expert_used_count", static_cast<uint32_t>(s.n_expert_used));
+    if (s.arch != "llama") w.add_u32(a + "expert_feed_forward_length", static_cast<uint32_t>(s.n_ff_exp));
+    if (s.n_ff_shexp > 0) w.add_u32(a + "expert_shared_feed_forward_length", static_cast<uint32_t>(s.n_ff_shexp));
+  }
   if (s.arch == "deepseek2") {
     // As llama.cpp's converter writes DeepSeek-V2: key/value_length are what
     // the cache holds per token (latent + rope, latent), the _mla ones the
@@ -463,7 +523,7 @@ SynthReport synth_model(const SynthSpec& spec, const std::string& out_path, int 
       w.add_u32(a + "rope.scaling.original_context_length", static_cast<uint32_t>(s.yarn_orig_ctx));
       w.add_f32(a + "rope.scaling.yarn_log_multiplier", s.yarn_log_mul);
     }
-  } else if (s.arch == "qwen3" || s.arch == "gemma3" || s.head_dim * s.n_head != s.n_embd) {
+  } else if (s.arch == "qwen3" || s.arch == "qwen3moe" || s.arch == "gemma3" || s.head_dim * s.n_head != s.n_embd) {
     // Qwen3 and Gemma 3 converters always write the head width; the others
     // only need it when it is not n_embd / n_head.
     w.add_u32(a + "attention.key_length", static_cast<uint32_t>(s.head_dim));

@@ -26,7 +26,7 @@
 namespace tandem {
 
 struct SynthSpec {
-  std::string arch = "llama";   // llama | qwen2 | qwen3 | gemma3 | deepseek2
+  std::string arch = "llama";   // llama | qwen2 | qwen3 | gemma3 | qwen2moe | qwen3moe | deepseek2
   std::string name;             // general.name; empty: "synth-<arch>"
   int32_t n_layer = 2;
   int32_t n_embd = 64;
@@ -50,11 +50,17 @@ struct SynthSpec {
   int32_t yarn_orig_ctx = 4096;
   float yarn_log_mul = 0;
   int32_t n_ctx = 2048;         // {arch}.context_length
+  // Mixture of experts: qwen2moe and qwen3moe always (default 8 experts, 2
+  // used), llama when n_expert > 0 (Mixtral's tensors, experts n_ff wide).
+  int32_t n_expert = 0;
+  int32_t n_expert_used = 0;    // 0: 2
+  int32_t n_ff_exp = 0;         // qwen*moe: one expert's width; 0: n_ff
+  int32_t n_ff_shexp = 0;       // qwen2moe: the shared expert's width; 0: n_ff
   std::optional<float> rope_base;  // default: 10000 (llama), 1e6 (qwen2, qwen3, gemma3 global layers)
   std::optional<float> rms_eps;    // default: 1e-5 (llama), 1e-6 (others)
   int32_t sliding_window = 0;   // gemma3 only; 0: 512
   bool rope_freqs = false;      // llama only: a Llama-3 style rope_freqs.weight (factors 1..8)
-  std::optional<bool> tied;     // output = token_embd; default: separate for llama, tied for the others
+  std::optional<bool> tied;     // output = token_embd; default: separate for llama and the MoE families, tied for the others
   std::string vocab_from;       // GGUF whose tokenizer.* keys are copied; n_vocab = its token count
   // f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k mxfp4: every
   // matrix in that type ("pure", like llama-quantize --pure), except that a
@@ -79,6 +85,10 @@ struct SynthReport {
 // deepseek-v2-lite-dense: DeepSeek-V2-Lite's attention (27 layers, 2048 wide,
 // 16 heads, kv LoRA 512, rope 64) with every layer's FFN dense (10944, its
 // first layer's), as the latent-attention benchmarks use it.
+// qwen3-30b-a3b: qwen3moe, 48 layers, 2048 wide, 32 heads (4 KV) of 128, 128
+// experts of 768, 8 used. mixtral-8x7b: llama, 32 layers, 4096 wide, 8 experts
+// of 14336, 2 used. qwen1.5-moe-a2.7b: qwen2moe, 24 layers, 2048 wide, 60
+// experts of 1408, 4 used, a shared expert of 5632.
 SynthSpec synth_preset(const std::string& name);  // throws kInvalidArgument, listing the names
 std::vector<std::string> synth_preset_names();
 

@@ -16,6 +16,8 @@ const char* arch_name(Arch a) {
     case Arch::kQwen3: return "qwen3";
     case Arch::kGemma3: return "gemma3";
     case Arch::kDeepseek2: return "deepseek2";
+    case Arch::kQwen2Moe: return "qwen2moe";
+    case Arch::kQwen3Moe: return "qwen3moe";
   }
   return "?";
 }
@@ -79,11 +81,11 @@ void read_yarn(const GgufFile& f, const Keys& k, ModelConfig& c) {
 // The one place that refuses deepseek2's mixture-of-experts layers: they
 // need the expert feed-forward, which this build does not have yet.
 void refuse_moe_layers(const GgufFile& f, const ModelConfig& c) {
-  if (c.n_dense_lead < c.n_layer)
+  if (c.n_layer_dense_lead < c.n_layer)
     fail(ErrorKind::kUnsupported,
          "{}: deepseek2 layers {}..{} are mixture-of-experts layers (leading_dense_block_count = {} of {} blocks); "
          "the expert feed-forward is not supported yet, so only deepseek2 files whose every layer is dense load",
-         f.path(), c.n_dense_lead, c.n_layer - 1, c.n_dense_lead, c.n_layer);
+         f.path(), c.n_layer_dense_lead, c.n_layer - 1, c.n_layer_dense_lead, c.n_layer);
 }
 
 // deepseek2's latent attention, in either form converters write: the split
@@ -110,8 +112,25 @@ void read_latent_attention(const GgufFile& f, const Keys& k, ModelConfig& c) {
     fail(ErrorKind::kInvalidFile, "{}: rope dims {} must be even and below the query head width {}", f.path(),
          c.rope_dims, c.head_dim);
   c.n_head_kv = 1;  // the cache holds one latent per token, shared by every head
-  c.n_dense_lead = k.opt_int("leading_dense_block_count", 0, 0, c.n_layer);
+  c.n_layer_dense_lead = k.opt_int("leading_dense_block_count", 0, 0, c.n_layer);
   refuse_moe_layers(f, c);
+}
+
+// The experts' counts and widths, and the router's gating as llama.cpp's
+// build_moe_ffn runs it for the family: softmax, then top-k; qwen3moe and
+// Mixtral (llama with experts) renormalise the k weights, qwen2moe does not
+// (its shared expert comes with a sigmoid gate, found by its tensors).
+void read_moe(ModelConfig& c, const Keys& k) {
+  const bool moe_arch = c.arch == Arch::kQwen2Moe || c.arch == Arch::kQwen3Moe;
+  c.n_expert = k.opt_int("expert_count", 0, 0, 1 << 16);
+  if (moe_arch && c.n_expert == 0) k.req_int("expert_count", 1, 1 << 16);  // names the missing key
+  if (c.n_expert == 0) return;
+  c.n_expert_used = k.req_int("expert_used_count", 1, c.n_expert);
+  // Mixtral's experts are feed_forward_length wide; the Qwen MoE files say so apart.
+  c.n_ff_exp = moe_arch ? k.req_int("expert_feed_forward_length", 1, 1 << 20) : c.n_ff;
+  c.n_ff_shexp = k.opt_int("expert_shared_feed_forward_length", 0, 0, 1 << 20);
+  c.moe_gating = {};
+  c.moe_gating.normalize = c.arch != Arch::kQwen2Moe;
 }
 
 }  // namespace
@@ -126,9 +145,11 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   else if (*arch == "qwen3") c.arch = Arch::kQwen3;
   else if (*arch == "gemma3") c.arch = Arch::kGemma3;
   else if (*arch == "deepseek2") c.arch = Arch::kDeepseek2;
+  else if (*arch == "qwen2moe") c.arch = Arch::kQwen2Moe;
+  else if (*arch == "qwen3moe") c.arch = Arch::kQwen3Moe;
   else
     fail(ErrorKind::kUnsupported,
-         "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3, gemma3, deepseek2)",
+         "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3, gemma3, deepseek2, qwen2moe, qwen3moe)",
          f.path(), *arch);
   c.name = f.get_string("general.name").value_or(*arch);
 
@@ -171,10 +192,12 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
       c.rope_style = RopeStyle::kNormal;
       break;
     case Arch::kQwen2:
+    case Arch::kQwen2Moe:
       c.rope_style = RopeStyle::kNeox;
       c.qkv_bias = true;
       break;
     case Arch::kQwen3:
+    case Arch::kQwen3Moe:
       c.rope_style = RopeStyle::kNeox;
       c.qk_norm = true;
       break;
@@ -197,6 +220,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
       read_latent_attention(f, k, c);
       break;
   }
+  read_moe(c, k);
   // Gemma 3 27B scales queries by 1/sqrt(n_embd/n_head); the others by 1/sqrt(head_dim).
   c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   if (c.rope_yarn) c.attn_scale = c.yarn_attn_mscale * c.yarn_attn_mscale / std::sqrt(static_cast<float>(c.head_dim));
@@ -206,8 +230,14 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
 }
 
 std::string ModelConfig::summary() const {
-  return fmt::format("{} ({}): {} layers, {} wide, {} heads ({} kv, dim {}), ffn {}, vocab {}, ctx {}", name,
-                     tandem::arch_name(arch), n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train);
+  std::string s = fmt::format("{} ({}): {} layers, {} wide, {} heads ({} kv, dim {}), ffn {}, vocab {}, ctx {}", name,
+                              tandem::arch_name(arch), n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab,
+                              n_ctx_train);
+  if (n_expert > 0) {
+    s += fmt::format(", {} experts ({} used, ffn {})", n_expert, n_expert_used, n_ff_exp);
+    if (n_ff_shexp > 0) s += fmt::format(" + shared expert (ffn {})", n_ff_shexp);
+  }
+  return s;
 }
 
 }  // namespace tandem

@@ -14,7 +14,20 @@ namespace tandem {
 
 class GgufFile;
 
-enum class Arch { kLlama, kQwen2, kQwen3, kGemma3, kDeepseek2 };
+enum class Arch { kLlama, kQwen2, kQwen3, kGemma3, kDeepseek2, kQwen2Moe, kQwen3Moe };
+
+// How a mixture-of-experts router turns its logits into the weights of the
+// experts it picks (model/moe_ffn.h runs it). The families differ only here.
+struct MoeGating {
+  enum class Func : uint8_t {
+    kSoftmax,        // p = softmax(logits); top-k of p; weights p[top-k]
+    kSigmoid,        // p = sigmoid(logits); top-k of p (+ selection bias); weights p[top-k]
+    kSoftmaxTopK,    // top-k of the logits, then softmax over those k (gpt-oss)
+  };
+  Func func = Func::kSoftmax;
+  bool normalize = false;   // weights /= their sum (qwen3moe, Mixtral), the sum clamped as llama.cpp does
+  float scale = 1.0f;       // weights *= scale after normalising (deepseek2's routed scaling factor)
+};
 
 struct ModelConfig {
   Arch arch = Arch::kLlama;
@@ -63,8 +76,15 @@ struct ModelConfig {
   int32_t kv_lora_rank = 0;
   int32_t q_lora_rank = 0;        // > 0: queries through attn_q_a / attn_q_b
   bool kv_b_fused = false;        // the file has attn_kv_b instead of attn_k_b / attn_v_b
-  int32_t n_dense_lead = 0;       // leading_dense_block_count: layers with a dense FFN
   bool latent_attention() const { return kv_lora_rank > 0; }
+  // Mixture of experts (0 experts: every layer dense). With experts, every
+  // layer from n_layer_dense_lead on is MoE and must have its router.
+  int32_t n_expert = 0;
+  int32_t n_layer_dense_lead = 0;  // leading dense layers (deepseek2's leading_dense_block_count)
+  int32_t n_expert_used = 0;      // top-k
+  int32_t n_ff_exp = 0;           // one expert's hidden width
+  int32_t n_ff_shexp = 0;         // the shared expert's (qwen2moe), 0: none
+  MoeGating moe_gating;
 
   // Builds and validates the config. Throws tandem::Error naming the key.
   static ModelConfig from_gguf(const GgufFile& f);

@@ -21,6 +21,7 @@
 #include "kv/kv_cache.h"
 #include "model/latent_attention.h"
 #include "model/layer_recipe.h"
+#include "model/moe_ffn.h"
 #include "model/repack_cache.h"
 #include "tokenizer/tokenizer.h"
 
@@ -41,7 +42,8 @@ struct Model::Scratch {
   std::vector<int64_t> want;     // rows that asked for logits
   std::vector<uint8_t> embd_row;  // an embedding row's bytes, read from the file
   Matmul mm;
-  Scratch(KernelLevel level, const StreamTuning& tuning) : mm(level, tuning) {}
+  MoeFfn moe;
+  Scratch(KernelLevel level, const StreamTuning& tuning) : mm(level, tuning), moe(level) {}
 };
 
 Model::~Model() = default;
@@ -146,8 +148,14 @@ void Model::prepack_weights(const RuntimeOptions& opts) {
   std::vector<size_t> sizes;
   {
     std::vector<WeightMatrix*> every = {&w_.output};
-    for (LayerWeights& L : w_.layers)
-      for (WeightMatrix* W : L.matrices()) every.push_back(W);
+    for (LayerWeights& L : w_.layers) {
+      for (WeightMatrix* W : L.matrices())
+        if (*W) every.push_back(W);
+      if (L.moe) {
+        every.push_back(&L.moe.router);
+        for (WeightMatrix* W : L.moe.matrices()) every.push_back(W);
+      }
+    }
     for (WeightMatrix* W : every)
       if (const LayoutChoice c = choose_layout(*W, level, mode); c.layout != WeightLayout::kFileRows)
         all.push_back(W), layouts.push_back(c), sizes.push_back(c.bytes);
@@ -243,11 +251,18 @@ std::vector<std::span<const uint8_t>> Model::decode_weight_regions() const {
     }
     if (r0 < W.rows) out.emplace_back(W.row(r0), static_cast<size_t>(W.rows - r0) * W.row_stride);
   };
+  // Of a MoE layer, k experts: a decode row reads the k its router picks,
+  // all of one shape and layout, so the first k stand for them.
   add(w_.output);
   for (const LayerWeights& L : w_.layers) {
     for (const WeightMatrix* W : L.matrices()) add(*W);
     add(L.k_b);  // latent attention's up-projections, read in the file's rows
     add(L.v_b);
+    if (!L.moe) continue;
+    add(L.moe.router);
+    for (const WeightMatrix* W : {&L.moe.sh_gate, &L.moe.sh_up, &L.moe.sh_down}) add(*W);
+    for (int32_t e = 0; e < cfg_.n_expert_used; ++e)
+      for (const auto* kind : {&L.moe.gate, &L.moe.up, &L.moe.down}) add((*kind)[e]);
   }
   return out;
 }
@@ -338,6 +353,14 @@ struct Model::LayerSteps {
     const LayerWeights& L = m.w_.layers[il];
     Scratch& s = *m.s_;
     const int64_t E = c.n_embd;
+    if (L.moe) {
+      const MoeShape shape = MoeShape::of(c);
+      for (int64_t c0 = 0; c0 < R; c0 += kMoeChunkRows) {
+        const int64_t n = std::min(kMoeChunkRows, R - c0);
+        s.moe.run(L.moe, shape, s.xn.data() + c0 * E, E, n, s.o.data() + c0 * E, E, s.mm, pool);
+      }
+      return;
+    }
     // In chunks of rows: the gate and up rows (2 x n_ff floats each) are the
     // widest activations, and a long prompt's would set the peak memory. A
     // row's result does not depend on the rows computed beside it.

@@ -65,6 +65,10 @@ void check_batch(const Batch& batch, std::span<SeqKv* const> seqs, int32_t n_voc
 // chunk reads the q/k/v/o weights again. docs/performance.md has the numbers.
 inline constexpr int64_t kAttnChunkRows = 256;
 inline constexpr int64_t kFfnChunkRows = 128;
+// Rows per chunk of a mixture-of-experts block: each picked expert is read
+// once per chunk, so a chunk holds a whole default prefill step; its buffers
+// grow with rows x top-k x n_embd (model/moe_ffn.h).
+inline constexpr int64_t kMoeChunkRows = 512;
 
 // The KV cache's shape for a model of this config: n_layer layers of
 // n_head_kv heads, or for latent attention one latent (as V) and one shared
@@ -179,7 +183,8 @@ class Model {
   const std::string& load_warning() const { return load_warning_; }
   // The memory a decode step streams: every linear layer's and the output
   // matrix's bytes, where they are (repacked buffers, tiles, the mapping),
-  // so a benchmark can time a plain read of the very same pages.
+  // so a benchmark can time a plain read of the very same pages (of a MoE
+  // layer: k experts, as many bytes as one row's picks).
   std::vector<std::span<const uint8_t>> decode_weight_regions() const;
 };
 

@@ -1,5 +1,7 @@
 #include "model/plan.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "runtime/memory_info.h"
@@ -32,24 +34,41 @@ ModelPlan plan_products(const GgufFile& f, const RuntimeOptions& opts) {
 
   // In forward order, as Model::prepack_weights lays them out; the output
   // matrix computes logits for the prompt's last row only.
-  std::vector<std::pair<const WeightMatrix*, int64_t>> all;
+  struct Entry {
+    const WeightMatrix* W;
+    int64_t chunk;
+    int32_t experts = 0;  // a MoE tensor: W is its first expert
+  };
+  std::vector<Entry> all;
+  // Rows an expert meets in a prefill chunk, on average (a balanced router).
+  const int64_t expert_rows =
+      cfg.n_expert > 0 ? std::max<int64_t>(1, kMoeChunkRows * cfg.n_expert_used / cfg.n_expert) : 0;
   for (const LayerWeights& L : w.layers) {
-    for (const WeightMatrix* W : {&L.wq_a, &L.wq, &L.wk, &L.wv, &L.wo}) all.emplace_back(W, kAttnChunkRows);
-    for (const WeightMatrix* W : {&L.w_gate, &L.w_up, &L.w_down}) all.emplace_back(W, kFfnChunkRows);
+    for (const WeightMatrix* W : {&L.wq_a, &L.wq, &L.wk, &L.wv, &L.wo}) all.push_back({W, kAttnChunkRows});
+    for (const WeightMatrix* W : {&L.w_gate, &L.w_up, &L.w_down}) all.push_back({W, kFfnChunkRows});
+    if (!L.moe) continue;
+    all.push_back({&L.moe.router, kMoeChunkRows});
+    for (const auto* kind : {&L.moe.gate, &L.moe.up, &L.moe.down}) all.push_back({&(*kind)[0], expert_rows, cfg.n_expert});
+    for (const WeightMatrix* W : {&L.moe.sh_gate_inp, &L.moe.sh_gate, &L.moe.sh_up, &L.moe.sh_down})
+      all.push_back({W, kMoeChunkRows});
   }
-  all.emplace_back(&w.output, 1);
+  all.push_back({&w.output, 1});
 
   size_t repacked = 0;
-  for (const auto& [W, chunk] : all) {
+  for (const auto& [W, chunk, experts] : all) {
     if (!*W) continue;
     MatrixPlan m;
     m.name = tensor_name(f, *W);
     m.type = W->type;
     m.rows = W->rows;
     m.cols = W->cols;
-    m.file_bytes = static_cast<size_t>(W->rows) * W->row_stride;
+    const size_t copies = experts > 0 ? static_cast<size_t>(experts) : 1;
+    m.file_bytes = static_cast<size_t>(W->rows) * W->row_stride * copies;
     m.layout = choose_layout(*W, plan.level, opts.prepack);
+    m.layout.bytes *= copies;
     m.prefill_rows = chunk;
+    m.experts = experts;
+    m.experts_used = experts > 0 ? cfg.n_expert_used : 0;
     repacked += m.layout.bytes;
     plan.matrices.push_back(m);
   }
@@ -66,6 +85,7 @@ ModelPlan plan_products(const GgufFile& f, const RuntimeOptions& opts) {
     if (m.layout.layout == WeightLayout::kPanels) moved = m.rows;
     if (m.layout.layout == WeightLayout::kTiles) moved = m.rows / 16 * 16;
     m.read_bytes = m.layout.bytes + static_cast<size_t>(m.rows - moved) * (m.file_bytes / static_cast<size_t>(m.rows));
+    if (m.experts > 0) m.read_bytes = m.read_bytes / static_cast<size_t>(m.experts) * static_cast<size_t>(m.experts_used);
     m.decode = select_product(m.type, m.layout.layout, 1, plan.level, tuning);
     m.prefill = select_product(m.type, m.layout.layout, m.prefill_rows, plan.level, tuning);
   }
@@ -81,10 +101,16 @@ std::string describe_plan(const ModelPlan& plan) {
                      "layout", "read MiB", "new MiB", "decode (1 row)", "prefill");
   size_t file = 0, read = 0, fresh = 0;
   for (const MatrixPlan& m : plan.matrices) {
-    out += fmt::format("{:<28} {:<5} {:>14} {:<7} {:>9.2f} {:>8.2f}  {:<24} {} row{}: {}\n", m.name,
-                       type_traits(m.type).name, fmt::format("{} x {}", m.rows, m.cols),
-                       weight_layout_name(m.layout.layout), mib(m.read_bytes), mib(m.layout.bytes), m.decode.name(),
-                       m.prefill_rows, m.prefill_rows == 1 ? "" : "s", m.prefill.name());
+    const std::string shape = m.experts > 0 ? fmt::format("{} x {} x {}", m.experts, m.rows, m.cols)
+                                            : fmt::format("{} x {}", m.rows, m.cols);
+    // An expert tensor's route: k of its experts per decode row; prefill
+    // rows grouped by expert, a GEMM per picked expert.
+    const std::string decode = m.experts > 0 ? fmt::format("{} x{} experts", m.decode.name(), m.experts_used)
+                                             : std::string(m.decode.name());
+    out += fmt::format("{:<28} {:<5} {:>14} {:<7} {:>9.2f} {:>8.2f}  {:<24} {} row{}{}: {}\n", m.name,
+                       type_traits(m.type).name, shape, weight_layout_name(m.layout.layout), mib(m.read_bytes),
+                       mib(m.layout.bytes), decode, m.prefill_rows, m.prefill_rows == 1 ? "" : "s",
+                       m.experts > 0 ? " per expert, grouped by expert" : "", m.prefill.name());
     file += m.file_bytes;
     read += m.read_bytes;
     fresh += m.layout.bytes;

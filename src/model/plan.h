@@ -26,6 +26,11 @@ struct MatrixPlan {
   size_t read_bytes = 0;      // what one pass of a product reads: the layout's buffer and the file rows it leaves
   int64_t prefill_rows = 0;   // activation rows of one prefill product (a chunk; 1 for the output matrix)
   Product decode, prefill;
+  // A mixture-of-experts tensor: one line for its n_expert matrices (rows x
+  // cols is one expert's; file_bytes all of them), routed by expert: a decode
+  // row reads `experts_used` of them (read_bytes), a prefill chunk's rows are
+  // grouped by expert (prefill_rows: an expert's mean share of the chunk).
+  int32_t experts = 0, experts_used = 0;
 };
 
 struct ModelPlan {

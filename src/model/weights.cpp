@@ -26,16 +26,13 @@ class Binder {
     if (t->dims.size() != 2 || t->dims[0] != cols || (rows >= 0 && t->dims[1] != rows))
       fail(ErrorKind::kInvalidFile, "{}: tensor '{}' has shape {}, expected [{}, {}]", f_.path(), name,
            shape(*t), cols, rows);
-    return checked(name, *t);
+    return checked(*t);
   }
 
   // A tensor of the expected shape as a matrix of its type.
-  WeightMatrix checked(const std::string& name, const GgufTensor& tr) const {
+  WeightMatrix checked(const GgufTensor& tr) const {
     const GgufTensor* t = &tr;
-    if (!type_traits(t->type).can_dequantize)
-      fail(ErrorKind::kUnsupported, "{}: tensor '{}' has type {}, which Tandem cannot compute with", f_.path(),
-           name, type_traits(t->type).name);
-    vec_dot_type(t->type);  // throws if no kernel exists for the type
+    check_type(*t);
     WeightMatrix m;
     m.type = t->type;
     m.data = t->data;
@@ -54,7 +51,45 @@ class Binder {
            shape(*t), cols, per, heads);
     GgufTensor flat = *t;
     flat.dims = {cols, per * heads};
-    return checked(name, flat);
+    return checked(flat);
+  }
+
+  // One 2-D view per expert of a 3-D tensor [cols, rows, n_expert]: the
+  // shape is checked against the metadata here, so a file whose experts
+  // disagree with expert_count or the widths is refused naming the tensor.
+  std::vector<WeightMatrix> experts(const std::string& name, int64_t cols, int64_t rows, int64_t n_expert) const {
+    const GgufTensor* t = find(name, true);
+    if (t->dims.size() != 3 || t->dims[0] != cols || t->dims[1] != rows || t->dims[2] != n_expert)
+      fail(ErrorKind::kInvalidFile, "{}: tensor '{}' has shape {}, expected [{}, {}, {}] (expert_count {})",
+           f_.path(), name, shape(*t), cols, rows, n_expert, n_expert);
+    check_type(*t);
+    std::vector<WeightMatrix> v(static_cast<size_t>(n_expert));
+    const size_t rb = row_bytes(t->type, cols);
+    for (int64_t e = 0; e < n_expert; ++e) {
+      WeightMatrix& m = v[static_cast<size_t>(e)];
+      m.type = t->type;
+      m.data = t->data + static_cast<size_t>(e) * static_cast<size_t>(rows) * rb;
+      m.cols = cols;
+      m.rows = rows;
+      m.row_stride = rb;
+    }
+    return v;
+  }
+
+  // A 1-D tensor of `cols` values (or [cols, 1]) as a one-row matrix; absent: empty.
+  WeightMatrix one_row(const std::string& name, int64_t cols) const {
+    const GgufTensor* t = find(name, false);
+    if (!t) return {};
+    if (t->dims[0] != cols || t->n_elements != cols)
+      fail(ErrorKind::kInvalidFile, "{}: tensor '{}' has shape {}, expected [{}]", f_.path(), name, shape(*t), cols);
+    check_type(*t);
+    WeightMatrix m;
+    m.type = t->type;
+    m.data = t->data;
+    m.cols = cols;
+    m.rows = 1;
+    m.row_stride = row_bytes(t->type, cols);
+    return m;
   }
 
   WeightVector vector(const std::string& name, int64_t n, bool required = true) const {
@@ -72,6 +107,12 @@ class Binder {
   }
 
  private:
+  void check_type(const GgufTensor& t) const {
+    if (!type_traits(t.type).can_dequantize)
+      fail(ErrorKind::kUnsupported, "{}: tensor '{}' has type {}, which Tandem cannot compute with", f_.path(),
+           t.name, type_traits(t.type).name);
+    vec_dot_type(t.type);  // throws if no kernel exists for the type
+  }
   static std::string shape(const GgufTensor& t) { return fmt::format("[{}]", fmt::join(t.dims, ", ")); }
   const GgufFile& f_;
 };
@@ -136,7 +177,43 @@ void bind_attention(const Binder& b, const ModelConfig& c, int32_t il, LayerWeig
   }
 }
 
+// A layer's feed-forward block as a mixture of experts, when the file has
+// its router: the router's rows must be expert_count, every expert tensor
+// [width, rows, expert_count] as the metadata says.
+MoeWeights bind_moe(const Binder& b, const ModelConfig& c, int32_t il) {
+  auto n = [il](const char* s) { return fmt::format("blk.{}.{}", il, s); };
+  MoeWeights m;
+  m.router = b.matrix(n("ffn_gate_inp.weight"), c.n_embd, c.n_expert);
+  const int64_t F = c.n_ff_exp;
+  m.gate = b.experts(n("ffn_gate_exps.weight"), c.n_embd, F, c.n_expert);
+  m.up = b.experts(n("ffn_up_exps.weight"), c.n_embd, F, c.n_expert);
+  m.down = b.experts(n("ffn_down_exps.weight"), F, c.n_embd, c.n_expert);
+  if (c.n_ff_shexp > 0) {
+    m.sh_gate = b.matrix(n("ffn_gate_shexp.weight"), c.n_embd, c.n_ff_shexp);
+    m.sh_up = b.matrix(n("ffn_up_shexp.weight"), c.n_embd, c.n_ff_shexp);
+    m.sh_down = b.matrix(n("ffn_down_shexp.weight"), c.n_ff_shexp, c.n_embd);
+    // qwen2moe's sigmoid gate, a vector in the file: a one-row matrix here.
+    m.sh_gate_inp = b.one_row(n("ffn_gate_inp_shexp.weight"), c.n_embd);
+  }
+  return m;
+}
+
 }  // namespace
+
+std::vector<WeightMatrix*> MoeWeights::matrices() {
+  std::vector<WeightMatrix*> v;
+  for (auto* kind : {&gate, &up, &down})
+    for (WeightMatrix& W : *kind) v.push_back(&W);
+  for (WeightMatrix* W : {&sh_gate, &sh_up, &sh_down})
+    if (*W) v.push_back(W);
+  return v;
+}
+
+std::vector<const WeightMatrix*> MoeWeights::matrices() const {
+  std::vector<const WeightMatrix*> v;
+  for (WeightMatrix* W : const_cast<MoeWeights*>(this)->matrices()) v.push_back(W);
+  return v;
+}
 
 ModelWeights ModelWeights::bind(const GgufFile& f, ModelConfig& c) {
   Binder b(f);
@@ -164,9 +241,15 @@ ModelWeights ModelWeights::bind(const GgufFile& f, ModelConfig& c) {
       L.post_ffn_norm = b.vector(n("post_ffw_norm.weight"), c.n_embd);
     }
     L.ffn_norm = b.vector(n("ffn_norm.weight"), c.n_embd);
-    L.w_gate = b.matrix(n("ffn_gate.weight"), c.n_embd, c.n_ff);
-    L.w_up = b.matrix(n("ffn_up.weight"), c.n_embd, c.n_ff);
-    L.w_down = b.matrix(n("ffn_down.weight"), c.n_ff, c.n_embd);
+    if (c.n_expert > 0 && il >= c.n_layer_dense_lead) L.moe = bind_moe(b, c, il);
+    if (!L.moe) {
+      L.w_gate = b.matrix(n("ffn_gate.weight"), c.n_embd, c.n_ff);
+      L.w_up = b.matrix(n("ffn_up.weight"), c.n_embd, c.n_ff);
+      L.w_down = b.matrix(n("ffn_down.weight"), c.n_ff, c.n_embd);
+    } else if (f.find_tensor(n("ffn_gate.weight"))) {
+      fail(ErrorKind::kInvalidFile, "{}: layer {} has both a router ('{}') and a dense 'ffn_gate.weight'", f.path(),
+           il, n("ffn_gate_inp.weight"));
+    }
     w.layers.push_back(std::move(L));
   }
   return w;

@@ -16,6 +16,24 @@ class GgufFile;
 // A 1-D float vector (norm weights, biases), converted to f32 at load.
 using WeightVector = std::vector<float>;
 
+// A mixture-of-experts feed-forward block (model/moe_ffn.h). The expert
+// tensors are 3-D in the file (one matrix per expert, contiguous); each
+// expert is bound as its own 2-D view of its slice, so products read only the
+// experts a row picked.
+struct MoeWeights {
+  WeightMatrix router;                        // ffn_gate_inp: n_expert rows of n_embd
+  WeightVector router_bias;                   // added to the router's logits (gpt-oss), may be empty
+  WeightVector select_bias;                   // added for the top-k choice only (deepseek's exp_probs_b), may be empty
+  std::vector<WeightMatrix> gate, up, down;   // per expert: ffn_{gate,up,down}_exps slices
+  WeightVector gate_bias, up_bias, down_bias; // per-expert biases, expert-major (gpt-oss), may be empty
+  WeightMatrix sh_gate, sh_up, sh_down;       // the shared expert (qwen2moe, deepseek2), may be absent
+  WeightMatrix sh_gate_inp;                   // ffn_gate_inp_shexp: one row of n_embd, its sigmoid gates the shared expert
+  explicit operator bool() const { return static_cast<bool>(router); }
+  // Every expert's and the shared expert's matrices (the router apart).
+  std::vector<WeightMatrix*> matrices();
+  std::vector<const WeightMatrix*> matrices() const;
+};
+
 struct LayerWeights {
   WeightVector attn_norm;
   WeightMatrix wq, wk, wv, wo;
@@ -25,6 +43,7 @@ struct LayerWeights {
   WeightVector ffn_norm;
   WeightMatrix w_gate, w_up, w_down;
   WeightVector post_ffn_norm;       // gemma3
+  MoeWeights moe;                   // set on a mixture-of-experts layer (w_gate/up/down then absent)
 
   // Latent attention (deepseek2): wq is attn_q, or attn_q_b after attn_q_a
   // and its norm; wk is attn_kv_a_mqa (the latent, then the rope part).

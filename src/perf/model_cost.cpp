@@ -90,12 +90,26 @@ ModelCost model_cost(const Model& m) {
   for (const LayerWeights& L : w.layers) {
     for (const WeightMatrix* x : L.matrices()) add(*x, true);
     for (const WeightMatrix* x : {&L.k_b, &L.v_b}) add(*x, true);  // latent attention's up-projections
+    if (!L.moe) continue;
+    // A token reads the router, the shared expert and its k experts (all
+    // experts of a layer have one shape; which k varies by token).
+    add(L.moe.router, true);
+    for (const WeightMatrix* x : {&L.moe.sh_gate, &L.moe.sh_up, &L.moe.sh_down, &L.moe.sh_gate_inp}) add(*x, true);
+    for (int32_t j = 0; j < c.n_expert_used; ++j)
+      for (const WeightMatrix* x : {&L.moe.gate[0], &L.moe.up[0], &L.moe.down[0]}) add(*x, true);
   }
   add(w.output, false);
   if (!w.layers.empty()) {
     const LayerWeights& last = w.layers.back();
     for (const WeightMatrix* x : {&last.wo, &last.w_gate, &last.w_up, &last.w_down})
       mc.last_layer_tail_macs += matrix_macs(*x);
+    if (last.moe) {
+      mc.last_layer_tail_macs += matrix_macs(last.moe.router);
+      for (const WeightMatrix* x : last.moe.matrices()) mc.last_layer_tail_macs += matrix_macs(*x);
+      // All experts' products were counted: only k per token run.
+      for (const WeightMatrix* x : {&last.moe.gate[0], &last.moe.up[0], &last.moe.down[0]})
+        mc.last_layer_tail_macs -= matrix_macs(*x) * static_cast<uint64_t>(c.n_expert - c.n_expert_used);
+    }
   }
 
   uint64_t best = 0;
