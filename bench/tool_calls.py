@@ -13,6 +13,7 @@ it can be imported (a second, independent validator).
 """
 
 import argparse
+import concurrent.futures
 import importlib.metadata
 import json
 import os
@@ -128,6 +129,8 @@ def main():
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=8)
     a = ap.parse_args()
     try:
         import jsonschema
@@ -141,14 +144,22 @@ def main():
     model_id = c.models.list().data[0].id
     valid = intended = calls_total = 0
     failures = []
+
+    def one(i):
+        name = FUNCTIONS[i % len(FUNCTIONS)][0]
+        prompt = PROMPTS[name][(i // len(FUNCTIONS)) % len(PROMPTS[name])]
+        r = c.chat.completions.create(model=model_id, messages=[{"role": "user", "content": prompt}], tools=tools,
+                                      tool_choice="required", parallel_tool_calls=False, max_tokens=a.max_tokens,
+                                      temperature=a.temperature, seed=i)
+        return i, name, prompt, r
+
     t0 = time.monotonic()
     try:
-        for i in range(a.n):
-            name = FUNCTIONS[i % len(FUNCTIONS)][0]
-            prompt = PROMPTS[name][(i // len(FUNCTIONS)) % len(PROMPTS[name])]
-            r = c.chat.completions.create(model=model_id, messages=[{"role": "user", "content": prompt}], tools=tools,
-                                          tool_choice="required", parallel_tool_calls=False, max_tokens=200,
-                                          temperature=a.temperature, seed=i)
+        # Concurrent requests share engine steps (continuous batching); each is seeded, so the
+        # answers do not depend on the concurrency.
+        with concurrent.futures.ThreadPoolExecutor(a.concurrency) as pool:
+            results = sorted(pool.map(one, range(a.n)), key=lambda x: x[0])
+        for i, name, prompt, r in results:
             ch = r.choices[0]
             calls = ch.message.tool_calls or []
             ok = ch.finish_reason == "tool_calls" and len(calls) == 1
@@ -178,7 +189,8 @@ def main():
         proc.terminate()
         proc.wait()
     dt = time.monotonic() - t0
-    print(f"requests: {a.n}, tool_choice required, 5 schemas, temperature {a.temperature}, model {Path(a.model).name}")
+    print(f"requests: {a.n}, tool_choice required, 5 schemas, temperature {a.temperature}, max_tokens "
+          f"{a.max_tokens}, concurrency {a.concurrency}, model {Path(a.model).name}")
     print(f"validators: built-in checker{' + jsonschema ' + importlib.metadata.version('jsonschema') if jsonschema else ''}")
     print(f"valid arguments of the called function's schema: {valid}/{a.n} = {100.0 * valid / a.n:.1f}%")
     print(f"called the function the prompt asked for: {intended}/{a.n} = {100.0 * intended / a.n:.1f}%")

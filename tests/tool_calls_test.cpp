@@ -111,6 +111,29 @@ TEST(ToolCallGrammar, RefusesUnknownNamesAndArgumentsOutsideTheSchema) {
   }
 }
 
+TEST(ToolCallGrammar, ArgumentValuesAreBounded) {
+  const ToolCallGrammar g = grammar(ChatFamily::kChatML, true, 1);
+  const std::string head = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"";
+  const std::string most(ToolCallRecognizer::kMaxStringBytes - 2, 'a');
+  {
+    // A string at the bound takes only its closing quote; an escape begun there finishes.
+    ToolCallRecognizer r(g);
+    ASSERT_EQ(taken(r, head + most + "\\u00e9"), head.size() + most.size() + 6);
+    ToolCallRecognizer closed = r;
+    EXPECT_TRUE(closed.feed("\", \"unit\": \"c\"}}\n</tool_call>"));
+    EXPECT_TRUE(closed.complete());
+    EXPECT_FALSE(r.feed('a'));
+  }
+  {
+    const std::string t = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": ";
+    const std::string digits(ToolCallRecognizer::kMaxDigits, '7');
+    ToolCallRecognizer r(g);
+    EXPECT_EQ(taken(r, t + digits + "7"), t.size() + digits.size());
+    ToolCallRecognizer ws(g);
+    EXPECT_EQ(taken(ws, head + "x\",     "), head.size() + 3 + ToolCallRecognizer::kMaxWhitespace);
+  }
+}
+
 TEST(ToolCallGrammar, AutoIsFreeTextUntilTheMarker) {
   const ToolCallGrammar g = grammar(ChatFamily::kGemma, false, 1);
   ToolCallRecognizer r(g);

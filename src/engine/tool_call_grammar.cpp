@@ -70,6 +70,9 @@ bool ToolCallRecognizer::feed(char c) {
             function_ = static_cast<int32_t>(i);
             JsonRecognizer::Limits lim;
             args_ = JsonRecognizer(lim, g_->functions[i].second.get());
+            in_string_ = false;
+            escape_ = 0;
+            string_bytes_ = digits_ = whitespace_ = 0;
             phase_ = Phase::kLiteral;
             literal_ = s.args_lead().substr(1);
             pos_ = 0;
@@ -100,7 +103,7 @@ bool ToolCallRecognizer::feed(char c) {
         }
         return true;
       }
-      return args_.feed(c);
+      return within_bounds(c) && args_.feed(c);
     case Phase::kAfterCall: {
       const bool next = next_alive_ && after_pos_ < after_next_.size() && after_next_[after_pos_] == c;
       const bool end = end_alive_ && after_pos_ < after_end_.size() && after_end_[after_pos_] == c;
@@ -121,6 +124,36 @@ bool ToolCallRecognizer::feed(char c) {
       return false;
   }
   return false;
+}
+
+bool ToolCallRecognizer::within_bounds(char c) {
+  if (in_string_) {
+    ++string_bytes_;
+    if (escape_ == -1) {
+      escape_ = c == 'u' ? 4 : 0;
+      return true;
+    }
+    if (escape_ > 0) {
+      --escape_;  // an escape begun is always let finish
+      return true;
+    }
+    if (c == '"') {
+      in_string_ = false;
+      return true;
+    }
+    if (string_bytes_ > kMaxStringBytes) return false;
+    if (c == '\\') escape_ = -1;
+    return true;
+  }
+  if (c == '"') {
+    in_string_ = true;
+    string_bytes_ = 0;
+    digits_ = whitespace_ = 0;
+    return true;
+  }
+  digits_ = (c >= '0' && c <= '9') ? digits_ + 1 : 0;
+  whitespace_ = (c == ' ' || c == '\n' || c == '\t' || c == '\r') ? whitespace_ + 1 : 0;
+  return digits_ <= kMaxDigits && whitespace_ <= kMaxWhitespace;
 }
 
 bool ToolCallRecognizer::may_end() const {

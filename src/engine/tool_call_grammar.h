@@ -27,9 +27,16 @@ struct ToolCallGrammar {
 };
 
 // Byte by byte, as JsonRecognizer: whether the text so far can still become
-// the calls the grammar allows.
+// the calls the grammar allows. Inside the arguments, values are bounded so
+// that every call ends within a known length: a string at most
+// kMaxStringBytes, at most kMaxDigits digits in a row, at most
+// kMaxWhitespace whitespace characters in a row (a small model sampling a
+// value can otherwise run on until max_tokens cuts the JSON short).
 class ToolCallRecognizer {
  public:
+  static constexpr int32_t kMaxStringBytes = 256;
+  static constexpr int32_t kMaxDigits = 18;  // a number's integer, fraction or exponent digits
+  static constexpr int32_t kMaxWhitespace = 4;
   explicit ToolCallRecognizer(const ToolCallGrammar& g);
   bool feed(char c);  // false when `c` cannot come next; the state is then unspecified
   bool feed(std::string_view s) {
@@ -44,6 +51,7 @@ class ToolCallRecognizer {
  private:
   enum class Phase : uint8_t { kWaiting, kLiteral, kName, kArgs, kAfterCall, kDone };
   void after_call();
+  bool within_bounds(char c);  // the arguments' value bounds, for the next byte
   const ToolCallGrammar* g_;
   Phase phase_;
   std::string tail_;     // kWaiting: the last bytes, as long as the marker
@@ -53,6 +61,9 @@ class ToolCallRecognizer {
   uint64_t names_ = 0;   // kName: the functions whose names still match
   int32_t function_ = -1;
   JsonRecognizer args_;  // kArgs: the arguments so far
+  bool in_string_ = false;
+  int8_t escape_ = 0;    // -1: after a backslash; k > 0: hex digits of \u left
+  int32_t string_bytes_ = 0, digits_ = 0, whitespace_ = 0;
   int32_t calls_ = 0;
   std::string after_next_, after_end_;  // kAfterCall: separator + open + lead, and suffix
   size_t after_pos_ = 0;
