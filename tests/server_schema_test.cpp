@@ -215,7 +215,23 @@ TEST(ServerSchema, BadRequestsAre400NamingTheField) {
       {H, R"({"messages": "hi"})", "messages", "must be an array"},
       {H, R"({"messages": [3]})", "messages", "must be an object"},
       {H, R"({"messages": [{"content": "x"}]})", "messages", "string 'role'"},
-      {H, R"({"messages": [{"role": "tool", "content": "x"}]})", "messages", "'tool' is not supported"},
+      {H, R"({"messages": [{"role": "tool", "content": "x"}]})", "messages[0].tool_call_id", "naming a call"},
+      {H, R"({"messages": [{"role": "tool", "content": "x", "tool_call_id": "c9"}]})", "messages[0].tool_call_id",
+       "no earlier assistant tool call"},
+      {H, R"({"messages": [{"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f",
+            "arguments": "[1]"}}]}]})", "messages[0].tool_calls[0].function.arguments", "JSON object"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function", "function":
+            {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}})", "tool_choice",
+       "'g', which is not among 'tools'"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function", "function":
+            {"name": "f"}}], "logprobs": true})", "logprobs", "tool calling"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function", "function":
+            {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]})", "tools[1].function.name",
+       "given twice"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "functions": [{"name": "f"}]})", "functions",
+       "legacy"},
+      {C, R"({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]})", "tools",
+       "chat completions field"},
       {H, R"({"messages": [{"role": "user"}]})", "messages", "needs 'content'"},
       {H, R"({"messages": [{"role": "user", "content": 7}]})", "messages[0].content", "must be a string"},
       {H, R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
@@ -225,8 +241,8 @@ TEST(ServerSchema, BadRequestsAre400NamingTheField) {
       {H, R"({"messages": [{"role": "user", "content": "a"}], "logprobs": 1})", "logprobs", "must be a boolean"},
       {H, R"({"messages": [{"role": "user", "content": "a"}], "logprobs": true, "top_logprobs": 21})",
        "top_logprobs", "between 0 and 20"},
-      {H, R"({"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]})", "tools",
-       "not supported"},
+      {H, R"({"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]})",
+       "tools[0].function", "must be an object"},
       {H, R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_schema"}})",
        "response_format", "needs"},
       {H, R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_schema",
@@ -244,6 +260,33 @@ TEST(ServerSchema, BadRequestsAre400NamingTheField) {
     EXPECT_EQ(e.param(), c.param) << c.body;
     EXPECT_NE(std::string(e.what()).find(c.in_message), std::string::npos) << c.body << " -> " << e.what();
   }
+}
+
+TEST(ServerSchema, ToolsAndTheirHistory) {
+  const ApiRequest r = parse_request(Endpoint::kChat, R"({"messages": [
+      {"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "3 C"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "now",
+               "parameters": {"properties": {"city": {"type": "string"}}}}},
+              {"type": "function", "function": {"name": "noop"}}],
+    "tool_choice": {"type": "function", "function": {"name": "noop"}}, "parallel_tool_calls": false})");
+  ASSERT_EQ(r.tools.size(), 2u);
+  EXPECT_EQ(r.tools[0].description, "now");
+  EXPECT_EQ(nlohmann::json::parse(r.tools[0].parameters)["type"], "object");  // implied
+  EXPECT_EQ(r.tool_choice, ApiRequest::ToolChoice::kNamed);
+  EXPECT_EQ(r.tool_choice_name, "noop");
+  EXPECT_FALSE(r.parallel_tool_calls);
+  ASSERT_EQ(r.messages.size(), 3u);
+  ASSERT_EQ(r.messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(r.messages[1].tool_calls[0].name, "get_weather");
+  EXPECT_EQ(r.messages[2].tool_call_id, "c1");
+  // tools given, no tool_choice: auto; none given: none.
+  EXPECT_EQ(parse_request(Endpoint::kChat, R"({"messages": [{"role": "user", "content": "a"}],
+      "tools": [{"type": "function", "function": {"name": "f"}}]})").tool_choice, ApiRequest::ToolChoice::kAuto);
+  EXPECT_EQ(parse_request(Endpoint::kChat, R"({"messages": [{"role": "user", "content": "a"}]})").tool_choice,
+            ApiRequest::ToolChoice::kNone);
 }
 
 TEST(ServerSchema, AcceptedEdgeValues) {

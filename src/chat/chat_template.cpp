@@ -58,6 +58,8 @@ Role parse_role(const ChatMessage& m, size_t index) {
   if (m.role == "system") return Role::kSystem;
   if (m.role == "user") return Role::kUser;
   if (m.role == "assistant") return Role::kAssistant;
+  // Llama 3's turn for a tool's result (chat/tool_format writes it only for that family).
+  if (m.role == "ipython") return Role::kUser;
   fail(ErrorKind::kInvalidArgument, "chat message {}: unknown role '{}' (expected system, user or assistant)", index,
        m.role);
 }

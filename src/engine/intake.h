@@ -43,6 +43,8 @@ class Intake {
   // chat format (chat_error() says why).
   ChatPrompt chat(const std::vector<ChatMessage>& messages, const std::string& system = "") const;
   bool has_chat() const { return chat_.has_value(); }
+  // The model's chat format; null when it has none.
+  const ChatTemplate* chat_template() const { return chat_ ? &*chat_ : nullptr; }
   const std::string& chat_error() const { return chat_error_; }
 
   // A lower bound on the tokens of a text of `bytes` bytes (no token stands

@@ -89,6 +89,15 @@ class JsonRecognizer {
 
 class Tokenizer;
 
+// A constraint a sequence's output follows to its end (response_format, tool
+// calls): told each token chosen; complete() once nothing more may follow,
+// which ends the output.
+class OutputConstraint : public TokenConstraint {
+ public:
+  virtual void accept(int32_t token) = 0;
+  virtual bool complete() const = 0;
+};
+
 // Every token's text as decoding writes it: what a JsonConstraint reads.
 std::shared_ptr<const std::vector<std::string>> token_pieces(const Tokenizer& tok);
 
@@ -96,7 +105,7 @@ std::shared_ptr<const std::vector<std::string>> token_pieces(const Tokenizer& to
 // must be a valid continuation; an end-of-generation token only once the
 // object is complete (the engine ends the output there anyway); empty pieces
 // (control tokens) never, so the output cannot stall on them.
-class JsonConstraint : public TokenConstraint {
+class JsonConstraint : public OutputConstraint {
  public:
   // pieces: every token's text, as decoding writes it (shared by all requests).
   // schema: also what the object must satisfy (json_schema), or null.
@@ -105,8 +114,8 @@ class JsonConstraint : public TokenConstraint {
       : pieces_(std::move(pieces)), tok_(tok), schema_(std::move(schema)),
         rec_(JsonRecognizer::Limits{}, schema_.get()) {}
   bool allows(int32_t token) const override;
-  void accept(int32_t token);  // the token chosen
-  bool complete() const { return rec_.complete(); }
+  void accept(int32_t token) override;  // the token chosen
+  bool complete() const override { return rec_.complete(); }
 
  private:
   std::shared_ptr<const std::vector<std::string>> pieces_;

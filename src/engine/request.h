@@ -13,6 +13,8 @@
 
 namespace tandem {
 
+struct ToolCallGrammar;
+
 struct RequestParams {
   SamplingParams sampling;
   int32_t max_tokens = 256;        // < 0: until the context is full; 0: the prompt alone (its logprobs)
@@ -40,6 +42,9 @@ struct RequestParams {
   bool json_object = false;
   // The same, and the object must fit this schema (response_format json_schema).
   std::shared_ptr<const CompiledSchema> json_schema;
+  // The output is tool calls (or, unless forced, text until the format's
+  // marker and calls from there): engine/tool_call_grammar.h.
+  std::shared_ptr<const ToolCallGrammar> tool_calls;
   // Scoring a text (tandem perplexity): the logits of prompt rows p in
   // [rows_from, prompt length - 1), row p predicting prompt token p + 1, are
   // handed to `on_prompt_row(p, logits)` once each, on the compute threads

@@ -56,7 +56,7 @@ struct Sequence {
   std::vector<std::vector<TokenLogprob>> prompt_top;
 
   std::unique_ptr<Sampler> sampler;
-  std::unique_ptr<JsonConstraint> json;  // params.json_object
+  std::unique_ptr<OutputConstraint> json;  // params.json_object, json_schema or tool_calls
   std::unique_ptr<StreamDecoder> decoder;
   std::string text;                  // generated text so far
   size_t emitted = 0;                // bytes of `text` already sent

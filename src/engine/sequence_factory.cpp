@@ -1,6 +1,7 @@
 #include "engine/sequence_factory.h"
 
 #include "engine/json_grammar.h"
+#include "engine/tool_call_grammar.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tandem {
@@ -16,6 +17,9 @@ std::unique_ptr<Sequence> SequenceFactory::make(const std::shared_ptr<RequestSta
   if (req->params.json_object || req->params.json_schema) {
     std::call_once(pieces_once_, [this] { pieces_ = token_pieces(tok_); });
     s->json = std::make_unique<JsonConstraint>(pieces_, tok_, req->params.json_schema);
+  } else if (req->params.tool_calls) {
+    std::call_once(pieces_once_, [this] { pieces_ = token_pieces(tok_); });
+    s->json = std::make_unique<ToolCallConstraint>(pieces_, tok_, req->params.tool_calls);
   }
   return s;
 }

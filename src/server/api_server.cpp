@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "engine/llm_engine.h"
+#include "engine/tool_call_grammar.h"
 #include "server/generation.h"
 #include "server/openai_response.h"
 #include "server/openai_schema.h"
@@ -26,6 +27,10 @@ namespace tandem::server {
 using nlohmann::json;
 
 namespace {
+
+// Calls in one answer when parallel_tool_calls is on: a small model could
+// otherwise repeat calls until max_tokens.
+constexpr int32_t kMaxParallelCalls = 8;
 
 enum class Route {
   kPage, kHealth, kModels, kModel, kMetrics, kTimeline, kCompletions, kChat, kPrefill, kTokenize, kDetokenize,
@@ -409,6 +414,24 @@ struct Server::Impl final : HttpHandler {
     return checked_length(intake.prompt(text), param, which);
   }
 
+  // The calls a chat request with tools may make, in the model's format.
+  std::shared_ptr<const ToolCallGrammar> tool_grammar(const ApiRequest& r, ChatFamily family) const {
+    using TC = ApiRequest::ToolChoice;
+    auto g = std::make_shared<ToolCallGrammar>();
+    g->syntax = tool_syntax(family);
+    if (r.tool_choice == TC::kAuto && !g->syntax.text_marker)
+      throw_invalid("tool_choice",
+                    fmt::format("'tool_choice' 'auto' is not available for this model: its chat format ({}) has no "
+                                "tool-call marker written as text; send 'required' or a named function",
+                                intake.chat_template()->variant()));
+    g->forced = r.tool_choice != TC::kAuto;
+    g->max_calls = r.parallel_tool_calls ? kMaxParallelCalls : 1;
+    for (size_t i = 0; i < r.tools.size(); ++i)
+      if (r.tool_choice != TC::kNamed || r.tools[i].name == r.tool_choice_name)
+        g->functions.emplace_back(r.tools[i].name, r.tool_schemas[i]);
+    return g;
+  }
+
   // The token ids of each prompt (chat: the one conversation).
   std::vector<std::vector<int32_t>> prompt_tokens(ApiRequest& r) const {
     if (r.endpoint == Endpoint::kChat) {
@@ -416,12 +439,19 @@ struct Server::Impl final : HttpHandler {
         throw ApiError(400, "chat is not available for this model: " + intake.chat_error(), "invalid_request_error",
                        "messages");
       size_t bytes = 0;
-      for (const ChatMessage& m : r.messages) bytes += m.content.size();
+      for (const ToolChatMessage& m : r.messages) bytes += m.content.size();
+      for (const ToolFunction& f : r.tools) bytes += f.description.size() + f.parameters.size();
       if (const int64_t at_least = intake.min_tokens(bytes); at_least >= prompt_limit)
         throw too_long("messages", "the prompt", fmt::format("at least {}", at_least));
+      const ChatFamily family = intake.chat_template()->family();
+      std::string tools_text;
+      if (r.tool_choice != ApiRequest::ToolChoice::kNone) {
+        tools_text = describe_tools(family, r.tools);
+        r.params.tool_calls = tool_grammar(r, family);
+      }
       ChatPrompt chat;
       try {
-        chat = intake.chat(r.messages);
+        chat = intake.chat(tool_conversation(family, r.messages, tools_text));
       } catch (const Error& e) {
         throw_invalid("messages", e.what());
       }
@@ -462,6 +492,7 @@ struct Server::Impl final : HttpHandler {
     meta.logprobs = r.params.logprobs >= 0;
     meta.include_usage = r.include_usage;
     meta.timings = r.timings;
+    meta.tools = r.params.tool_calls;
     std::vector<std::string> echo;
     if (r.echo)
       for (size_t k = 0; k < r.prompts.size(); ++k)

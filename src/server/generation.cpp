@@ -201,6 +201,13 @@ bool GenerationResponse::pump_stream(ResponseWriter& w, double now_s) {
       }
     }
     if (ev.text.empty() && ev.logprobs.empty() && !ev.finished) continue;
+    if (meta_.tools && meta_.endpoint == Endpoint::kChat) {
+      if (tool_parsers_.empty())
+        for (int32_t c = 0; c < gen_->n(); ++c) tool_parsers_.emplace_back(meta_.tools->syntax, meta_.tools->forced);
+      for (const json& chunk : tool_event_chunks(meta_, ev, tool_parsers_[static_cast<size_t>(ev.choice)]))
+        out += sse_event(chunk);
+      continue;
+    }
     out += sse_event(event_chunk(meta_, ev, text_, offs_[i]));
   }
   if (!done && gen_->finished()) {

@@ -112,6 +112,7 @@ class GenerationResponse final : public AsyncResponse {
   std::vector<ChoiceState> choices_;   // whole responses
   std::vector<RequestEvent> evs_;
   std::vector<std::vector<size_t>> offs_;
+  std::vector<ToolCallParser> tool_parsers_;  // streaming with tool calling: one per choice
   RequestTimings timings_;  // the first choice's, once it ended
   bool started_ = false;
   double last_write_s_ = 0;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+
 namespace tandem::server {
 
 using nlohmann::json;
@@ -122,7 +124,28 @@ json full_response(const ResponseMeta& m, const std::vector<ChoiceState>& choice
   for (size_t i = 0; i < choices.size(); ++i) {
     const ChoiceState& c = choices[i];
     json ch = {{"index", i}, {"finish_reason", finish_value(c.finish_reason)}, {"logprobs", nullptr}};
-    if (m.endpoint == Endpoint::kChat) {
+    if (m.endpoint == Endpoint::kChat && m.tools) {
+      // The text read back into content and calls, as the stream's deltas add up.
+      ToolCallParser parser(m.tools->syntax, m.tools->forced);
+      std::vector<ToolCallParser::Event> evs;
+      parser.feed(c.text, evs);
+      parser.finish(evs);
+      std::string content;
+      json calls = json::array();
+      for (ToolCallParser::Event& e : evs) {
+        if (e.kind == ToolCallParser::Event::kContent) content += e.text;
+        else if (e.kind == ToolCallParser::Event::kCallStart)
+          calls.push_back({{"id", tool_call_id(m, static_cast<int32_t>(i), e.index)},
+                           {"type", "function"},
+                           {"function", {{"name", e.text}, {"arguments", ""}}}});
+        else calls[static_cast<size_t>(e.index)]["function"]["arguments"].get_ref<std::string&>() += e.text;
+      }
+      ch["message"] = {{"role", "assistant"}, {"content", content.empty() && !calls.empty() ? json(nullptr) : json(content)}};
+      if (!calls.empty()) {
+        ch["message"]["tool_calls"] = std::move(calls);
+        if (c.finish_reason == "stop") ch["finish_reason"] = "tool_calls";
+      }
+    } else if (m.endpoint == Endpoint::kChat) {
       ch["message"] = {{"role", "assistant"}, {"content", c.text}};
       if (m.logprobs) ch["logprobs"] = {{"content", chat_logprobs_json(c.logprobs, c.top_logprobs, text)}};
     } else {
@@ -160,6 +183,45 @@ json event_chunk(const ResponseMeta& m, const RequestEvent& ev, const TokenText&
   }
   out["choices"] = json::array({std::move(ch)});
   if (m.include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+std::string tool_call_id(const ResponseMeta& m, int32_t choice, int32_t call) {
+  const size_t dash = m.id.find('-');
+  return fmt::format("call_{}_{}_{}", dash == std::string::npos ? m.id : m.id.substr(dash + 1), choice, call);
+}
+
+std::vector<json> tool_event_chunks(const ResponseMeta& m, const RequestEvent& ev, ToolCallParser& parser) {
+  std::vector<ToolCallParser::Event> evs;
+  parser.feed(ev.text, evs);
+  if (ev.finished) parser.finish(evs);
+  std::vector<json> out;
+  const auto chunk = [&](json delta, json finish) {
+    json o = envelope(m, true);
+    o["choices"] = json::array({{{"index", ev.choice}, {"delta", std::move(delta)}, {"logprobs", nullptr},
+                                 {"finish_reason", std::move(finish)}}});
+    if (m.include_usage) o["usage"] = nullptr;
+    out.push_back(std::move(o));
+  };
+  for (ToolCallParser::Event& e : evs) {
+    if (e.kind == ToolCallParser::Event::kContent) {
+      chunk({{"content", std::move(e.text)}}, nullptr);
+    } else if (e.kind == ToolCallParser::Event::kCallStart) {
+      chunk({{"tool_calls", json::array({{{"index", e.index},
+                                          {"id", tool_call_id(m, ev.choice, e.index)},
+                                          {"type", "function"},
+                                          {"function", {{"name", std::move(e.text)}, {"arguments", ""}}}}})}},
+            nullptr);
+    } else {
+      chunk({{"tool_calls", json::array({{{"index", e.index}, {"function", {{"arguments", std::move(e.text)}}}}})}},
+            nullptr);
+    }
+  }
+  if (ev.finished) {
+    std::string reason = ev.finish_reason;
+    if (reason == "stop" && parser.calls() > 0) reason = "tool_calls";
+    chunk(json::object(), finish_value(reason));
+  }
   return out;
 }
 

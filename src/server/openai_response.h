@@ -4,12 +4,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "chat/tool_format.h"
 #include "engine/request.h"
+#include "engine/tool_call_grammar.h"
 #include "server/openai_schema.h"
 
 namespace tandem::server {
@@ -26,7 +29,13 @@ struct ResponseMeta {
   bool logprobs = false;
   bool include_usage = false;  // streaming: "usage": null on every chunk, totals at the end
   bool timings = false;        // the first choice's phases ("timings"), at the end
+  // Chat with tool calling: the output is read back into content and
+  // tool_calls (finish_reason "tool_calls" when there are calls).
+  std::shared_ptr<const ToolCallGrammar> tools;
 };
+
+// A tool call's id: the response's id, the choice and the call.
+std::string tool_call_id(const ResponseMeta& m, int32_t choice, int32_t call);
 
 // A request's phases in llama.cpp's server's names (prompt_n, prompt_ms,
 // predicted_per_second, ...; cache_n, draft_n), with queued_ms, ttft_ms and
@@ -79,6 +88,12 @@ nlohmann::json event_chunk(const ResponseMeta& m, const RequestEvent& ev, const 
                            const std::vector<size_t>& offsets);
 // The final usage chunk (choices: []), sent when include_usage.
 nlohmann::json usage_chunk(const ResponseMeta& m, const Usage& u);
+
+// Streaming with tool calling: the chunks for one event's parsed text
+// (content deltas, a call's first delta with its id, type and name and empty
+// arguments, then its argument fragments), and the finish_reason on the last.
+std::vector<nlohmann::json> tool_event_chunks(const ResponseMeta& m, const RequestEvent& ev,
+                                              ToolCallParser& parser);
 
 // "data: <json>\n\n"
 std::string sse_event(const nlohmann::json& j);

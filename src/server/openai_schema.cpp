@@ -238,6 +238,39 @@ std::string message_content(json& c, size_t i) {
   return text;
 }
 
+// An assistant message's tool_calls: [{id, type: "function", function: {name, arguments}}].
+std::vector<ToolCall> parse_message_calls(const json& v, size_t i) {
+  const std::string key = fmt::format("messages[{}].tool_calls", i);
+  if (!v.is_array()) wrong_type(key, "an array", v);
+  std::vector<ToolCall> out;
+  for (size_t k = 0; k < v.size(); ++k) {
+    const std::string at = fmt::format("{}[{}]", key, k);
+    const json& c = v[k];
+    if (!c.is_object()) wrong_type(at, "an object", c);
+    const json* id = field(c, "id");
+    if (!id || !id->is_string() || id->get_ref<const std::string&>().empty())
+      throw_invalid(at + ".id", fmt::format("'{}.id' must be a non-empty string", at));
+    if (const json* t = field(c, "type"); t && *t != "function")
+      throw_invalid(at + ".type", fmt::format("'{}.type' must be 'function', got {}", at, clip_json(*t)));
+    const json* fn = field(c, "function");
+    if (!fn || !fn->is_object()) throw_invalid(at + ".function", fmt::format("'{}.function' must be an object", at));
+    const json* name = field(*fn, "name");
+    if (!name || !name->is_string())
+      throw_invalid(at + ".function.name", fmt::format("'{}.function.name' must be a string", at));
+    std::string args = "{}";
+    if (const json* a = field(*fn, "arguments")) {
+      if (!a->is_string()) wrong_type(at + ".function.arguments", "a string of JSON", *a);
+      json parsed = json::parse(a->get_ref<const std::string&>(), nullptr, false);
+      if (parsed.is_discarded() || !parsed.is_object())
+        throw_invalid(at + ".function.arguments",
+                      fmt::format("'{}.function.arguments' must be a JSON object as text, got {}", at, clip_json(*a)));
+      args = a->get<std::string>();
+    }
+    out.push_back({id->get<std::string>(), name->get<std::string>(), std::move(args)});
+  }
+  return out;
+}
+
 void parse_messages(json& obj, ApiRequest& r, const ParseLimits& lim) {
   json* v = const_cast<json*>(field(obj, "messages"));
   if (!v) throw_invalid("messages", "missing required field 'messages'");
@@ -247,6 +280,7 @@ void parse_messages(json& obj, ApiRequest& r, const ParseLimits& lim) {
   if (v->size() > static_cast<size_t>(lim.max_messages))
     throw_invalid("messages", fmt::format("'messages' holds {} messages; at most {} are allowed", v->size(),
                                           lim.max_messages));
+  std::vector<std::string> call_ids;  // of the assistant's calls so far
   for (size_t i = 0; i < v->size(); ++i) {
     json& m = (*v)[i];
     if (!m.is_object()) throw_invalid("messages", fmt::format("messages[{}] must be an object, got {}", i, type_name(m)));
@@ -255,14 +289,121 @@ void parse_messages(json& obj, ApiRequest& r, const ParseLimits& lim) {
       throw_invalid("messages", fmt::format("messages[{}] needs a string 'role'", i));
     std::string rl = role->get<std::string>();
     if (rl == "developer") rl = "system";  // OpenAI's newer name for the system role
-    if (rl != "system" && rl != "user" && rl != "assistant")
+    if (rl != "system" && rl != "user" && rl != "assistant" && rl != "tool")
       throw_invalid("messages", fmt::format("messages[{}].role '{}' is not supported (system, developer, user, "
-                                            "assistant)", i, clip(role->get<std::string>())));
+                                            "assistant, tool)", i, clip(role->get<std::string>())));
+    ToolChatMessage msg;
+    msg.role = rl;
+    if (rl == "assistant") {
+      if (const json* tc = field(m, "tool_calls")) {
+        msg.tool_calls = parse_message_calls(*tc, i);
+        for (const ToolCall& c : msg.tool_calls) call_ids.push_back(c.id);
+      }
+    }
+    if (rl == "tool") {
+      const std::string key = fmt::format("messages[{}].tool_call_id", i);
+      const json* id = field(m, "tool_call_id");
+      if (!id || !id->is_string()) throw_invalid(key, fmt::format("'{}' must be a string naming a call", key));
+      msg.tool_call_id = id->get<std::string>();
+      if (std::find(call_ids.begin(), call_ids.end(), msg.tool_call_id) == call_ids.end())
+        throw_invalid(key, fmt::format("'{}' is {}, which no earlier assistant tool call has as its id", key,
+                                       clip_json(*id)));
+    }
     auto it = m.find("content");
     if ((it == m.end() || it->is_null()) && rl != "assistant")
       throw_invalid("messages", fmt::format("messages[{}] needs 'content'", i));
-    r.messages.push_back({rl, it == m.end() ? std::string() : message_content(*it, i)});
+    msg.content = it == m.end() ? std::string() : message_content(*it, i);
+    r.messages.push_back(std::move(msg));
   }
+}
+
+bool valid_function_name(const std::string& n) {
+  if (n.empty() || n.size() > 64) return false;
+  return std::all_of(n.begin(), n.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
+// "tools": [{"type": "function", "function": {"name", "description", "parameters"}}].
+void parse_tools(const json& v, ApiRequest& r, const ParseLimits& lim) {
+  if (!v.is_array()) wrong_type("tools", "an array", v);
+  if (v.size() > static_cast<size_t>(lim.max_tools))
+    throw_invalid("tools", fmt::format("'tools' holds {} tools; at most {} are allowed", v.size(), lim.max_tools));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string at = fmt::format("tools[{}]", i);
+    const json& t = v[i];
+    if (!t.is_object()) wrong_type(at, "an object", t);
+    const json* type = field(t, "type");
+    if (!type || *type != "function")
+      throw_invalid(at + ".type", fmt::format("'{}.type' must be 'function', got {}", at,
+                                              type ? clip_json(*type) : std::string("nothing")));
+    const json* fn = field(t, "function");
+    if (!fn || !fn->is_object()) throw_invalid(at + ".function", fmt::format("'{}.function' must be an object", at));
+    const json* name = field(*fn, "name");
+    if (!name || !name->is_string() || !valid_function_name(name->get<std::string>()))
+      throw_invalid(at + ".function.name",
+                    fmt::format("'{}.function.name' must be 1 to 64 letters, digits, '_' or '-', got {}", at,
+                                name ? clip_json(*name) : std::string("nothing")));
+    ToolFunction f;
+    f.name = name->get<std::string>();
+    for (const ToolFunction& seen : r.tools)
+      if (seen.name == f.name)
+        throw_invalid(at + ".function.name", fmt::format("'{}.function.name' '{}' is given twice", at, f.name));
+    if (const json* d = field(*fn, "description")) {
+      if (!d->is_string()) wrong_type(at + ".function.description", "a string", *d);
+      f.description = d->get<std::string>();
+    }
+    json params = {{"type", "object"}, {"properties", json::object()}};
+    const std::string pkey = at + ".function.parameters";
+    if (const json* p = field(*fn, "parameters")) {
+      if (!p->is_object()) wrong_type(pkey, "a JSON schema object", *p);
+      params = *p;
+      if (!params.contains("type")) params["type"] = "object";
+      if (params["type"] != "object")
+        throw_invalid(pkey, fmt::format("'{}' must describe an object (\"type\": \"object\"), got type {}", pkey,
+                                        clip_json(params["type"])));
+    }
+    try {
+      r.tool_schemas.push_back(std::make_shared<const CompiledSchema>(compile_schema(params)));
+    } catch (const Error& e) {
+      throw_invalid(pkey, fmt::format("'{}': {}", pkey, e.what()));
+    }
+    f.parameters = params.dump();
+    r.tools.push_back(std::move(f));
+  }
+}
+
+void parse_tool_choice(const json& obj, ApiRequest& r) {
+  using TC = ApiRequest::ToolChoice;
+  r.tool_choice = r.tools.empty() ? TC::kNone : TC::kAuto;
+  const json* v = field(obj, "tool_choice");
+  if (!v) return;
+  if (v->is_string()) {
+    const std::string& s = v->get_ref<const std::string&>();
+    if (s == "none") r.tool_choice = TC::kNone;
+    else if (s == "auto") r.tool_choice = TC::kAuto;
+    else if (s == "required") r.tool_choice = TC::kRequired;
+    else
+      throw_invalid("tool_choice", fmt::format("'tool_choice' must be 'none', 'auto', 'required' or "
+                                               "{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {}",
+                                               clip_json(*v)));
+  } else if (v->is_object()) {
+    const json* type = field(*v, "type");
+    const json* fn = field(*v, "function");
+    const json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+    if (!type || *type != "function" || !name || !name->is_string())
+      throw_invalid("tool_choice", "'tool_choice' as an object must be {\"type\": \"function\", \"function\": "
+                                   "{\"name\": ...}}");
+    r.tool_choice = TC::kNamed;
+    r.tool_choice_name = name->get<std::string>();
+    if (std::none_of(r.tools.begin(), r.tools.end(), [&](const ToolFunction& f) { return f.name == r.tool_choice_name; }))
+      throw_invalid("tool_choice", fmt::format("'tool_choice' names the function '{}', which is not among 'tools'",
+                                               clip(r.tool_choice_name)));
+  } else {
+    wrong_type("tool_choice", "a string or an object", *v);
+  }
+  if (r.tool_choice != TC::kNone && r.tools.empty())
+    throw_invalid("tool_choice", "'tool_choice' other than 'none' needs 'tools'");
 }
 
 }  // namespace
@@ -418,11 +559,23 @@ ApiRequest parse_request_json(Endpoint ep, json j, const ParseLimits& lim) {
     throw_invalid("best_of", "'best_of' other than 'n' is not supported");
   if (chat) reject_if_present(j, "echo", "chat does not echo its messages");
   reject_if_present(j, "suffix", "no insertion mode");
-  reject_if_present(j, "tools", "no tool calling");
-  reject_if_present(j, "functions", "no function calling");
+  reject_if_present(j, "functions", "the legacy 'functions' field is not supported; send 'tools'");
+  if (const json* t = field(j, "tools")) {
+    if (!chat) throw_invalid("tools", "'tools' is a chat completions field");
+    parse_tools(*t, r, lim);
+  }
+  if (chat) {
+    parse_tool_choice(j, r);
+    r.parallel_tool_calls = get_bool(j, "parallel_tool_calls").value_or(true);
+  }
+  const bool calling = r.tool_choice != ApiRequest::ToolChoice::kNone;
+  if (calling && p.logprobs >= 0)
+    throw_invalid("logprobs", "'logprobs' is not supported together with tool calling");
   if (const json* rf = field(j, "response_format")) {
     if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
     const std::string type = get_string(*rf, "type").value_or("text");
+    if (calling && type != "text")
+      throw_invalid("response_format", "'response_format' other than text cannot be combined with tool calling");
     if (type == "json_object") {
       p.json_object = true;
     } else if (type == "json_schema") {

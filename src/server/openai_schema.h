@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chat/chat_template.h"
+#include "chat/tool_format.h"
 #include "runtime/json_parse.h"
 #include "engine/request.h"
 
@@ -70,6 +71,7 @@ struct ParseLimits {
   // tens of megabytes.
   int64_t max_logprob_entries = int64_t{1} << 20;
   int64_t max_cache_salt = 256;   // bytes of cache_salt
+  int32_t max_tools = 64;         // tools in one request (the call grammar's bound)
 };
 
 // A completions prompt: text, or token ids when is_tokens.
@@ -85,8 +87,15 @@ struct ApiRequest {
   // completions: one prompt, or several (a list of strings or of token-id
   // lists); each is answered by n choices, prompt k's as choices k*n .. k*n+n-1
   std::vector<Prompt> prompts;
-  // chat
-  std::vector<ChatMessage> messages;
+  // chat: roles system, user, assistant (perhaps with tool_calls) and tool
+  std::vector<ToolChatMessage> messages;
+  // chat: tool calling. tool_choice defaults to auto with tools, else none.
+  enum class ToolChoice : uint8_t { kNone, kAuto, kRequired, kNamed };
+  std::vector<ToolFunction> tools;
+  std::vector<std::shared_ptr<const CompiledSchema>> tool_schemas;  // tools[i]'s parameters
+  ToolChoice tool_choice = ToolChoice::kNone;
+  std::string tool_choice_name;  // kNamed
+  bool parallel_tool_calls = true;
 
   RequestParams params;                 // params.logprobs: -1 none, else top-k count
   bool stream = false;
@@ -97,7 +106,7 @@ struct ApiRequest {
 
 // Throws ApiError(400) for malformed JSON, a body that is not an object,
 // missing required fields, wrong types, values out of range, and features that
-// are recognised but not implemented (suffix, tools; echo for chat). Unknown fields are ignored.
+// are recognised but not implemented (suffix, functions; echo for chat). Unknown fields are ignored.
 // The body's memory is released once its tree is built, and the prompt and
 // message texts move out of the tree: a large request is held about twice at
 // most, never three times.
