@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "runtime/thread_pool.h"
 #include "engine/kv_pool_sizing.h"
+#include "engine/kv_transfer.h"
 #include "engine/kv_event_relay.h"
 #include "engine/metrics_recorder.h"
 #include "engine/prefill_pacer.h"
@@ -23,6 +24,7 @@
 #include "engine/streaming_window.h"
 #include "kv/block_manager.h"
 #include "model/executor.h"
+#include "model/model_fingerprint.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -54,6 +56,7 @@ struct Engine::Impl {
   std::unique_ptr<PrefillSessions> sessions;  // progressive prefill
   std::unique_ptr<SpeculativeDecoding> spec;  // cfg.spec.mode != kOff
   std::unique_ptr<KvEventRelay> kv_events;
+  KvBlockLayout block_layout;  // blocks outside the process (KV transfer)
   PromptScorer scored;  // prompt positions whose logprobs this step's logits give
 
   // Intake: filled by submit()/cancel() on any thread, drained by step().
@@ -189,6 +192,9 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model)
   }
   metrics.set_pool(n_blocks, n_blocks * c.block_size / groups, paging.window, c.prefix_caching);
   kv_events = std::make_unique<KvEventRelay>(*blocks);
+  // No smoothing fingerprint: the executor measures its key smoothing from
+  // the model alone, so the same model and format give the same smoothing.
+  block_layout = tandem::kv_block_layout(m.kv_shape(), kv_fmt, paging, c.block_size, model_fingerprint(m.file()), 0);
 
   check_speculation(c.spec, draft_model != nullptr);
   if (c.spec.mode != SpecMode::kOff) {
@@ -200,11 +206,29 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model)
 void Engine::Impl::drain_inbox() {
   std::vector<std::unique_ptr<Sequence>> fresh;
   std::vector<uint64_t> cancel_ids;
+  for (auto& task : inbox.take_tasks()) task();
   inbox.take(fresh, cancel_ids);
+  std::vector<Sequence*> refused;
+  std::vector<std::string> why;
   for (auto& s : fresh) {
     if (observer) report.arrived.push_back({s->req->id, s->req->arrival_s});
+    Sequence* raw = s.get();
     sched->add(std::move(s));
+    // Blocks computed by a prefill instance go into the prefix cache now,
+    // just before admission looks for them.
+    if (const auto& imp = raw->req->params.kv_import) {
+      try {
+        KvImportResult r = import_blocks(*blocks, *exec, imp->run, std::span<const int32_t>(raw->tokens).first(
+                                                                       size_t(raw->n_prompt)),
+                                         raw->req->params.cache_salt);
+        if (imp->done) imp->done(r);
+      } catch (const Error& e) {
+        refused.push_back(raw);
+        why.push_back(e.what());
+      }
+    }
   }
+  for (size_t i = 0; i < refused.size(); ++i) finish(refused[i], "error", "error", why[i]);
   if (cancel_ids.empty()) return;
   std::vector<Sequence*> doomed;
   sched->for_each([&](Sequence& s) {
@@ -233,6 +257,16 @@ void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::s
   const double now = steps.now();
   if ((reason == "stop" || reason == "length") && seq->choice == 0 && !seq->req->params.session.empty())
     sessions->save(*seq, std::move(finishing_logits));
+  if ((reason == "stop" || reason == "length") && seq->choice == 0 && seq->req->params.on_kv_export) {
+    // A prefill instance's request: its prompt's blocks, before they go back.
+    const int32_t bs = blocks->block_size();
+    const int32_t n_full = tandem::kv_transfer_unsupported(*blocks).empty()
+                               ? std::min(seq->n_prompt, seq->blocks.n_computed) / bs
+                               : 0;
+    seq->req->params.on_kv_export(export_blocks(*exec, seq->blocks.table, std::span<const int32_t>(seq->tokens).first(
+                                                                              size_t(seq->n_prompt)),
+                                                n_full, bs));
+  }
   ev.timings = sequence_timings(*seq, now);
   emit(seq, ev);
   if (spec) spec->forget(*seq);
@@ -575,6 +609,30 @@ void Engine::set_kv_event_sink(std::function<void(std::vector<KvCacheEvent>)> fn
   impl_->kv_events->set_sink(std::move(fn), hash_seed);
 }
 
+int32_t Engine::cached_blocks(const std::vector<int32_t>& prompt, const std::string& salt, double timeout_s) {
+  struct Answer {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    int32_t n = 0;
+  };
+  auto a = std::make_shared<Answer>();
+  impl_->inbox.post([this, a, prompt, salt] {
+    const int32_t n = impl_->blocks->cached_blocks(prompt, salt);
+    std::lock_guard<std::mutex> lock(a->mu);
+    a->n = n;
+    a->done = true;
+    a->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(a->mu);
+  a->cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return a->done; });
+  return a->done ? a->n : 0;
+}
+
+KvBlockLayout Engine::kv_block_layout() const { return impl_->block_layout; }
+
+std::string Engine::kv_transfer_unsupported() const { return tandem::kv_transfer_unsupported(*impl_->blocks); }
+
 void Engine::reset_prefix_cache() {
   impl_->kv_events->request_reset();
   impl_->inbox.notify();
@@ -592,6 +650,8 @@ void Engine::check_invariants() {
 int Engine::threads() const { return static_cast<int>(impl_->pool.size()); }
 
 size_t Engine::kv_bytes() const { return impl_->exec->kv_bytes(); }
+
+size_t Engine::kv_block_bytes() const { return impl_->exec->block_bytes(); }
 
 std::string Engine::device() const { return impl_->exec->device(); }
 

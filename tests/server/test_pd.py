@@ -1,0 +1,294 @@
+"""Prefill and decode instances (`tandem serve --role prefill|decode`): a
+prompt's KV blocks computed on one, fetched over TCP by the other. Through
+vllm-router's prefill/decode mode the answers equal one instance's, token for
+token and logprob for logprob (completions, streaming, chat); blocks of
+another model, KV type or block size are refused by name; a peer that dies
+mid-transfer fails only its request, and every pinned block is let go."""
+import json
+import os
+import socket
+import struct
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from harness import CLI, REPO, STORIES, Server, free_port, parse_metrics, require_gemma, run_cli, wait_metrics
+
+ROUTER = os.environ.get("VLLM_ROUTER") or str(REPO / ".venv" / "bin" / "vllm-router")
+PROMPTS = ["Once upon a time, there was a little girl named Lily. She loved to play outside in the park with",
+           "The cat sat on the mat and looked at the big red ball. It wanted to",
+           "Tom had a toy car. He liked to drive it around the house and"]
+
+
+def sample(samples, name):
+    return samples.get(name, 0.0)
+
+
+class PdRouter:
+    """vllm-router in prefill/decode mode in front of one prefill and one decode instance."""
+
+    def __init__(self, prefill, decode):
+        if not Path(ROUTER).exists():
+            pytest.skip(f"vllm-router is not installed at {ROUTER}")
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [ROUTER, "--host", "127.0.0.1", "--port", str(self.port), "--vllm-pd-disaggregation", "--prefill",
+             prefill.base, "--decode", decode.base, "--prometheus-port", str(free_port()), "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "vllm-router exited"
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    pass
+                # Ready once it answers a request end to end.
+                self.client().completions.create(model="m", prompt="Hi", max_tokens=1, temperature=0)
+                return
+            except Exception:
+                time.sleep(0.2)
+        self.stop()
+        pytest.fail("vllm-router in PD mode never answered")
+
+    def client(self):
+        import openai
+        return openai.OpenAI(base_url=self.base + "/v1", api_key="unused", timeout=120, max_retries=0)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def stories_pd():
+    ref = Server(STORIES)
+    prefill = Server(STORIES, "--role", "prefill", "--kv-port", "0")
+    decode = Server(STORIES, "--role", "decode")
+    router = PdRouter(prefill, decode)
+    yield ref, prefill, decode, router
+    router.stop()
+    for s in (ref, prefill, decode):
+        s.stop()
+
+
+def completion(client, prompt, **kw):
+    r = client.completions.create(model="stories260K.gguf", prompt=prompt, max_tokens=24, temperature=0, logprobs=2,
+                                  **kw)
+    c = r.choices[0]
+    return c.text, c.logprobs.tokens, c.logprobs.token_logprobs, r.usage
+
+
+def streamed(client, prompt):
+    out = []
+    for ch in client.completions.create(model="stories260K.gguf", prompt=prompt, max_tokens=24, temperature=0,
+                                        stream=True):
+        if ch.choices:
+            out.append(ch.choices[0].text)
+    return "".join(out)
+
+
+def test_router_pd_equals_one_instance(stories_pd):
+    ref, prefill, decode, router = stories_pd
+    before, _ = parse_metrics(decode.metrics())
+    for p in PROMPTS:
+        want = completion(ref.client(), p)
+        got = completion(router.client(), p)
+        assert got[:3] == want[:3], p
+        # The decode instance computed only the tail: the full blocks came from the prefill instance.
+        assert got[3].prompt_tokens == want[3].prompt_tokens
+        assert got[3].prompt_tokens_details.cached_tokens == want[3].prompt_tokens // 16 * 16
+    after, _ = parse_metrics(decode.metrics())
+    assert sample(after, "tandem_kv_transfer_received_blocks_total") > sample(
+        before, "tandem_kv_transfer_received_blocks_total")
+    # Every pinned block was fetched and let go.
+    wait_metrics(prefill, lambda s: s.get("tandem_kv_transfer_pinned_blocks") == 0)
+
+
+def test_router_pd_streaming(stories_pd):
+    ref, _, _, router = stories_pd
+    p = PROMPTS[0] + " her friends"
+    assert streamed(router.client(), p) == streamed(ref.client(), p)
+
+
+def test_cached_blocks_are_not_sent_again(stories_pd):
+    _, prefill, decode, router = stories_pd
+    p = PROMPTS[1] + " jump over the fence"
+    completion(router.client(), p)
+    before, _ = parse_metrics(decode.metrics())
+    completion(router.client(), p)
+    after, _ = parse_metrics(decode.metrics())
+    assert sample(after, "tandem_kv_transfer_received_blocks_total") == sample(
+        before, "tandem_kv_transfer_received_blocks_total")
+    assert sample(after, "tandem_kv_transfer_skipped_blocks_total") > sample(
+        before, "tandem_kv_transfer_skipped_blocks_total")
+    wait_metrics(prefill, lambda s: s.get("tandem_kv_transfer_pinned_blocks") == 0)
+
+
+def test_decode_batch_invariance(stories_pd):
+    ref, _, _, router = stories_pd
+    prompts = [p + " " + w for p in PROMPTS for w in ("red", "blue")]
+    want = [completion(ref.client(), p)[:3] for p in prompts]
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        got = list(ex.map(lambda p: completion(router.client(), p)[:3], prompts))
+    assert got == want
+
+
+def prefill_params(prefill, prompt):
+    """The kv_transfer_params a prefill instance answers, as the router would ask."""
+    status, _, body = prefill.request("POST", "/v1/completions", {
+        "model": "m", "prompt": prompt, "max_tokens": 1, "temperature": 0,
+        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                               "remote_block_ids": None, "remote_host": None, "remote_port": None}})
+    assert status == 200, body
+    kt = json.loads(body)["kv_transfer_params"]
+    assert kt["do_remote_prefill"] is True and kt["remote_block_ids"], kt
+    return kt
+
+
+def decode_with(decode, prompt, kt):
+    return decode.request("POST", "/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 8,
+                                                      "temperature": 0, "kv_transfer_params": kt})
+
+
+def idle(server):
+    """The engine holds no request and no block."""
+    return wait_metrics(server, lambda s: s.get("vllm:num_requests_running") == 0
+                        and s.get("vllm:kv_cache_usage_perc") == 0)
+
+
+@pytest.mark.parametrize("flags,what", [(("--block-size", "32"), "hold 32 tokens each"),
+                                        (("--kv-type", "f32"), "KV type f32"),
+                                        ("synth", "another model")])
+def test_decode_refuses_foreign_blocks(tmp_path, flags, what):
+    model = STORIES
+    if flags == "synth":
+        # Same shape, other weights: blocks of the same size from another model.
+        a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+        for path, seed in ((a, 1), (b, 2)):
+            run_cli("synth", "-o", str(path), "--vocab-from", STORIES, "--seed", str(seed))
+        model, flags = str(a), ()
+        prefill = Server(str(b), "--role", "prefill")
+    else:
+        prefill = Server(STORIES, "--role", "prefill", *flags)
+    decode = Server(model, "--role", "decode")
+    try:
+        prompt = PROMPTS[0] * 2
+        kt = prefill_params(prefill, prompt)
+        status, _, body = decode_with(decode, prompt, kt)
+        assert status == 400, body
+        msg = json.loads(body)["error"]["message"]
+        assert "KV transfer" in msg and what in msg, msg
+        idle(decode)
+        wait_metrics(prefill, lambda s: s.get("tandem_kv_transfer_pinned_blocks") == 0)
+    finally:
+        prefill.stop()
+        decode.stop()
+
+
+def test_prefill_killed_fails_only_its_request():
+    prefill = Server(STORIES, "--role", "prefill")
+    decode = Server(STORIES, "--role", "decode")
+    try:
+        prompt = PROMPTS[2] * 2
+        kt = prefill_params(prefill, prompt)
+        prefill.kill()
+        t0 = time.monotonic()
+        status, _, body = decode_with(decode, prompt, kt)
+        assert status == 502, body
+        assert "KV transfer" in json.loads(body)["error"]["message"]
+        assert time.monotonic() - t0 < 20
+        idle(decode)
+        # The decode instance goes on serving.
+        status, _, body = decode.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 4})
+        assert status == 200, body
+    finally:
+        prefill.kill()
+        decode.stop()
+
+
+def test_prefill_dying_mid_transfer():
+    """A peer that sends half a block and hangs up: the fetch fails at once, nothing is kept."""
+    decode = Server(STORIES, "--role", "decode", "--kv-fetch-timeout", "5")
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+
+    def half_a_block():
+        conn, _ = lsock.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(struct.pack("<BQ", 0, 4000) + b"TKVB" + b"\0" * 100)
+    th = threading.Thread(target=half_a_block, daemon=True)
+    th.start()
+    try:
+        prompt = PROMPTS[0] * 2
+        kt = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "x",
+              "remote_block_ids": [1, 2, 3], "remote_host": "127.0.0.1", "remote_port": lsock.getsockname()[1]}
+        status, _, body = decode_with(decode, prompt, kt)
+        assert status == 502, body
+        assert "closed" in json.loads(body)["error"]["message"]
+        samples = idle(decode)
+        assert samples["tandem_kv_transfer_failures_total"] >= 1
+        assert samples["tandem_kv_transfer_received_blocks_total"] == 0
+    finally:
+        lsock.close()
+        decode.stop()
+
+
+def test_decode_dying_mid_transfer_frees_the_blocks():
+    """A fetch that hangs up unread, and blocks never fetched: the prefill side lets go of all of them."""
+    prefill = Server(STORIES, "--role", "prefill", "--kv-transfer-timeout", "1")
+    try:
+        port = int(prefill.log_text().split("KV transfer on tcp://127.0.0.1:")[1].split()[0])
+        kt = prefill_params(prefill, PROMPTS[0] * 3)
+        ids = kt["remote_block_ids"]
+        wait_metrics(prefill, lambda s: s.get("tandem_kv_transfer_pinned_blocks") == len(ids))
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"TKVF" + struct.pack("<III", 1, len(ids), 0) + struct.pack(f"<{len(ids)}Q", *ids))
+            s.recv(10)  # the first bytes, then gone
+        wait_metrics(prefill, lambda s: s.get("tandem_kv_transfer_pinned_blocks") == 0)
+        # Unfetched blocks go after --kv-transfer-timeout.
+        prefill_params(prefill, PROMPTS[1] * 3)
+        samples = wait_metrics(prefill, lambda s: s.get("tandem_kv_transfer_pinned_blocks") == 0, timeout=10)
+        assert samples["tandem_kv_transfer_expired_blocks_total"] > 0
+        assert samples["tandem_kv_transfer_pinned_bytes"] == 0
+        idle(prefill)
+    finally:
+        prefill.stop()
+
+
+def test_gemma_pd_chat_and_completion():
+    gemma = require_gemma()
+    ref = Server(gemma, threads=2)
+    prefill = Server(gemma, "--role", "prefill", threads=1)
+    decode = Server(gemma, "--role", "decode", threads=1)
+    router = PdRouter(prefill, decode)
+    try:
+        msgs = [{"role": "user", "content": "Name three colours of the rainbow and say one thing about each."}]
+        kw = dict(model="m", messages=msgs, max_tokens=20, temperature=0, logprobs=True)
+        want = ref.client().chat.completions.create(**kw)
+        got = router.client().chat.completions.create(**kw)
+        assert got.choices[0].message.content == want.choices[0].message.content
+        assert [t.logprob for t in got.choices[0].logprobs.content] == [
+            t.logprob for t in want.choices[0].logprobs.content]
+        stream = "".join(c.choices[0].delta.content or "" for c in router.client().chat.completions.create(
+            model="m", messages=msgs, max_tokens=20, temperature=0, stream=True) if c.choices)
+        assert stream == want.choices[0].message.content
+        p = "The history of the printing press begins in"
+        w = ref.client().completions.create(model="m", prompt=p, max_tokens=16, temperature=0)
+        g = router.client().completions.create(model="m", prompt=p, max_tokens=16, temperature=0)
+        assert g.choices[0].text == w.choices[0].text
+        assert parse_metrics(decode.metrics())[0]["tandem_kv_transfer_received_blocks_total"] > 0
+    finally:
+        router.stop()
+        for s in (ref, prefill, decode):
+            s.stop()
