@@ -9,53 +9,23 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "runtime/sha256.h"
+#include "kv/block_hash.h"
 
 namespace tandem::server {
 namespace {
-
-// The block's frame until the shared block format takes its place: a fixed
-// header, the block's tokens, its K/V as the executor saves it, a checksum.
-constexpr char kBlockMagic[4] = {'T', 'K', 'V', 'B'};
-constexpr uint32_t kBlockVersion = 1;
-constexpr size_t kModelField = 64, kFormatField = 32;
-constexpr size_t kHeaderBytes = 4 + 4 + kModelField + kFormatField + 4 + 8 + 4;
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// 64 bits over 8-byte words (a multiply-xorshift chain): fast enough not to
-// show beside the copy, and any flipped bit changes it.
-uint64_t checksum(const char* p, size_t n) {
-  uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
-    h ^= h >> 31;
+// The content hash of the prompt's block `index` (a chain from its first).
+uint64_t block_hash_at(std::span<const int32_t> tokens, int32_t block_size, int32_t index, uint64_t* parent) {
+  uint64_t h = root_block_hash("");
+  for (int32_t b = 0; b <= index; ++b) {
+    if (parent) *parent = h;
+    h = chained_block_hash(h, tokens.subspan(size_t(b) * block_size, size_t(block_size)));
   }
-  for (; i < n; ++i) h = (h ^ uint8_t(p[i])) * 0x94D049BB133111EBull;
-  return h ^ (h >> 29);
-}
-
-void put_field(std::string& out, const std::string& s, size_t width) {
-  std::string f = s.substr(0, width);
-  f.resize(width, '\0');
-  out += f;
-}
-std::string get_field(const char* p, size_t width) { return std::string(p, strnlen(p, width)); }
-
-template <class T>
-void put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-template <class T>
-T get(const char* p) {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
+  return h;
 }
 
 }  // namespace
@@ -76,88 +46,34 @@ Role parse_role(const std::string& name) {
   fail(ErrorKind::kInvalidArgument, "unknown role '{}' (prefill, decode or both)", name);
 }
 
-std::string model_file_identity(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) fail(ErrorKind::kIo, "cannot read {} to identify the model", path);
-  std::fseek(f, 0, SEEK_END);
-  const long size = std::ftell(f);
-  Sha256 h;
-  h.update(fmt::format("{}\n", size));
-  constexpr long kPart = 1 << 20;
-  std::vector<uint8_t> buf(static_cast<size_t>(kPart));
-  for (const long at : {0L, std::max(0L, size - kPart)}) {
-    std::fseek(f, at, SEEK_SET);
-    const size_t n = std::fread(buf.data(), 1, buf.size(), f);
-    h.update(std::span<const uint8_t>(buf.data(), n));
-  }
-  std::fclose(f);
-  std::string hex;
-  for (uint8_t b : h.finish()) hex += fmt::format("{:02x}", b);
-  return hex;
-}
-
-std::string encode_block(const KvBlockSpec& spec, const KvBlockRun& run, int32_t i) {
+std::string encode_block(const KvBlockLayout& layout, const KvBlockRun& run, int32_t i) {
   const size_t bs = size_t(run.block_size);
-  std::string out;
-  out.reserve(kHeaderBytes + bs * 4 + run.block_bytes + 8);
-  out.append(kBlockMagic, 4);
-  put(out, kBlockVersion);
-  put_field(out, spec.model, kModelField);
-  put_field(out, spec.kv_format, kFormatField);
-  put(out, run.block_size);
-  put(out, static_cast<uint64_t>(run.block_bytes));
-  put(out, run.first + i);
-  out.append(reinterpret_cast<const char*>(run.tokens.data() + bs * size_t(i)), bs * 4);
-  out.append(reinterpret_cast<const char*>(run.data.data() + run.block_bytes * size_t(i)), run.block_bytes);
-  put(out, checksum(out.data(), out.size()));
-  return out;
+  KvBlockKey key;
+  key.tokens.assign(run.tokens.begin() + bs * size_t(i), run.tokens.begin() + bs * size_t(i + 1));
+  // The run starts at the prompt's first block (run.first == 0 on export).
+  key.hash = block_hash_at(run.tokens, run.block_size, i, &key.parent);
+  key.has_parent = run.first + i > 0;
+  if (!key.has_parent) key.parent = 0;
+  const auto payload = std::span<const std::byte>(run.data).subspan(run.block_bytes * size_t(i), run.block_bytes);
+  const std::vector<std::byte> b = encode_kv_block(layout, key, payload);
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
-void decode_block(const KvBlockSpec& spec, std::string_view b, int32_t index, std::span<const int32_t> prompt,
-                  KvBlockRun& run) {
-  if (b.size() < kHeaderBytes + 8 || std::memcmp(b.data(), kBlockMagic, 4) != 0)
-    fail(ErrorKind::kInvalidArgument, "not a Tandem KV block ({} bytes)", b.size());
-  const char* p = b.data() + 4;
-  if (const auto v = get<uint32_t>(p); v != kBlockVersion)
-    fail(ErrorKind::kInvalidArgument, "KV block format version {}; this instance reads {}", v, kBlockVersion);
-  p += 4;
-  const std::string model = get_field(p, kModelField);
-  p += kModelField;
-  const std::string format = get_field(p, kFormatField);
-  p += kFormatField;
-  const auto bs = get<int32_t>(p);
-  const auto bytes = get<uint64_t>(p + 4);
-  const auto at = get<int32_t>(p + 12);
-  if (model != spec.model)
-    fail(ErrorKind::kInvalidArgument, "the KV blocks are of another model ({}); this instance serves {}", model,
-         spec.model);
-  if (format != spec.kv_format)
-    fail(ErrorKind::kInvalidArgument, "the KV blocks are of KV type {}; this instance stores {}", format,
-         spec.kv_format);
-  if (bs != spec.block_size)
-    fail(ErrorKind::kInvalidArgument, "the KV blocks hold {} tokens each; this instance's hold {}", bs,
-         spec.block_size);
-  if (bytes != spec.block_bytes)
-    fail(ErrorKind::kInvalidArgument, "the KV blocks are {} bytes each; this instance's are {} (another layout)",
-         bytes, spec.block_bytes);
-  if (at != index) fail(ErrorKind::kInvalidArgument, "KV block {} arrived in place of block {}", at, index);
-  const size_t want = kHeaderBytes + size_t(bs) * 4 + bytes + 8;
-  if (b.size() != want)
-    fail(ErrorKind::kInvalidArgument, "KV block {} is {} bytes; its header says {}", index, b.size(), want);
-  if (get<uint64_t>(b.data() + want - 8) != checksum(b.data(), want - 8))
-    fail(ErrorKind::kInvalidArgument, "KV block {} fails its checksum (corrupted in transit)", index);
-  const char* toks = b.data() + kHeaderBytes;
-  const int64_t from = int64_t{index} * bs;
-  if (from + bs > static_cast<int64_t>(prompt.size()) ||
-      std::memcmp(toks, prompt.data() + from, size_t(bs) * 4) != 0)
-    fail(ErrorKind::kInvalidArgument, "KV block {} was computed for other tokens than this prompt's", index);
-  run.tokens.insert(run.tokens.end(), prompt.begin() + from, prompt.begin() + from + bs);
-  const auto* kv = reinterpret_cast<const std::byte*>(toks + size_t(bs) * 4);
-  run.data.insert(run.data.end(), kv, kv + bytes);
+void decode_block(const KvBlockLayout& layout, std::span<const std::byte> bytes, int32_t index,
+                  std::span<const int32_t> prompt, KvBlockRun& run) {
+  KvBlockDecoded d = decode_kv_block(bytes, layout);
+  if (!d) fail(ErrorKind::kInvalidArgument, "block {}: {}", index, d.message);
+  const int64_t from = int64_t{index} * layout.block_size;
+  if (from + layout.block_size > static_cast<int64_t>(prompt.size()) ||
+      !std::equal(d.block.key.tokens.begin(), d.block.key.tokens.end(), prompt.begin() + from) ||
+      d.block.key.hash != block_hash_at(prompt, layout.block_size, index, nullptr))
+    fail(ErrorKind::kInvalidArgument, "block {} was computed for other tokens than this prompt's", index);
+  run.tokens.insert(run.tokens.end(), prompt.begin() + from, prompt.begin() + from + layout.block_size);
+  run.data.insert(run.data.end(), d.block.payload.begin(), d.block.payload.end());
 }
 
-KvTransfer::KvTransfer(KvTransferConfig cfg, KvBlockSpec spec, std::unique_ptr<KvTransport> transport)
-    : cfg_(std::move(cfg)), spec_(std::move(spec)), transport_(std::move(transport)) {
+KvTransfer::KvTransfer(KvTransferConfig cfg, KvBlockLayout layout, std::unique_ptr<KvTransport> transport)
+    : cfg_(std::move(cfg)), layout_(std::move(layout)), transport_(std::move(transport)) {
   std::random_device rd;
   engine_id_ = fmt::format("tandem-{:08x}{:08x}", rd(), rd());
 }
@@ -202,7 +118,7 @@ std::optional<std::string> KvTransfer::take_block(uint64_t id) {
     run = it->second.run;
     index = it->second.index;
   }
-  std::string b = encode_block(spec_, *run, index);
+  std::string b = encode_block(layout_, *run, index);
   stats_.sent_blocks += 1;
   stats_.sent_bytes += b.size();
   return b;
@@ -238,24 +154,28 @@ KvBlockRun KvTransfer::fetch(const KvTransferParams& t, std::span<const int32_t>
   const auto t0 = std::chrono::steady_clock::now();
   KvBlockRun run;
   run.first = skip;
-  run.block_size = spec_.block_size;
-  run.block_bytes = spec_.block_bytes;
+  run.block_size = layout_.block_size;
+  run.block_bytes = layout_.payload_bytes();
   const size_t n = t.remote_block_ids.size();
-  if (static_cast<int64_t>(n) * spec_.block_size > static_cast<int64_t>(prompt.size()))
+  if (static_cast<int64_t>(n) * layout_.block_size > static_cast<int64_t>(prompt.size()))
     fail(ErrorKind::kInvalidArgument,
          "kv_transfer_params names {} blocks of {} tokens; the prompt has {} tokens here (another model or "
          "tokenizer?)",
-         n, spec_.block_size, prompt.size());
+         n, layout_.block_size, prompt.size());
   stats_.fetches += 1;
   stats_.skipped_blocks += std::min<size_t>(size_t(skip), n);
-  // A block from a peer of another model or layout is refused by its header,
-  // read within this bound: the frame of one of this instance's blocks.
-  const size_t max_block = kHeaderBytes + size_t(spec_.block_size) * 4 + spec_.block_bytes + 8;
+  // A block of another layout (a larger block size, another model) is read
+  // whole so that its header can say what differs, within this bound.
+  const size_t one = 4096 + size_t(layout_.block_size) * 4 + layout_.payload_bytes();
+  const size_t max_block = std::max<size_t>(16 * one, size_t{64} << 20);
   try {
     transport_->fetch(t.remote_host, t.remote_port, t.remote_block_ids, std::min<size_t>(size_t(skip), n), max_block,
                       cfg_.fetch_timeout_s, [&](size_t i, std::string block) {
                         stats_.received_bytes += block.size();
-                        decode_block(spec_, block, static_cast<int32_t>(i), prompt, run);
+                        decode_block(layout_,
+                                     std::span<const std::byte>(reinterpret_cast<const std::byte*>(block.data()),
+                                                                block.size()),
+                                     static_cast<int32_t>(i), prompt, run);
                         stats_.received_blocks += 1;
                       });
   } catch (...) {

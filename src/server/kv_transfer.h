@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "engine/kv_transfer.h"
+#include "kv/block_format.h"
 #include "server/kv_transport.h"
 #include "server/openai_schema.h"
 
@@ -42,14 +43,6 @@ struct KvTransferConfig {
   double fetch_timeout_s = 30;     // a whole fetch, connect to last byte
 };
 
-// What a block must match to be used here.
-struct KvBlockSpec {
-  std::string model;      // model_file_identity of the model's file
-  std::string kv_format;  // kv_format_name: "f16", "q8_0", "k q8_0 / v f16", ...
-  int32_t block_size = 0;
-  uint64_t block_bytes = 0;
-};
-
 // Counters and gauges for /metrics (tandem_kv_transfer_*).
 struct KvTransferStats {
   std::atomic<uint64_t> sent_blocks{0}, sent_bytes{0};
@@ -60,23 +53,20 @@ struct KvTransferStats {
   std::atomic<int64_t> pinned_blocks{0}, pinned_bytes{0};
 };
 
-// A model file's identity for transferred blocks: SHA-256 over its size and
-// its first and last MiB (the metadata, the tensor table and the last
-// weights), hex. Cheap at start-up, and two different models (or two
-// quantizations of one) differ in it. Throws kIo when the file cannot be read.
-std::string model_file_identity(const std::string& path);
-
-// One block of a run as it travels: header, tokens, K/V, checksum.
-std::string encode_block(const KvBlockSpec& spec, const KvBlockRun& run, int32_t i);
-// Checks `bytes` against `spec` and the prompt, and appends the block to
-// `run` (whose first block index and sizes are set). Throws
-// kInvalidArgument naming the first difference.
-void decode_block(const KvBlockSpec& spec, std::string_view bytes, int32_t index, std::span<const int32_t> prompt,
-                  KvBlockRun& run);
+// Block i of a run in the shared block format (kv/block_format.h), named by
+// its content hash (kv/block_hash.h, no seed) over the run's tokens, which
+// start at the prompt's first block.
+std::string encode_block(const KvBlockLayout& layout, const KvBlockRun& run, int32_t i);
+// Checks `bytes` against `layout` and the prompt (block `index` must hold the
+// prompt's tokens there, under the same hash), and appends the block to
+// `run`. Throws kInvalidArgument with the format's message naming the first
+// difference (model, KV type, block size, counts, checksum).
+void decode_block(const KvBlockLayout& layout, std::span<const std::byte> bytes, int32_t index,
+                  std::span<const int32_t> prompt, KvBlockRun& run);
 
 class KvTransfer {
  public:
-  KvTransfer(KvTransferConfig cfg, KvBlockSpec spec, std::unique_ptr<KvTransport> transport);
+  KvTransfer(KvTransferConfig cfg, KvBlockLayout layout, std::unique_ptr<KvTransport> transport);
   ~KvTransfer();
 
   Role role() const { return cfg_.role; }
@@ -109,7 +99,7 @@ class KvTransfer {
   void release(std::span<const uint64_t> ids);
 
   KvTransferConfig cfg_;
-  KvBlockSpec spec_;
+  KvBlockLayout layout_;
   std::unique_ptr<KvTransport> transport_;
   std::string engine_id_;
   int port_ = 0;

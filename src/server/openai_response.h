@@ -26,6 +26,8 @@ struct ResponseMeta {
   bool logprobs = false;
   bool include_usage = false;  // streaming: "usage": null on every chunk, totals at the end
   bool timings = false;        // the first choice's phases ("timings"), at the end
+  // A prefill instance's answer: where the prompt's blocks wait (whole responses).
+  std::function<nlohmann::json()> kv_transfer;
 };
 
 // A request's phases in llama.cpp's server's names (prompt_n, prompt_ms,
