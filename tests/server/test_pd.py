@@ -31,7 +31,7 @@ def sample(samples, name):
 class PdRouter:
     """vllm-router in prefill/decode mode in front of one prefill and one decode instance."""
 
-    def __init__(self, prefill, decode):
+    def __init__(self, prefill, decode, model="stories260K.gguf"):
         if not Path(ROUTER).exists():
             pytest.skip(f"vllm-router is not installed at {ROUTER}")
         self.port = free_port()
@@ -47,7 +47,7 @@ class PdRouter:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                     pass
                 # Ready once it answers a request end to end.
-                self.client().completions.create(model="m", prompt="Hi", max_tokens=1, temperature=0)
+                self.client().completions.create(model=model, prompt="Hi", max_tokens=1, temperature=0)
                 return
             except Exception:
                 time.sleep(0.2)
@@ -80,11 +80,17 @@ def stories_pd():
         s.stop()
 
 
+def f32(xs):
+    """Logprobs as the float32 the server computed: vllm-router re-serializes the JSON, and its
+    float parsing may land a double one unit off, which the float32 rounding takes back."""
+    return [struct.unpack("f", struct.pack("f", x))[0] for x in xs]
+
+
 def completion(client, prompt, **kw):
     r = client.completions.create(model="stories260K.gguf", prompt=prompt, max_tokens=24, temperature=0, logprobs=2,
                                   **kw)
     c = r.choices[0]
-    return c.text, c.logprobs.tokens, c.logprobs.token_logprobs, r.usage
+    return c.text, c.logprobs.tokens, f32(c.logprobs.token_logprobs), r.usage
 
 
 def streamed(client, prompt):
@@ -99,18 +105,37 @@ def streamed(client, prompt):
 def test_router_pd_equals_one_instance(stories_pd):
     ref, prefill, decode, router = stories_pd
     before, _ = parse_metrics(decode.metrics())
+    full = 0
     for p in PROMPTS:
         want = completion(ref.client(), p)
         got = completion(router.client(), p)
         assert got[:3] == want[:3], p
-        # The decode instance computed only the tail: the full blocks came from the prefill instance.
         assert got[3].prompt_tokens == want[3].prompt_tokens
-        assert got[3].prompt_tokens_details.cached_tokens == want[3].prompt_tokens // 16 * 16
+        full += want[3].prompt_tokens // 16
     after, _ = parse_metrics(decode.metrics())
-    assert sample(after, "tandem_kv_transfer_received_blocks_total") > sample(
-        before, "tandem_kv_transfer_received_blocks_total")
+    # The decode instance computed only the tails: every full block came from the prefill
+    # instance and was a prefix-cache hit (the router reports the prefill's usage, so the
+    # decode instance's own counters say it).
+    assert sample(after, "tandem_kv_transfer_received_blocks_total") - sample(
+        before, "tandem_kv_transfer_received_blocks_total") == full
+    assert sample(after, "tandem_prefix_cache_hit_tokens_total") - sample(
+        before, "tandem_prefix_cache_hit_tokens_total") >= full * 16 - len(PROMPTS)
     # Every pinned block was fetched and let go.
     wait_metrics(prefill, lambda s: s.get("tandem_kv_transfer_pinned_blocks") == 0)
+
+
+def test_direct_pd_equals_one_instance_exactly(stories_pd):
+    """The router's two requests made directly: logprobs bit for bit, as the server printed them."""
+    ref, prefill, decode, _ = stories_pd
+    p = PROMPTS[2] + " the garden"
+    body = {"prompt": p, "max_tokens": 16, "temperature": 0, "logprobs": 3}
+    status, _, want = ref.request("POST", "/v1/completions", body)
+    assert status == 200, want
+    kt = prefill_params(prefill, p)
+    status, _, got = decode.request("POST", "/v1/completions", {**body, "kv_transfer_params": kt})
+    assert status == 200, got
+    w, g = json.loads(want)["choices"][0], json.loads(got)["choices"][0]
+    assert g["text"] == w["text"] and g["logprobs"] == w["logprobs"]
 
 
 def test_router_pd_streaming(stories_pd):
@@ -145,7 +170,7 @@ def test_decode_batch_invariance(stories_pd):
 def prefill_params(prefill, prompt):
     """The kv_transfer_params a prefill instance answers, as the router would ask."""
     status, _, body = prefill.request("POST", "/v1/completions", {
-        "model": "m", "prompt": prompt, "max_tokens": 1, "temperature": 0,
+        "prompt": prompt, "max_tokens": 1, "temperature": 0,
         "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                                "remote_block_ids": None, "remote_host": None, "remote_port": None}})
     assert status == 200, body
@@ -155,19 +180,19 @@ def prefill_params(prefill, prompt):
 
 
 def decode_with(decode, prompt, kt):
-    return decode.request("POST", "/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 8,
+    return decode.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 8,
                                                       "temperature": 0, "kv_transfer_params": kt})
 
 
 def idle(server):
     """The engine holds no request and no block."""
-    return wait_metrics(server, lambda s: s.get("vllm:num_requests_running") == 0
-                        and s.get("vllm:kv_cache_usage_perc") == 0)
+    return wait_metrics(server, lambda s: s.get("tandem_requests_running") == 0
+                        and s.get("tandem_requests_waiting") == 0 and s.get("tandem_kv_blocks_used") == 0)
 
 
-@pytest.mark.parametrize("flags,what", [(("--block-size", "32"), "hold 32 tokens each"),
-                                        (("--kv-type", "f32"), "KV type f32"),
-                                        ("synth", "another model")])
+@pytest.mark.parametrize("flags,what", [(("--block-size", "32"), "(block size): blocks of 32 tokens"),
+                                        (("--kv-type", "f32"), "(KV type): K f32"),
+                                        ("synth", "(model)")])
 def test_decode_refuses_foreign_blocks(tmp_path, flags, what):
     model = STORIES
     if flags == "synth":
@@ -271,21 +296,22 @@ def test_gemma_pd_chat_and_completion():
     ref = Server(gemma, threads=2)
     prefill = Server(gemma, "--role", "prefill", threads=1)
     decode = Server(gemma, "--role", "decode", threads=1)
-    router = PdRouter(prefill, decode)
+    name = Path(gemma).name
+    router = PdRouter(prefill, decode, name)
     try:
         msgs = [{"role": "user", "content": "Name three colours of the rainbow and say one thing about each."}]
-        kw = dict(model="m", messages=msgs, max_tokens=20, temperature=0, logprobs=True)
+        kw = dict(model=name, messages=msgs, max_tokens=20, temperature=0, logprobs=True)
         want = ref.client().chat.completions.create(**kw)
         got = router.client().chat.completions.create(**kw)
         assert got.choices[0].message.content == want.choices[0].message.content
-        assert [t.logprob for t in got.choices[0].logprobs.content] == [
-            t.logprob for t in want.choices[0].logprobs.content]
+        assert f32([t.logprob for t in got.choices[0].logprobs.content]) == f32(
+            [t.logprob for t in want.choices[0].logprobs.content])
         stream = "".join(c.choices[0].delta.content or "" for c in router.client().chat.completions.create(
-            model="m", messages=msgs, max_tokens=20, temperature=0, stream=True) if c.choices)
+            model=name, messages=msgs, max_tokens=20, temperature=0, stream=True) if c.choices)
         assert stream == want.choices[0].message.content
         p = "The history of the printing press begins in"
-        w = ref.client().completions.create(model="m", prompt=p, max_tokens=16, temperature=0)
-        g = router.client().completions.create(model="m", prompt=p, max_tokens=16, temperature=0)
+        w = ref.client().completions.create(model=name, prompt=p, max_tokens=16, temperature=0)
+        g = router.client().completions.create(model=name, prompt=p, max_tokens=16, temperature=0)
         assert g.choices[0].text == w.choices[0].text
         assert parse_metrics(decode.metrics())[0]["tandem_kv_transfer_received_blocks_total"] > 0
     finally:
