@@ -141,6 +141,7 @@ class TcpTransport final : public KvTransport {
     for (Conn& c : conns) {
       ::shutdown(c.fd, SHUT_RDWR);
       if (c.thread.joinable()) c.thread.join();
+      ::close(c.fd);
     }
     if (listen_fd_ >= 0) ::close(listen_fd_);
     listen_fd_ = -1;

@@ -70,13 +70,17 @@ class PdRouter:
 
 @pytest.fixture(scope="module")
 def stories_pd():
-    ref = Server(STORIES)
-    prefill = Server(STORIES, "--role", "prefill", "--kv-port", "0")
-    decode = Server(STORIES, "--role", "decode")
-    router = PdRouter(prefill, decode)
-    yield ref, prefill, decode, router
+    servers = [Server(STORIES), Server(STORIES, "--role", "prefill", "--kv-port", "0"),
+               Server(STORIES, "--role", "decode")]
+    try:
+        router = PdRouter(servers[1], servers[2])
+    except BaseException:
+        for s in servers:
+            s.kill()
+        raise
+    yield (*servers, router)
     router.stop()
-    for s in (ref, prefill, decode):
+    for s in servers:
         s.stop()
 
 
@@ -297,7 +301,12 @@ def test_gemma_pd_chat_and_completion():
     prefill = Server(gemma, "--role", "prefill", threads=1)
     decode = Server(gemma, "--role", "decode", threads=1)
     name = Path(gemma).name
-    router = PdRouter(prefill, decode, name)
+    try:
+        router = PdRouter(prefill, decode, name)
+    except BaseException:
+        for s in (ref, prefill, decode):
+            s.kill()
+        raise
     try:
         msgs = [{"role": "user", "content": "Name three colours of the rainbow and say one thing about each."}]
         kw = dict(model=name, messages=msgs, max_tokens=20, temperature=0, logprobs=True)
@@ -318,3 +327,36 @@ def test_gemma_pd_chat_and_completion():
         router.stop()
         for s in (ref, prefill, decode):
             s.stop()
+
+
+def test_cluster_script_prefill_decode(stories_pd):
+    """scripts/cluster.sh --prefill 1 --decode 1: greedy answers as one instance's; Ctrl-C stops it all."""
+    import re
+    import signal
+    import openai
+    ref = stories_pd[0]
+    env = dict(os.environ, TANDEM_CLI=CLI, VLLM_ROUTER=ROUTER)
+    proc = subprocess.Popen([str(REPO / "scripts" / "cluster.sh"), "-m", STORIES, "--prefill", "1", "--decode", "1",
+                             "--", "-t", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        line = proc.stdout.readline()
+        m = re.match(r"router: (http://127\.0\.0\.1:\d+)$", line.strip())
+        assert m, f"no router line: {line!r}"
+        client = openai.OpenAI(base_url=m.group(1) + "/v1", api_key="unused", timeout=120, max_retries=0)
+        assert completion(client, PROMPTS[1])[:3] == completion(ref.client(), PROMPTS[1])[:3]
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    err = proc.stderr.read()
+    assert proc.returncode == 0, err
+    urls = re.findall(r"replica \d at (http://127\.0\.0\.1:\d+)", err)
+    assert len(urls) == 2, err
+    for url in urls:
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", int(url.rsplit(":", 1)[1]))) != 0, f"{url} still answers"
