@@ -200,7 +200,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="each layout this many times, alternating")
     ap.add_argument("--chats", type=int, default=4)
     ap.add_argument("--chat-tokens", type=int, default=128)
-    ap.add_argument("--prompt-words", type=int, default=740, help="~1.5k tokens of Gemma 3's vocabulary")
+    ap.add_argument("--prompt-words", type=int, default=1480, help="~1.5k tokens of Gemma 3's vocabulary")
     ap.add_argument("--prompt-max-tokens", type=int, default=16)
     ap.add_argument("--kv-types", default="f16,q8_0")
     ap.add_argument("--skip-layouts", action="store_true", help="only the transfer cost")
