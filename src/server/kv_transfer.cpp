@@ -164,6 +164,9 @@ KvBlockRun KvTransfer::fetch(const KvTransferParams& t, std::span<const int32_t>
          n, layout_.block_size, prompt.size());
   stats_.fetches += 1;
   stats_.skipped_blocks += std::min<size_t>(size_t(skip), n);
+  const size_t want = n - std::min<size_t>(size_t(skip), n);
+  run.data.reserve(want * run.block_bytes);  // one allocation for the whole run
+  run.tokens.reserve(want * size_t(run.block_size));
   // A block of another layout (a larger block size, another model) is read
   // whole so that its header can say what differs, within this bound.
   const size_t one = 4096 + size_t(layout_.block_size) * 4 + layout_.payload_bytes();
