@@ -25,6 +25,7 @@
 #include "kv/block_manager.h"
 #include "model/executor.h"
 #include "model/model_fingerprint.h"
+#include "runtime/cpu_features.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -192,9 +193,16 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model)
   }
   metrics.set_pool(n_blocks, n_blocks * c.block_size / groups, paging.window, c.prefix_caching);
   kv_events = std::make_unique<KvEventRelay>(*blocks);
-  // No smoothing fingerprint: the executor measures its key smoothing from
-  // the model alone, so the same model and format give the same smoothing.
-  block_layout = tandem::kv_block_layout(m.kv_shape(), kv_fmt, paging, c.block_size, model_fingerprint(m.file()), 0);
+  // Blocks are only as good as the numbers that made them: the model, and
+  // where and with which kernels it ran; key smoothing is measured from the
+  // model over max_positions (model/key_smoothing.h). The KV store names its
+  // blocks the same way.
+  {
+    const std::string where = exec->device() + "/" + kernel_level_name(m.kernel_level());
+    const uint64_t id = kv_checksum(std::as_bytes(std::span(where.data(), where.size())), model_fingerprint(m.file()));
+    const uint64_t smoothing = kv_fmt.smooth_k ? kv_checksum({}, uint64_t(plan.max_positions)) | 1 : 0;
+    block_layout = tandem::kv_block_layout(plan.shape, plan.format, paging, c.block_size, id, smoothing);
+  }
 
   check_speculation(c.spec, draft_model != nullptr);
   if (c.spec.mode != SpecMode::kOff) {
