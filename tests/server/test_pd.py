@@ -360,3 +360,37 @@ def test_cluster_script_prefill_decode(stories_pd):
     for url in urls:
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", int(url.rsplit(":", 1)[1]))) != 0, f"{url} still answers"
+
+
+@pytest.mark.parametrize("peer,what", [("silent", "timed out"), ("huge", "at most")])
+def test_fetch_bounds_what_the_wire_says(peer, what):
+    """A peer that never answers times out (--kv-fetch-timeout); one that announces a block of
+    2^60 bytes is refused before anything is allocated."""
+    decode = Server(STORIES, "--role", "decode", "--kv-fetch-timeout", "1")
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+    done = threading.Event()
+
+    def answer():
+        conn, _ = lsock.accept()
+        with conn:
+            conn.recv(65536)
+            if peer == "huge":
+                conn.sendall(struct.pack("<BQ", 0, 1 << 60))
+            done.wait(10)
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        prompt = PROMPTS[0] * 2
+        kt = {"do_remote_prefill": True, "remote_block_ids": [1, 2], "remote_host": "127.0.0.1",
+              "remote_port": lsock.getsockname()[1]}
+        t0 = time.monotonic()
+        status, _, body = decode_with(decode, prompt, kt)
+        assert status == 502, body
+        assert what in json.loads(body)["error"]["message"]
+        assert time.monotonic() - t0 < 10
+        idle(decode)
+    finally:
+        done.set()
+        lsock.close()
+        decode.stop()
