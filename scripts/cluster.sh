@@ -2,7 +2,11 @@
 # A local cluster: N `tandem serve` replicas on loopback behind vllm-router.
 #
 #   scripts/cluster.sh -m MODEL [--replicas N] [--policy POLICY] [--port PORT] [-- SERVE ARGS...]
+#   scripts/cluster.sh -m MODEL --prefill P --decode D [--port PORT] [-- SERVE ARGS...]
 #
+# With --prefill and --decode: P prefill instances and D decode instances
+# (`tandem serve --role`) behind vllm-router's prefill/decode mode
+# (docs/scale-out.md, "Roles").
 # POLICY is vllm-router's: cache_aware (default), kv_aware (the replicas
 # publish KV events and the router follows them), round_robin, power_of_two,
 # random, consistent_hash. Prints `router: http://127.0.0.1:PORT` once every
@@ -11,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-model="" replicas=3 policy=cache_aware port=0
+model="" replicas=3 policy=cache_aware port=0 n_prefill=0 n_decode=0
 serve_args=()
 usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
@@ -20,6 +24,8 @@ while (($#)); do
     -n|--replicas) replicas="${2:?}"; shift 2 ;;
     --policy) policy="${2:?}"; shift 2 ;;
     --port) port="${2:?}"; shift 2 ;;
+    --prefill) n_prefill="${2:?}"; shift 2 ;;
+    --decode) n_decode="${2:?}"; shift 2 ;;
     --) shift; serve_args=("$@"); break ;;
     -h|--help) usage ;;
     *) echo "cluster.sh: unknown argument '$1'" >&2; usage ;;
@@ -28,6 +34,11 @@ done
 [[ -n "$model" ]] || { echo "cluster.sh: -m MODEL is required" >&2; usage; }
 [[ -f "$model" ]] || { echo "cluster.sh: $model: no such file" >&2; exit 2; }
 [[ "$replicas" =~ ^[1-9][0-9]*$ ]] || { echo "cluster.sh: --replicas must be a positive number" >&2; exit 2; }
+[[ "$n_prefill" =~ ^[0-9]+$ && "$n_decode" =~ ^[0-9]+$ ]] || { echo "cluster.sh: --prefill and --decode take counts" >&2; exit 2; }
+if ((n_prefill || n_decode)); then
+  ((n_prefill && n_decode)) || { echo "cluster.sh: --prefill and --decode go together" >&2; exit 2; }
+  [[ "$policy" != kv_aware ]] || { echo "cluster.sh: kv_aware is for replicas, not --prefill/--decode" >&2; exit 2; }
+fi
 
 tandem="${TANDEM_CLI:-build/tandem}"
 router="${VLLM_ROUTER:-.venv/bin/vllm-router}"
@@ -66,17 +77,25 @@ wait_for() {
   return 1
 }
 
-urls=() sources=()
+urls=() sources=() roles=()
+if ((n_prefill)); then
+  for i in $(seq 1 "$n_prefill"); do roles+=(prefill); done
+  for i in $(seq 1 "$n_decode"); do roles+=(decode); done
+  replicas=${#roles[@]}
+fi
+pd_args=()
 for i in $(seq 1 "$replicas"); do
-  events=()
+  events=() role=()
   [[ "$policy" == kv_aware ]] && events=(--kv-events 'tcp://127.0.0.1:*')
-  "$tandem" serve -m "$model" --host 127.0.0.1 --port 0 "${events[@]}" "${serve_args[@]}" \
+  ((n_prefill)) && role=(--role "${roles[$((i - 1))]}")
+  "$tandem" serve -m "$model" --host 127.0.0.1 --port 0 "${role[@]}" "${events[@]}" "${serve_args[@]}" \
     >"$logs/replica$i.log" 2>&1 &
   pid=$!
   pids+=("$pid")
   line="$(wait_for "$logs/replica$i.log" 'on http://127\.0\.0\.1:[0-9]+' "$pid" "replica $i")"
   url="http://127.0.0.1:${line##*:}"
   urls+=("$url")
+  ((n_prefill)) && pd_args+=("--${roles[$((i - 1))]}" "$url")
   if [[ "$policy" == kv_aware ]]; then
     ep="$(wait_for "$logs/replica$i.log" 'KV events on tcp://[0-9.:]+' "$pid" "replica $i")"
     sources+=(--kv-event-source "$url=${ep##* }")
@@ -85,7 +104,12 @@ for i in $(seq 1 "$replicas"); do
 done
 
 ((port)) || port="$(free_port)"
-router_args=(--host 127.0.0.1 --port "$port" --worker-urls "${urls[@]}" --policy "$policy"
+if ((n_prefill)); then
+  workers=(--vllm-pd-disaggregation "${pd_args[@]}")
+else
+  workers=(--worker-urls "${urls[@]}" --policy "$policy")
+fi
+router_args=(--host 127.0.0.1 --port "$port" "${workers[@]}"
   --prometheus-port "$(free_port)" --health-check-interval-secs 2 --health-failure-threshold 1
   --health-success-threshold 1 --log-level warning)
 if [[ "$policy" == kv_aware ]]; then
@@ -102,7 +126,11 @@ done
 curl -fs "http://127.0.0.1:$port/health" >/dev/null || { echo "cluster.sh: vllm-router did not answer" >&2; exit 1; }
 
 echo "router: http://127.0.0.1:$port"
-echo "cluster: $replicas replicas, policy $policy, logs in $logs; Ctrl-C stops everything" >&2
+if ((n_prefill)); then
+  echo "cluster: $n_prefill prefill and $n_decode decode instances, logs in $logs; Ctrl-C stops everything" >&2
+else
+  echo "cluster: $replicas replicas, policy $policy, logs in $logs; Ctrl-C stops everything" >&2
+fi
 wait "$router_pid" || true
 echo "cluster.sh: vllm-router exited:" >&2
 tail -20 "$logs/router.log" >&2

@@ -47,6 +47,10 @@ struct ServeOpts {
   int64_t kv_tokens = 0;
   double step_factor = 1.5;
   bool no_prefix_cache = false;
+  std::string role = "both";
+  int kv_port = 0;
+  int32_t block_size = 16;
+  double kv_pin = 30, kv_fetch_timeout = 30;
 };
 
 int serve(const ServeOpts& o) {
@@ -69,11 +73,14 @@ int serve(const ServeOpts& o) {
   // A GPU reads the file's layout: no repacked copy in host memory.
   RuntimeOptions runtime = o.runtime;
   if (o.device != "cpu") runtime.prepack = PrepackMode::kOff;
-  auto model = Model::load(resolve_model_path(o.model), runtime);
+  const std::string model_path = resolve_model_path(o.model);
+  auto model = Model::load(model_path, runtime);
   if (!model->load_warning().empty()) std::fprintf(stderr, "warning: %s\n", model->load_warning().c_str());
   std::unique_ptr<Model> draft;
   if (!o.spec.draft_model.empty())
     draft = Model::load(o.spec.draft_model, o.runtime);
+  const server::Role role = server::parse_role(o.role);
+  if (o.kv_port < 0 || o.kv_port > 65535) fail(ErrorKind::kInvalidArgument, "--kv-port {} is not a TCP port", o.kv_port);
   EngineConfig ec;
   ec.threads = o.threads;
   ec.max_context = o.ctx > 0 ? o.ctx : std::min(model->config().n_ctx_train, 4096);
@@ -82,6 +89,10 @@ int serve(const ServeOpts& o) {
   ec.kv_cache = kv_cache_types(o.kv);
   ec.kv_store = o.store.dir;
   ec.kv_store_bytes = kv_store_bytes(o.store);
+  ec.block_size = o.block_size;
+  // A transferred block carries every layer of its positions: sliding-window
+  // layers keep all their blocks too, as with --swa-full.
+  if (role != server::Role::kBoth) ec.kv_cache.swa_full = true;
   ec.swap_bytes = o.swap_space.empty() ? 0 : parse_bytes(o.swap_space, "--swap-space");
   ec.max_batch_tokens = o.max_batch_tokens;
   ec.max_seqs = o.max_seqs;
@@ -133,6 +144,11 @@ int serve(const ServeOpts& o) {
     fail(ErrorKind::kInvalidArgument, "--kv-events-replay and --kv-events-topic need --kv-events");
   if (o.kv_events.empty() && !o.kv_events_seed.empty())
     fail(ErrorKind::kInvalidArgument, "--kv-events-hash-seed needs --kv-events");
+  sc.kv_transfer.role = role;
+  sc.kv_transfer.host = o.host;
+  sc.kv_transfer.port = o.kv_port;
+  sc.kv_transfer.pin_s = o.kv_pin;
+  sc.kv_transfer.fetch_timeout_s = o.kv_fetch_timeout;
   server::Server srv(engine, sc);
   srv.bind();
   engine.start();
@@ -164,6 +180,10 @@ int serve(const ServeOpts& o) {
     std::fprintf(stderr, "tandem serve: KV events on %s%s%s\n", srv.kv_events_endpoint().c_str(),
                  srv.kv_events_replay_endpoint().empty() ? "" : ", replay on ",
                  srv.kv_events_replay_endpoint().c_str());
+  if (role != server::Role::kBoth)
+    std::fprintf(stderr, "tandem serve: role %s%s\n", server::role_name(role),
+                 srv.kv_transfer_port() ? fmt::format(", KV transfer on tcp://{}:{}", o.host, srv.kv_transfer_port()).c_str()
+                                        : "");
   std::fflush(stderr);
   srv.run();
   // run() also returns on a listener failure: wake the waiter so it can end.
@@ -282,6 +302,27 @@ void add_serve_command(CLI::App& app, int& rc) {
   cmd->add_option("--kv-events-hash-seed", o->kv_events_seed,
                   "Seed of the KV events' block hashes: vLLM's PYTHONHASHSEED, llm-d's hashSeed (default: empty, "
                   "llm-d's default)");
+  cmd->add_option("--role", o->role,
+                  "prefill: compute prompts and keep their KV blocks for decode instances to fetch; decode: "
+                  "fetch them before decoding (vllm-router's prefill/decode mode, docs/scale-out.md); both: "
+                  "neither")
+      ->check(CLI::IsMember({"both", "prefill", "decode"}))
+      ->capture_default_str();
+  cmd->add_option("--block-size", o->block_size,
+                  "Tokens per KV block (a multiple of 16 for quantized KV types); prefill and decode instances "
+                  "must agree")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--kv-port", o->kv_port, "Prefill role: TCP port of the KV transfer listener (0: any free port)")
+      ->capture_default_str();
+  cmd->add_option("--kv-transfer-timeout", o->kv_pin,
+                  "Prefill role: seconds a prompt's blocks wait for their decode instance before they are dropped")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--kv-fetch-timeout", o->kv_fetch_timeout,
+                  "Decode role: seconds a fetch of a prompt's blocks may take, connect to last byte")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
   cmd->callback([o, &rc] { rc = serve(*o); });
 }
 

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "runtime/thread_pool.h"
 #include "engine/kv_pool_sizing.h"
+#include "engine/kv_transfer.h"
 #include "engine/kv_event_relay.h"
 #include "engine/kv_store.h"
 #include "engine/metrics_recorder.h"
@@ -24,6 +25,8 @@
 #include "engine/streaming_window.h"
 #include "kv/block_manager.h"
 #include "model/executor.h"
+#include "model/model_fingerprint.h"
+#include "runtime/cpu_features.h"
 #include "model/model.h"
 #include "model/model_fingerprint.h"
 #include "runtime/cpu_features.h"
@@ -58,6 +61,7 @@ struct Engine::Impl {
   std::unique_ptr<SpeculativeDecoding> spec;  // cfg.spec.mode != kOff
   std::unique_ptr<KvEventRelay> kv_events;
   std::unique_ptr<KvStore> store;  // --kv-store
+  KvBlockLayout block_layout;  // blocks outside the process (KV transfer)
   PromptScorer scored;  // prompt positions whose logprobs this step's logits give
 
   // Intake: filled by submit()/cancel() on any thread, drained by step().
@@ -197,18 +201,20 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model)
   }
   metrics.set_pool(n_blocks, n_blocks * c.block_size / groups, paging.window, c.prefix_caching);
   kv_events = std::make_unique<KvEventRelay>(*blocks);
-  if (!c.kv_store.empty()) {
-    if (!c.prefix_caching)
-      fail(ErrorKind::kInvalidArgument, "--kv-store needs the prefix cache: its blocks enter and leave through it");
-    // Blocks are only as good as the numbers that made them: the model, and
-    // where and with which kernels it ran. Key smoothing is measured from the
-    // model over max_positions (model/key_smoothing.h).
+  // Blocks are only as good as the numbers that made them: the model, and
+  // where and with which kernels it ran; key smoothing is measured from the
+  // model over max_positions (model/key_smoothing.h). The KV store and the
+  // KV transfer name their blocks by this one layout.
+  {
     const std::string where = exec->device() + "/" + kernel_level_name(m.kernel_level());
     const uint64_t id = kv_checksum(std::as_bytes(std::span(where.data(), where.size())), model_fingerprint(m.file()));
     const uint64_t smoothing = kv_fmt.smooth_k ? kv_checksum({}, uint64_t(plan.max_positions)) | 1 : 0;
-    store = std::make_unique<KvStore>(c.kv_store, c.kv_store_bytes,
-                                      kv_block_layout(plan.shape, plan.format, paging, c.block_size, id, smoothing),
-                                      *blocks, *exec);
+    block_layout = tandem::kv_block_layout(plan.shape, plan.format, paging, c.block_size, id, smoothing);
+  }
+  if (!c.kv_store.empty()) {
+    if (!c.prefix_caching)
+      fail(ErrorKind::kInvalidArgument, "--kv-store needs the prefix cache: its blocks enter and leave through it");
+    store = std::make_unique<KvStore>(c.kv_store, c.kv_store_bytes, block_layout, *blocks, *exec);
   }
 
   check_speculation(c.spec, draft_model != nullptr);
@@ -221,14 +227,32 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model)
 void Engine::Impl::drain_inbox() {
   std::vector<std::unique_ptr<Sequence>> fresh;
   std::vector<uint64_t> cancel_ids;
+  for (auto& task : inbox.take_tasks()) task();
   inbox.take(fresh, cancel_ids);
+  std::vector<Sequence*> refused;
+  std::vector<std::string> why;
   for (auto& s : fresh) {
     if (observer) report.arrived.push_back({s->req->id, s->req->arrival_s});
     // Its prefix from the KV store, where the prefix cache ends: admission then finds it cached.
     if (store && !s->wants_prompt_logits())
       store->load(std::span<const int32_t>(s->tokens).first(size_t(s->n_prompt)), s->req->params.cache_salt);
+    Sequence* raw = s.get();
     sched->add(std::move(s));
+    // Blocks computed by a prefill instance go into the prefix cache now,
+    // just before admission looks for them.
+    if (const auto& imp = raw->req->params.kv_import) {
+      try {
+        KvImportResult r = import_blocks(*blocks, *exec, imp->run, std::span<const int32_t>(raw->tokens).first(
+                                                                       size_t(raw->n_prompt)),
+                                         raw->req->params.cache_salt);
+        if (imp->done) imp->done(r);
+      } catch (const Error& e) {
+        refused.push_back(raw);
+        why.push_back(e.what());
+      }
+    }
   }
+  for (size_t i = 0; i < refused.size(); ++i) finish(refused[i], "error", "error", why[i]);
   if (cancel_ids.empty()) return;
   std::vector<Sequence*> doomed;
   sched->for_each([&](Sequence& s) {
@@ -257,6 +281,16 @@ void Engine::Impl::finish(Sequence* seq, const std::string& reason, const std::s
   const double now = steps.now();
   if ((reason == "stop" || reason == "length") && seq->choice == 0 && !seq->req->params.session.empty())
     sessions->save(*seq, std::move(finishing_logits));
+  if ((reason == "stop" || reason == "length") && seq->choice == 0 && seq->req->params.on_kv_export) {
+    // A prefill instance's request: its prompt's blocks, before they go back.
+    const int32_t bs = blocks->block_size();
+    const int32_t n_full = tandem::kv_transfer_unsupported(*blocks).empty()
+                               ? std::min(seq->n_prompt, seq->blocks.n_computed) / bs
+                               : 0;
+    seq->req->params.on_kv_export(export_blocks(*exec, seq->blocks.table, std::span<const int32_t>(seq->tokens).first(
+                                                                              size_t(seq->n_prompt)),
+                                                n_full, bs));
+  }
   ev.timings = sequence_timings(*seq, now);
   emit(seq, ev);
   if (spec) spec->forget(*seq);
@@ -612,6 +646,30 @@ void Engine::set_kv_event_sink(std::function<void(std::vector<KvCacheEvent>)> fn
   impl_->kv_events->set_sink(std::move(fn), hash_seed);
 }
 
+int32_t Engine::cached_blocks(const std::vector<int32_t>& prompt, const std::string& salt, double timeout_s) {
+  struct Answer {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    int32_t n = 0;
+  };
+  auto a = std::make_shared<Answer>();
+  impl_->inbox.post([this, a, prompt, salt] {
+    const int32_t n = impl_->blocks->cached_blocks(prompt, salt);
+    std::lock_guard<std::mutex> lock(a->mu);
+    a->n = n;
+    a->done = true;
+    a->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(a->mu);
+  a->cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return a->done; });
+  return a->done ? a->n : 0;
+}
+
+KvBlockLayout Engine::kv_block_layout() const { return impl_->block_layout; }
+
+std::string Engine::kv_transfer_unsupported() const { return tandem::kv_transfer_unsupported(*impl_->blocks); }
+
 void Engine::reset_prefix_cache() {
   impl_->kv_events->request_reset();
   impl_->inbox.notify();
@@ -629,6 +687,8 @@ void Engine::check_invariants() {
 int Engine::threads() const { return static_cast<int>(impl_->pool.size()); }
 
 size_t Engine::kv_bytes() const { return impl_->exec->kv_bytes(); }
+
+size_t Engine::kv_block_bytes() const { return impl_->exec->block_bytes(); }
 
 std::string Engine::device() const { return impl_->exec->device(); }
 

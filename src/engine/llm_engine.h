@@ -21,6 +21,7 @@
 #include "engine/metrics.h"
 #include "engine/request.h"
 #include "engine/speculation.h"
+#include "kv/block_format.h"
 #include "kv/block_manager.h"
 #include "kv/kv_cache.h"
 
@@ -108,6 +109,7 @@ class Engine {
   const EngineConfig& config() const { return cfg_; }
   int threads() const;  // compute threads
   size_t kv_bytes() const;  // the KV pool
+  size_t kv_block_bytes() const;  // one block of it (a page), as exported
   std::string device() const;  // where the forward passes run
   // The compute threads, for work measured beside the engine's (bench's
   // read of the weights); not while the engine steps.
@@ -126,6 +128,17 @@ class Engine {
   // server/kv_events.h); hash_seed names the root of every prefix
   // (kv/block_hash.h). Set before start().
   void set_kv_event_sink(std::function<void(std::vector<KvCacheEvent>)> fn, std::string_view hash_seed = "");
+  // Thread-safe (asks the engine's thread; not while run_one steps): how many
+  // of the prompt's leading full blocks the prefix cache holds, what a KV
+  // transfer from another instance can skip. 0 when the loop does not
+  // answer within `timeout_s`.
+  int32_t cached_blocks(const std::vector<int32_t>& prompt, const std::string& salt, double timeout_s = 5.0);
+  // Whether this engine's blocks can be exported and imported
+  // (engine/kv_transfer.h): "" when they can, else why not.
+  std::string kv_transfer_unsupported() const;
+  // What this engine's blocks look like outside it (kv/block_format.h):
+  // the model's fingerprint, the cache's format, shape and paging.
+  KvBlockLayout kv_block_layout() const;
   // Thread-safe: at the next step, the prefix cache forgets every block no
   // sequence holds (a cold start; AllBlocksCleared when that is all of them).
   void reset_prefix_cache();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/json_schema.h"
+#include "engine/kv_transfer.h"
 #include "engine/sampler.h"
 
 namespace tandem {
@@ -51,6 +52,18 @@ struct RequestParams {
   // and in no set order. Like prompt_logprobs, no prefix cache hits.
   std::function<void(int32_t row, std::span<const float> logits)> on_prompt_row;
   int32_t rows_from = 0;
+  // A prefill instance's request (engine/kv_transfer.h): when it ends with
+  // its first token, its prompt's full blocks are handed here, on the
+  // engine's thread, before its final event.
+  std::function<void(KvBlockRun)> on_kv_export;
+  // A decode instance's request: blocks of its prompt computed elsewhere,
+  // put in the prefix cache before it is scheduled; `done` hears what was
+  // used (engine thread).
+  struct KvImport {
+    KvBlockRun run;
+    std::function<void(const KvImportResult&)> done;
+  };
+  std::shared_ptr<const KvImport> kv_import;
 };
 
 // How a request went, in its final event: the phases as this request saw

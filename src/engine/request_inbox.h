@@ -27,6 +27,10 @@ class RequestInbox {
     cv_.notify_all();
   }
   void cancel(uint64_t request_id);
+  // Runs `task` on the engine's thread at the start of the next step (a
+  // question about the KV pool from another thread). Wakes the loop.
+  void post(std::function<void()> task);
+  std::vector<std::function<void()>> take_tasks();
   // The engine's thread: everything queued since the last call.
   void take(std::vector<std::unique_ptr<Sequence>>& seqs, std::vector<uint64_t>& cancels);
   // Sleeps until something is queued, `wake` holds or `timeout` passes.
@@ -38,6 +42,7 @@ class RequestInbox {
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Sequence>> seqs_;
   std::vector<uint64_t> cancels_;
+  std::vector<std::function<void()>> tasks_;
 };
 
 }  // namespace tandem

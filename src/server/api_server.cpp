@@ -164,6 +164,8 @@ struct Server::Impl final : HttpHandler {
   std::atomic<bool> stopping{false};
   // Shared with the engine's sink, which may outlive the server.
   std::shared_ptr<KvEventPublisher> kv_events;
+  // Prefill and decode roles; shared with the engine's export callbacks.
+  std::shared_ptr<KvTransfer> transfer;
   std::mutex id_mu;
   std::mt19937_64 id_rng{std::random_device{}()};
 
@@ -353,6 +355,10 @@ struct Server::Impl final : HttpHandler {
           HttpResponse r;
           r.body = render_prometheus(engine.metrics(), ServingInfo{cfg.model_id, engine.config().block_size,
                                                                    kv_format_name(kv_format(engine.config().kv_cache))});
+          if (transfer) {
+            transfer->expire();
+            r.body += transfer->prometheus();
+          }
           r.content_type = "text/plain; version=0.0.4; charset=utf-8";
           return Reply{with_cors(h, std::move(r)), nullptr};
         }
@@ -485,6 +491,7 @@ struct Server::Impl final : HttpHandler {
     check_logprob_budget(r, lengths, max_context, lim);
     scope_request(r.params, req.head);
     ResponseMeta meta;
+    if (transfer && r.kv_transfer.present) prepare_transfer(r, prompts, meta);
     meta.endpoint = ep;
     meta.id = new_id(ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
     meta.model = cfg.model_id;
@@ -503,6 +510,49 @@ struct Server::Impl final : HttpHandler {
     TokenText text = [in](int32_t id) { return in->piece(id); };
     return Reply{std::nullopt, std::make_unique<GenerationResponse>(std::move(gen), std::move(meta), std::move(text),
                                                                     r.stream, cfg.heartbeat_s, cors_headers(req.head))};
+  }
+
+  // kv_transfer_params (vllm-router's prefill/decode mode). A prefill
+  // instance asked to prefill for a decode instance keeps the prompt's blocks
+  // and answers where they are; a decode instance fetches the blocks its
+  // prefix cache lacks before it submits. Other roles ignore them.
+  void prepare_transfer(ApiRequest& r, const std::vector<std::vector<int32_t>>& prompts, ResponseMeta& meta) {
+    const KvTransferParams& t = r.kv_transfer;
+    if (transfer->role() == Role::kPrefill && t.do_remote_decode) {
+      if (prompts.size() != 1 || r.params.n != 1)
+        throw_invalid("kv_transfer_params", "a prefill for a decode instance takes one prompt and n = 1");
+      struct Ticket {
+        std::mutex mu;
+        std::vector<uint64_t> ids;
+      };
+      auto ticket = std::make_shared<Ticket>();
+      r.params.on_kv_export = [tr = transfer, ticket](KvBlockRun run) {
+        std::vector<uint64_t> ids = tr->pin(std::move(run));
+        std::lock_guard<std::mutex> lock(ticket->mu);
+        ticket->ids = std::move(ids);
+      };
+      meta.kv_transfer = [tr = transfer, ticket] {
+        std::lock_guard<std::mutex> lock(ticket->mu);
+        return json{{"do_remote_prefill", true},       {"do_remote_decode", false},
+                    {"remote_engine_id", tr->engine_id()}, {"remote_block_ids", ticket->ids},
+                    {"remote_host", tr->host()},          {"remote_port", tr->port()}};
+      };
+    } else if (transfer->role() == Role::kDecode && t.do_remote_prefill) {
+      if (prompts.size() != 1) throw_invalid("kv_transfer_params", "a decode of transferred blocks takes one prompt");
+      const int32_t have = std::min<int32_t>(engine.cached_blocks(prompts[0], r.params.cache_salt),
+                                             static_cast<int32_t>(t.remote_block_ids.size()));
+      auto imp = std::make_shared<RequestParams::KvImport>();
+      try {
+        imp->run = transfer->fetch(t, prompts[0], have);
+      } catch (const Error& e) {
+        const bool refused = e.kind() == ErrorKind::kInvalidArgument;
+        throw ApiError(refused ? 400 : 502,
+                       fmt::format("KV transfer from {}:{} ({}): {}", t.remote_host, t.remote_port,
+                                   refused ? "blocks refused" : "failed", e.what()),
+                       refused ? "invalid_request_error" : "server_error", "kv_transfer_params");
+      }
+      r.params.kv_import = std::move(imp);
+    }
   }
 
   // /v1/completions/render and /v1/chat/completions/render, as vLLM answers
@@ -619,12 +669,22 @@ Server::Server(Engine& engine, ServerConfig cfg) : impl_(std::make_unique<Impl>(
     engine.set_kv_event_sink(
         [pub = s.kv_events](std::vector<KvCacheEvent> events) { pub->publish(events); }, s.cfg.kv_events.hash_seed);
   }
+  if (s.cfg.kv_transfer.role != Role::kBoth) {
+    if (const std::string why = engine.kv_transfer_unsupported(); !why.empty())
+      fail(ErrorKind::kInvalidArgument, "--role {}: {}", role_name(s.cfg.kv_transfer.role), why);
+    s.transfer = std::make_shared<KvTransfer>(s.cfg.kv_transfer, engine.kv_block_layout(), make_tcp_transport());
+  }
   s.created = static_cast<int64_t>(std::time(nullptr));
 }
 
 Server::~Server() { stop(); }
 
-void Server::bind() { impl_->http.bind(impl_->cfg.host, impl_->cfg.port); }
+void Server::bind() {
+  impl_->http.bind(impl_->cfg.host, impl_->cfg.port);
+  if (impl_->transfer && impl_->transfer->role() == Role::kPrefill) impl_->transfer->listen();
+}
+
+int Server::kv_transfer_port() const { return impl_->transfer ? impl_->transfer->port() : 0; }
 
 int Server::port() const { return impl_->http.port(); }
 

@@ -22,6 +22,7 @@
 #include "runtime/json_parse.h"
 #include "server/http_server.h"
 #include "server/kv_events.h"
+#include "server/kv_transfer.h"
 #include "server/openai_schema.h"
 
 namespace tandem {
@@ -56,6 +57,8 @@ struct ServerConfig {
   // KV events for prefix-aware routers (server/kv_events.h); endpoint "": none.
   // block_size and medium are filled from the engine.
   KvEventsConfig kv_events;
+  // Prefill and decode instances (server/kv_transfer.h); role both: neither.
+  KvTransferConfig kv_transfer;
 };
 
 class Server {
@@ -75,6 +78,8 @@ class Server {
   // Where the KV events go ("" when off), and their replay socket.
   std::string kv_events_endpoint() const;
   std::string kv_events_replay_endpoint() const;
+  // The prefill role's KV transfer listener (bind() starts it); 0 otherwise.
+  int kv_transfer_port() const;
   // Serves until stop(). bind() first.
   void run();
   // Thread-safe, callable from a signal-waiting thread: stops accepting,

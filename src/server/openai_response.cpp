@@ -157,6 +157,7 @@ json full_response(const ResponseMeta& m, const std::vector<ChoiceState>& choice
   out["choices"] = std::move(arr);
   out["usage"] = usage_json(u);
   if (m.timings && timings) out["timings"] = timings_json(*timings);
+  if (m.kv_transfer) out["kv_transfer_params"] = m.kv_transfer();
   return out;
 }
 

@@ -32,6 +32,8 @@ struct ResponseMeta {
   // Chat with tool calling: the output is read back into content and
   // tool_calls (finish_reason "tool_calls" when there are calls).
   std::shared_ptr<const ToolCallGrammar> tools;
+  // A prefill instance's answer: where the prompt's blocks wait (whole responses).
+  std::function<nlohmann::json()> kv_transfer;
 };
 
 // A tool call's id: the response's id, the choice and the call.

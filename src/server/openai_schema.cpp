@@ -64,6 +64,51 @@ const json* field(const json& obj, const char* key) {
   return &*it;
 }
 
+// At most this many block ids: a 128k context in blocks of 16 tokens is 8,192.
+constexpr size_t kMaxTransferBlocks = 65536;
+
+KvTransferParams parse_kv_transfer(const json& j) {
+  KvTransferParams t;
+  if (j.is_null()) return t;
+  if (!j.is_object()) wrong_type("kv_transfer_params", "an object", j);
+  t.present = true;
+  auto flag = [&](const char* key) {
+    const auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return false;
+    if (!it->is_boolean()) wrong_type(std::string("kv_transfer_params.") + key, "a boolean", *it);
+    return it->get<bool>();
+  };
+  t.do_remote_decode = flag("do_remote_decode");
+  t.do_remote_prefill = flag("do_remote_prefill");
+  if (t.do_remote_decode && t.do_remote_prefill)
+    throw_invalid("kv_transfer_params", "'do_remote_decode' and 'do_remote_prefill' cannot both be true");
+  if (!t.do_remote_prefill) return t;
+  auto text = [&](const char* key) {
+    const auto it = j.find(key);
+    if (it == j.end() || !it->is_string() || it->get_ref<const std::string&>().empty() ||
+        it->get_ref<const std::string&>().size() > 255)
+      throw_invalid(std::string("kv_transfer_params.") + key, fmt::format("'{}' must be a name of 1 to 255 bytes", key));
+    return it->get<std::string>();
+  };
+  t.remote_host = text("remote_host");
+  if (const auto it = j.find("remote_engine_id"); it != j.end() && it->is_string())
+    t.remote_engine_id = clip(it->get_ref<const std::string&>(), 255);
+  const auto port = j.find("remote_port");
+  if (port == j.end() || !port->is_number_integer() || port->get<int64_t>() < 1 || port->get<int64_t>() > 65535)
+    throw_invalid("kv_transfer_params.remote_port", "'remote_port' must be a port number (1 to 65535)");
+  t.remote_port = static_cast<int32_t>(port->get<int64_t>());
+  const auto ids = j.find("remote_block_ids");
+  if (ids == j.end() || !ids->is_array() || ids->size() > kMaxTransferBlocks)
+    throw_invalid("kv_transfer_params.remote_block_ids",
+                  fmt::format("'remote_block_ids' must be a list of at most {} block ids", kMaxTransferBlocks));
+  for (const json& id : *ids) {
+    if (!id.is_number_unsigned())
+      throw_invalid("kv_transfer_params.remote_block_ids", "'remote_block_ids' must hold non-negative integers");
+    t.remote_block_ids.push_back(id.get<uint64_t>());
+  }
+  return t;
+}
+
 std::optional<bool> get_bool(const json& obj, const char* key) {
   const json* v = field(obj, key);
   if (!v) return std::nullopt;
@@ -547,6 +592,7 @@ ApiRequest parse_request_json(Endpoint ep, json j, const ParseLimits& lim) {
       throw_invalid("cache_salt", fmt::format("'cache_salt' must be a string of 1 to {} bytes", lim.max_cache_salt));
     p.cache_salt = std::move(*v);
   }
+  if (const json* kt = field(j, "kv_transfer_params")) r.kv_transfer = parse_kv_transfer(*kt);
   if (const json* so = field(j, "stream_options")) {
     if (!so->is_object()) wrong_type("stream_options", "an object", *so);
     if (!r.stream) throw_invalid("stream_options", "'stream_options' is only allowed with 'stream': true");

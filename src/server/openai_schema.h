@@ -81,6 +81,19 @@ struct Prompt {
   bool is_tokens = false;
 };
 
+// vLLM's kv_transfer_params, as vllm-router's prefill/decode mode sends
+// them: to the prefill instance {do_remote_decode: true, ...}, to the decode
+// instance what the prefill instance answered (docs/scale-out.md, "Roles").
+struct KvTransferParams {
+  bool present = false;
+  bool do_remote_decode = false;   // a prefill for another instance: keep the blocks for it
+  bool do_remote_prefill = false;  // the prompt's blocks are at remote_host:remote_port
+  std::string remote_engine_id;
+  std::string remote_host;
+  int32_t remote_port = 0;
+  std::vector<uint64_t> remote_block_ids;
+};
+
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;                    // "" when not given
@@ -102,6 +115,7 @@ struct ApiRequest {
   bool include_usage = false;           // stream_options.include_usage
   bool echo = false;                    // completions: each choice's text starts with its prompt
   bool timings = false;                 // "timings": true: the phases, as llama.cpp's server reports them
+  KvTransferParams kv_transfer;
 };
 
 // Throws ApiError(400) for malformed JSON, a body that is not an object,
