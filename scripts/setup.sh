@@ -46,5 +46,8 @@ CUDA_TESTS=OFF
 if [ -x "$NVCC" ] || { [ -z "${CUDACXX:-}" ] && command -v nvcc >/dev/null; }; then CUDA_TESTS=ON; fi
 
 BUILD_DIR="${TANDEM_BUILD_DIR:-build}"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA_TESTS=$CUDA_TESTS >/dev/null
+# The Python extension (tandem._core) is a target of the same tree: `pip install .`
+# with build-dir=build (scripts/test.sh) then compiles nothing more.
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA_TESTS=$CUDA_TESTS \
+  -DTANDEM_PYTHON=ON -DPython_EXECUTABLE="$PWD/.venv/bin/python" >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)"
