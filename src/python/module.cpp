@@ -16,6 +16,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
 #include "core/error.h"
@@ -282,7 +283,16 @@ class PyEngine {
 
   void cancel(uint64_t id) { engine_->cancel(id); }
 
-  nb::dict metrics() const {
+  nb::dict metrics() {
+    // The gauges are taken at each step's schedule, so a request that
+    // finished in the last step still counts as running until the next one:
+    // step once (nothing left: a step that only refreshes them) unless
+    // another thread is stepping now.
+    {
+      nb::gil_scoped_release release;
+      std::unique_lock lock(step_mu_, std::try_to_lock);
+      if (lock.owns_lock()) engine_->step();
+    }
     const MetricsSnapshot m = engine_->metrics();
     nb::dict d;
     d["running"] = m.running;
