@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 # chromium and its driver: the test suite drives the web chat page in a real browser.
 # libzmq: the KV events that prefix-aware routers subscribe to.
-APT_PACKAGES=(build-essential cmake ninja-build pkg-config git python3 python3-venv
+# python3-dev: the headers the Python extension (tandem._core) compiles against.
+APT_PACKAGES=(build-essential cmake ninja-build pkg-config git python3 python3-venv python3-dev
   libgtest-dev libfmt-dev nlohmann-json3-dev libcli11-dev libpcre2-dev libzmq3-dev chromium chromium-driver)
 
 missing=()
