@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 # chromium and its driver: the test suite drives the web chat page in a real browser.
 # libzmq: the KV events that prefix-aware routers subscribe to.
-APT_PACKAGES=(build-essential cmake ninja-build pkg-config git python3 python3-venv
+# python3-dev: the headers the Python extension (tandem._core) compiles against.
+APT_PACKAGES=(build-essential cmake ninja-build pkg-config git python3 python3-venv python3-dev
   libgtest-dev libfmt-dev nlohmann-json3-dev libcli11-dev libpcre2-dev libzmq3-dev chromium chromium-driver)
 
 missing=()
@@ -46,5 +47,8 @@ CUDA_TESTS=OFF
 if [ -x "$NVCC" ] || { [ -z "${CUDACXX:-}" ] && command -v nvcc >/dev/null; }; then CUDA_TESTS=ON; fi
 
 BUILD_DIR="${TANDEM_BUILD_DIR:-build}"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA_TESTS=$CUDA_TESTS >/dev/null
+# The Python extension (tandem._core) is a target of the same tree: `pip install .`
+# with build-dir=build (scripts/test.sh) then compiles nothing more.
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA_TESTS=$CUDA_TESTS \
+  -DTANDEM_PYTHON=ON -DPython_EXECUTABLE="$PWD/.venv/bin/python" >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)"

@@ -23,6 +23,14 @@ ctest --test-dir build --output-on-failure -j"$(nproc)"
 echo "== server tests (openai client against build/tandem serve)" >&2
 TANDEM_CLI="$PWD/build/tandem" .venv/bin/python -m pytest -q tests/server
 
+# The Python package: `pip install .` into the venv, built in the tree setup.sh
+# configured (the same options, so it links the objects already built), then
+# its tests (tests/python: stories260K and two Gemma cases, against the CLI).
+echo "== python package tests (pip install ., tests/python)" >&2
+.venv/bin/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -C build-dir=build \
+  -C cmake.define.TANDEM_TESTS=ON -C cmake.define.TANDEM_BENCH=ON .
+TANDEM_CLI="$PWD/build/tandem" .venv/bin/python -m pytest -q tests/python
+
 # The sanitizer builds: -O1 with line tables only (-g1). Reports keep their
 # file:line stack traces, and each build compiles in about half the time
 # that -O2 -g takes (the ASan build was the suite's longest step).
