@@ -134,6 +134,7 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "(tok/s count all sequences)")
       ->capture_default_str();
   add_runtime_options(cmd, o->bench.runtime);
+  add_sparse_attention_option(cmd, o->bench.runtime);
   add_spec_options(cmd, o->spec);
   add_kv_cache_options(cmd, o->kv);
   add_device_option(cmd, o->bench.device);

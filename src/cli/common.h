@@ -56,6 +56,9 @@ void add_kv_cache_options(CLI::App* cmd, KvCacheFlags& f);
 // and its flag.
 KvCacheTypes kv_cache_types(const KvCacheFlags& f);
 
+// --sparse-attention BUDGET (runtime/options.h: SparseAttention; 0: off).
+void add_sparse_attention_option(CLI::App* cmd, RuntimeOptions& opts);
+
 // --device cpu|cuda (model/executor.h).
 void add_device_option(CLI::App* cmd, std::string& device);
 
