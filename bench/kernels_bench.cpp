@@ -36,6 +36,7 @@
 #include "quant/tensor.h"
 #include "runtime/thread_pool.h"
 #include "kernels/attention.h"
+#include "kernels/sparse_select.h"
 #include "kernels/vec_dot.h"
 #include "kernels/vec_dot_impl.h"
 #include "kernels/product_kernels.h"
@@ -482,6 +483,83 @@ BENCHMARK(BM_AttentionDecode)->Args({512, 1, 2, 0, 0})->Args({1088, 1, 2, 0, 0})
     ->Args({128, 16, 2, 0, 1})->Args({128, 16, 2, 2, 1})->Args({128, 16, 2, 3, 1})
     ->Args({2048, 1, 1, 0, 1})->Args({2048, 1, 1, 2, 1})->Args({2048, 1, 1, 3, 1})
     ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
+
+// Sparse decode attention (Quest) of the same step: per layer, each
+// (sequence, KV head) scores every block's key bounds and selects its
+// blocks (on the pool, as Model::forward does), then attention reads those.
+// Args: N, B, threads, type (as above), the budget (positions), and what is
+// timed: 0 the whole step, 1 the selection alone. Budget 0 is dense attention
+// through the same loop, for interleaved comparisons
+// (--benchmark_enable_random_interleaving). The keys are random, so the
+// selection's choice means nothing here; its cost and the reads are real.
+void BM_AttentionDecodeSparse(benchmark::State& state) {
+  const int32_t N = static_cast<int32_t>(state.range(0)), B = static_cast<int32_t>(state.range(1));
+  const auto type = static_cast<KvType>(state.range(3));
+  SparseAttention o;
+  o.budget = static_cast<int32_t>(state.range(4));
+  const bool select_only = state.range(5) != 0;
+  std::mt19937 rng(5);
+  AttnBenchCache c(N, B, rng, type);
+  const AttnShape& s = c.s;
+  const int32_t bs = AttnBenchCache::kBlock, group = s.n_head / s.n_head_kv;
+  c.kv.keep_key_bounds(std::vector<bool>(AttnBenchCache::kLayers, true));
+  for (const auto& t : c.tables)
+    for (int32_t blk : t) c.kv.key_bounds()->update_all(c.kv, blk);
+  const KeyBounds& kb = *c.kv.key_bounds();
+  std::normal_distribution<float> normal;
+  std::vector<float> q(size_t(B) * s.n_head * s.head_dim), out(q.size());
+  for (float& x : q) x = normal(rng) * 0.125f;
+  const int32_t n_table = sparse_table_blocks(o, N - 1, bs);
+  std::vector<int32_t> positions(B, n_table > 0 ? (n_table - 1) * bs + (N - 1) % bs : N - 1);
+  std::vector<int32_t> tables(size_t(B) * s.n_head_kv * std::max(n_table, 1));
+  std::vector<KvLayerView> views(B);
+  ThreadPool& pool = pool_of(static_cast<int>(state.range(2)));
+  std::vector<uint64_t> evict((size_t{64} << 20) / sizeof(uint64_t), 1);
+  uint64_t sink = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (size_t i = 0; i < evict.size(); i += 8) sink += evict[i];
+    state.ResumeTiming();
+    for (int32_t l = 0; l < c.kLayers; ++l) {
+      if (n_table > 0) {
+        pool.parallel_for(int64_t{B} * s.n_head_kv, 1, [&](int64_t u0, int64_t u1) {
+          thread_local std::vector<float> scores;
+          thread_local std::vector<int32_t> index;
+          scores.resize(N / bs + 1);
+          index.resize(N / bs + 1);
+          for (int64_t u = u0; u < u1; ++u) {
+            const int32_t b = static_cast<int32_t>(u / s.n_head_kv), h = static_cast<int32_t>(u % s.n_head_kv);
+            select_blocks(active_kernel_level(), o, N - 1, bs, c.tables[b].data(),
+                          q.data() + (size_t(b) * s.n_head + size_t(h) * group) * s.head_dim, group, s.head_dim,
+                          s.head_dim, kb.base(l, h), kb.block_stride(), scores.data(), index.data(),
+                          tables.data() + (size_t(b) * s.n_head_kv + h) * n_table);
+          }
+        });
+      }
+      if (select_only) continue;
+      for (int32_t b = 0; b < B; ++b) {
+        if (n_table > 0) {
+          views[b] = c.kv.layer_view(l, tables.data() + size_t(b) * s.n_head_kv * n_table);
+          views[b].head_table_stride = n_table;
+        } else {
+          views[b] = c.kv.layer_view(l, c.tables[b].data());
+        }
+      }
+      attention_decode(s, views.data(), positions.data(), B, q.data(), s.n_head * s.head_dim, out.data(),
+                       s.n_head * s.head_dim, pool);
+    }
+  }
+  benchmark::DoNotOptimize(out.data());
+  benchmark::DoNotOptimize(sink);
+}
+BENCHMARK(BM_AttentionDecodeSparse)
+    ->Args({32768, 1, 2, 0, 0, 0})->Args({32768, 1, 2, 0, 4096, 0})->Args({32768, 1, 2, 0, 4096, 1})
+    ->Args({32768, 1, 2, 2, 0, 0})->Args({32768, 1, 2, 2, 4096, 0})->Args({32768, 1, 2, 2, 4096, 1})
+    ->Args({16384, 1, 2, 0, 0, 0})->Args({16384, 1, 2, 0, 4096, 0})
+    ->Args({8192, 1, 2, 0, 0, 0})->Args({8192, 1, 2, 0, 4096, 0})
+    ->Args({4096, 16, 2, 0, 0, 0})->Args({4096, 16, 2, 0, 1024, 0})->Args({4096, 16, 2, 0, 1024, 1})
+    ->Args({4096, 16, 2, 2, 0, 0})->Args({4096, 16, 2, 2, 1024, 0})
+    ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 
 // Prefill attention of one N-token prompt through the same 22 layers
 // (causal, K/V written beforehand). Args: N, threads, and 1 for an f32

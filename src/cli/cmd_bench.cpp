@@ -135,6 +135,7 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "(tok/s count all sequences)")
       ->capture_default_str();
   add_runtime_options(cmd, o->bench.runtime);
+  add_sparse_attention_option(cmd, o->bench.runtime);
   add_spec_options(cmd, o->spec);
   add_kv_cache_options(cmd, o->kv);
   add_kv_store_options(cmd, o->store);

@@ -106,6 +106,7 @@ void add_perplexity_command(CLI::App& app, int& rc) {
                   "Also run each chunk with this KV cache type (f16: what the others approximate) and report the "
                   "KL divergence to it");
   add_runtime_options(cmd, o->runtime);
+  add_sparse_attention_option(cmd, o->runtime);
   cmd->add_flag("--json", o->json, "Print one JSON object instead of llama.cpp's lines");
   cmd->callback([o, &rc] { rc = run(*o); });
 }

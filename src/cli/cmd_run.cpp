@@ -200,6 +200,7 @@ void add_run_command(CLI::App& app, int& rc) {
   add_kv_cache_options(cmd, o->kv);
   add_kv_store_options(cmd, o->store);
   add_runtime_options(cmd, o->runtime);
+  add_sparse_attention_option(cmd, o->runtime);
   add_spec_options(cmd, o->spec);
   add_device_option(cmd, o->device);
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");

@@ -249,6 +249,7 @@ void add_serve_command(CLI::App& app, int& rc) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   add_runtime_options(cmd, o->runtime);
+  add_sparse_attention_option(cmd, o->runtime);
   add_spec_options(cmd, o->spec);
   add_device_option(cmd, o->device);
   cmd->add_option("--http-threads", o->http_threads,

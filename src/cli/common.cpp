@@ -201,6 +201,14 @@ KvCacheTypes kv_cache_types(const KvCacheFlags& f) {
   return t;
 }
 
+void add_sparse_attention_option(CLI::App* cmd, RuntimeOptions& opts) {
+  cmd->add_option("--sparse-attention", opts.sparse_attention.budget,
+                  "Sparse attention (Quest): each decode row of a full-attention layer reads the first 16 "
+                  "positions, the last 64 and the blocks whose key bounds score highest, BUDGET positions in all "
+                  "(a multiple of the block size, at least 80; 0: off)")
+      ->capture_default_str();
+}
+
 void add_device_option(CLI::App* cmd, std::string& device) {
   cmd->add_option("--device", device, "Where the forward passes run: cpu, or cuda (a build with -DTANDEM_CUDA=ON)")
       ->check(CLI::IsMember({"cpu", "cuda"}))

@@ -64,6 +64,8 @@ struct KvStoreFlags {
 void add_kv_store_options(CLI::App* cmd, KvStoreFlags& f);
 // --kv-store-size in bytes; kInvalidArgument naming the flag.
 int64_t kv_store_bytes(const KvStoreFlags& f);
+// --sparse-attention BUDGET (runtime/options.h: SparseAttention; 0: off).
+void add_sparse_attention_option(CLI::App* cmd, RuntimeOptions& opts);
 
 // --device cpu|cuda (model/executor.h).
 void add_device_option(CLI::App* cmd, std::string& device);

@@ -59,7 +59,7 @@ KvPlan size_kv_pool(const Model& m, const KvPoolAsk& a) {
     fail(ErrorKind::kResource,
          "the KV pool ({} MiB) and swap space ({} MiB) need more than the {} MiB of memory available; ask for less",
          pool_bytes >> 20, a.swap_bytes >> 20, *avail >> 20);
-  return KvPlan{shape, static_cast<int32_t>(n_blocks), a.block_size, format, paging, a.max_context};
+  return KvPlan{shape, static_cast<int32_t>(n_blocks), a.block_size, format, paging, a.max_context, {}};
 }
 
 }  // namespace tandem

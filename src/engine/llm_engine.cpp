@@ -157,7 +157,21 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model)
   // A streaming window keeps its own positions in every layer.
   ask.page_windowed_layers = !kc.swa_full && kc.window == 0 && c.device == "cpu";
   ask.memory_available = c.memory_available;
-  const KvPlan plan = size_kv_pool(m, ask);
+  KvPlan plan = size_kv_pool(m, ask);
+  const SparseAttention& sparse = m.options().sparse_attention;
+  if (sparse.budget > 0) {
+    check_sparse_attention(sparse, c.block_size);
+    if (kc.window > 0)
+      fail(ErrorKind::kInvalidArgument,
+           "--sparse-attention cannot be combined with a streaming window (--kv-window, --kv-heavy): the window "
+           "evicts the blocks sparse attention chooses from");
+    if (c.device != "cpu")
+      fail(ErrorKind::kInvalidArgument, "--sparse-attention runs on the CPU only (--device {})", c.device);
+    // Full-attention layers only: sliding-window layers already read little.
+    plan.key_bounds.assign(mc.n_layer, false);
+    for (int32_t l = 0; l < mc.n_layer; ++l) plan.key_bounds[l] = !mc.layer_is_swa[l];
+    batch.sparse_budget = sparse.budget;
+  }
   const KvPaging& paging = plan.paging;
   const int64_t n_blocks = plan.n_blocks, groups = paging.n_groups;
   if (c.device == "cpu") exec = make_cpu_executor(m, plan, pool);
@@ -419,6 +433,10 @@ double Engine::Impl::forward(std::span<const ScheduledSeq> scheduled) {
     report_parts(scheduled, report);
   }
   metrics.step(phase, rows, t1 - t0, batch.n_prompt_rows);
+  if (batch.sparse_budget > 0) {
+    const Model::SparseCounts sc = model.sparse_counts();
+    metrics.sparse_blocks(sc.read, sc.held);
+  }
   return t0;
 }
 
@@ -556,6 +574,18 @@ void Engine::stop() {
 uint64_t Engine::submit(std::vector<int32_t> prompt, const RequestParams& params, EventSink sink) {
   Impl& I = *impl_;
   check_request(prompt, params, model_.config().n_vocab, I.max_context, I.cfg.kv_cache.window > 0);
+  if (params.sparse_attention > 0) {
+    if (I.batch.sparse_budget == 0)
+      fail(ErrorKind::kInvalidArgument,
+           "sparse_attention: sparse attention is off on this server (start it with --sparse-attention BUDGET)");
+    SparseAttention sa = model_.options().sparse_attention;
+    sa.budget = params.sparse_attention;
+    try {
+      check_sparse_attention(sa, I.cfg.block_size);
+    } catch (const Error& e) {
+      fail(ErrorKind::kInvalidArgument, "sparse_attention: {}", e.what());
+    }
+  }
 
   auto req = std::make_shared<RequestState>();
   req->params = params;

@@ -61,6 +61,9 @@ struct MetricsSnapshot {
   // Speculative decoding: tokens drafted and kept, and the sequence-steps
   // that verified drafts with the tokens they gave (tokens per step).
   uint64_t spec_drafted = 0, spec_accepted = 0, spec_steps = 0, spec_step_tokens = 0;
+  // Sparse attention: blocks (per layer and KV head) its rows read, and the
+  // blocks their sequences held then.
+  uint64_t sparse_blocks_read = 0, sparse_blocks_held = 0;
   // Forward steps by phase (indexed by Phase): how many, their wall time and
   // rows. Mean step time and rows per step say what the scheduler and pacer
   // made of a load, which the step count alone does not.

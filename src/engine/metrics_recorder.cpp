@@ -42,6 +42,12 @@ void MetricsRecorder::speculation(int32_t drafted, int32_t accepted, int32_t tok
   m_.spec_step_tokens += tokens;
 }
 
+void MetricsRecorder::sparse_blocks(int64_t read, int64_t held) {
+  std::lock_guard<std::mutex> lock(mu_);
+  m_.sparse_blocks_read = static_cast<uint64_t>(read);
+  m_.sparse_blocks_held = static_cast<uint64_t>(held);
+}
+
 void MetricsRecorder::request_finished(bool cancelled, double e2e_s) {
   std::lock_guard<std::mutex> lock(mu_);
   ++m_.requests_finished;

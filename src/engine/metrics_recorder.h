@@ -26,6 +26,8 @@ class MetricsRecorder {
   void step(Phase phase, int32_t rows, double seconds, int32_t prompt_rows);
   // A verification of `drafted` drafts that kept `accepted` and gave `tokens`.
   void speculation(int32_t drafted, int32_t accepted, int32_t tokens);
+  // Sparse attention's totals so far (Model::sparse_counts).
+  void sparse_blocks(int64_t read, int64_t held);
   // A request's last choice ended.
   void request_finished(bool cancelled, double e2e_s);
   void request_rejected();

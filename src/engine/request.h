@@ -25,6 +25,10 @@ struct RequestParams {
   // Speculative decoding for this request: at most this many drafted tokens
   // a step (-1: the engine's setting; 0: none). Never changes the output.
   int32_t spec_max = -1;
+  // Sparse attention's budget in positions for this request's decode rows
+  // (-1: the engine's --sparse-attention; 0: dense). A positive budget needs
+  // the engine's to be on (its blocks keep the key bounds).
+  int32_t sparse_attention = -1;
   // Progressive prefill: a request naming a session resumes from the K/V the
   // session's last request left (to the token, not only whole blocks), and
   // leaves its own for the next. Empty: none.

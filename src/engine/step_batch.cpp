@@ -28,6 +28,13 @@ void StepBatch::build(std::span<const ScheduledSeq> scheduled, const StreamingWi
     kv.n_tokens = s->slot(start);
     kv.rope_shift = s->evicted;
     window.attach(*s, kv);
+    // Generated tokens' rows attend sparsely, decoded or verified alike (and
+    // recomputed after a preemption); a prompt stays dense, except one being
+    // scored, whose rows are attended as decoding would attend them.
+    const int32_t asked = s->req->params.sparse_attention;
+    kv.sparse_budget = sparse_budget > 0 ? (asked >= 0 ? asked : sparse_budget) : 0;
+    const RequestParams& rp = s->req->params;
+    kv.sparse_from = rp.prompt_logprobs >= 0 || rp.on_prompt_row ? 0 : s->n_prompt;
     seq_kv_ptrs[i] = &kv;
     for (int32_t j = 0; j < n; ++j) {
       const int32_t pos = start + j;

@@ -27,6 +27,9 @@ struct StepBatch {
   std::vector<Sequence*> prompt_seqs;  // scheduled sequences computing prompt rows
   int32_t n_decode = 0;                // decoding sequences (a token and its drafts each)
   int32_t n_decode_rows = 0, n_prefill_rows = 0, n_prompt_rows = 0, n_logit_rows = 0;
+  // Sparse attention's default budget (--sparse-attention; 0: off, and no
+  // request may turn it on).
+  int32_t sparse_budget = 0;
 
   // Fills the rows for `scheduled` (reusing the buffers of earlier steps),
   // the prompt positions to score into `scored`; counts a decode step of

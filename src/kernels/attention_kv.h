@@ -67,12 +67,16 @@ struct KvLayerView {
   int32_t n_head_kv = 0;
   int32_t k_head = 0, v_head = 0;   // elements of one head's key / value
   const int32_t* blocks = nullptr;  // the sequence's block table
+  // > 0: each KV head reads a table of its own, head h's at blocks + h *
+  // head_table_stride (sparse attention's selected blocks, one list per head).
+  int32_t head_table_stride = 0;
+  const int32_t* table(int32_t h) const { return blocks + size_t(h) * head_table_stride; }
 
   // Bytes of one head's block of K / V.
   size_t k_region() const { return kv_bytes(k_type, size_t(block_size) * k_head); }
   size_t v_region() const { return kv_bytes(v_type, size_t(block_size) * v_head); }
   const std::byte* k_block(int32_t pos, int32_t h) const {
-    return keys + (size_t(h) * n_blocks + blocks[pos / block_size]) * k_region();
+    return keys + (size_t(h) * n_blocks + table(h)[pos / block_size]) * k_region();
   }
   // Dimension 0 of position pos's key for KV head h; the next row of the
   // block (dimension 1) is block_size elements further on (T: float for
@@ -97,7 +101,7 @@ struct KvLayerView {
     return reinterpret_cast<const T*>(v_block(pos, h) + size_t(pos % block_size) * kv_bytes(v_type, v_head));
   }
   const std::byte* v_block(int32_t pos, int32_t h) const {
-    return values + (size_t(h) * n_blocks + blocks[pos / block_size]) * v_region();
+    return values + (size_t(h) * n_blocks + table(h)[pos / block_size]) * v_region();
   }
   // Quantized values: the row of words holding pos (pos a multiple of 4),
   // and pos's scale of group 0 (group g is g * block_size further on).

@@ -488,6 +488,7 @@ void KvCache::copy_block(int32_t src, int32_t dst) {
   // A run of block dst lies (dst - src) runs of its kind after src's.
   const ptrdiff_t blocks_apart = ptrdiff_t(dst) - src;
   for_each_run(src, [&](std::byte* run, size_t n) { std::memcpy(run + blocks_apart * ptrdiff_t(n), run, n); });
+  if (bounds_) bounds_->copy(src, dst);
 }
 
 void KvCache::copy_slots(int32_t src, int32_t dst, int32_t from, int32_t to) {
@@ -539,6 +540,14 @@ void KvCache::load_block(int32_t block, const std::byte* in) {
     std::memcpy(run, in, n);
     in += n;
   });
+  // A partial block's bounds are recomputed again when it fills.
+  if (bounds_) bounds_->update_all(*this, block);
+}
+
+void KvCache::keep_key_bounds(const std::vector<bool>& layers) {
+  if (int32_t(layers.size()) != shape_.n_layer)
+    fail(ErrorKind::kInvalidArgument, "key bounds for {} layers in a cache of {}", layers.size(), shape_.n_layer);
+  bounds_ = std::make_unique<KeyBounds>(layers, shape_.n_head_kv, k_head(), n_blocks_);
 }
 
 KvLayerView KvCache::layer_view(int32_t layer, const int32_t* blocks) const {

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "kernels/attention_kv.h"
+#include "kv/key_bounds.h"
 
 namespace tandem {
 
@@ -194,6 +195,14 @@ class KvCache {
 
   KvLayerView layer_view(int32_t layer, const int32_t* blocks) const;
 
+  // Per-block key bounds for sparse attention (kv/key_bounds.h), kept from
+  // now on for the flagged layers; null until asked for. copy_block copies
+  // them and load_block recomputes them; the writer of a block's last slot
+  // updates them (Model::forward).
+  void keep_key_bounds(const std::vector<bool>& layers);
+  const KeyBounds* key_bounds() const { return bounds_.get(); }
+  KeyBounds* key_bounds() { return bounds_.get(); }
+
  private:
   void check_block(int32_t block) const;
   // Calls f(run, bytes) for each (layer, head) run of K and of V that
@@ -226,6 +235,7 @@ class KvCache {
   };
   std::unique_ptr<std::byte[], Free> k_, v_;
   std::vector<int32_t> free_;
+  std::unique_ptr<KeyBounds> bounds_;
 };
 
 // One sequence's share of the cache.
@@ -241,6 +251,11 @@ struct SeqKv {
   // Heavy-hitter eviction: if set, every layer's attention weight on each
   // cache position (summed over heads and query rows) is added here.
   float* attn_mass = nullptr;
+  // Sparse attention (kernels/sparse_select.h): > 0, the budget in positions
+  // of this sequence's rows at cache positions >= sparse_from in the layers
+  // the cache keeps key bounds for; 0: dense.
+  int32_t sparse_budget = 0;
+  int32_t sparse_from = 0;
 
   const int32_t* table(int32_t group) const { return group == 0 ? blocks.data() : windowed[group - 1].data(); }
 

@@ -19,6 +19,7 @@ class CpuExecutor final : public Executor {
       const int32_t positions = p.max_positions > 0 ? p.max_positions : m.config().n_ctx_train;
       kv_.set_key_smoothing(key_smoothing(m, pool, positions > 0 ? positions : 4096));
     }
+    if (!p.key_bounds.empty()) kv_.keep_key_bounds(p.key_bounds);
   }
   void forward(const Batch& batch, std::span<SeqKv* const> seqs, std::span<float> logits) override {
     m_.forward(batch, seqs, kv_, pool_, logits);

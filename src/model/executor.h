@@ -52,6 +52,9 @@ struct KvPlan {
   // what RoPE turns little over them (model/key_smoothing.h). 0: the
   // model's training context.
   int32_t max_positions = 0;
+  // Layers whose blocks keep key bounds (sparse attention: kv/key_bounds.h);
+  // empty: none. The CPU runner only.
+  std::vector<bool> key_bounds;
 };
 
 // The model on the pool's threads over a KvCache of the plan's size.

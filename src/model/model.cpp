@@ -18,6 +18,7 @@
 #include "kernels/products.h"
 #include "kernels/ops.h"
 #include "kernels/layouts.h"
+#include "kernels/sparse_select.h"
 #include "kv/kv_cache.h"
 #include "model/latent_attention.h"
 #include "model/layer_recipe.h"
@@ -38,6 +39,16 @@ struct Model::Scratch {
   std::vector<int64_t> decode_rows;
   std::vector<float*> decode_mass;  // each decode row's SeqKv::attn_mass
   std::vector<float> q_decode, out_decode;
+  // Sparse attention: the decode rows it selects blocks for, and their
+  // per-head tables.
+  struct SparseRow {
+    int64_t b;  // index among the decode rows
+    const SeqKv* sk;
+    int32_t n_table;
+    size_t at;  // the row's tables in sparse_tables
+  };
+  std::vector<SparseRow> sparse_rows;
+  std::vector<int32_t> sparse_tables;
   std::vector<float> attn_kept;  // the last layer's attention rows that go on
   std::vector<int64_t> want;     // rows that asked for logits
   std::vector<uint8_t> embd_row;  // an embedding row's bytes, read from the file
@@ -577,6 +588,18 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
       kv.write(il, block, slot, k, v);
     }
   });
+  // A block's key bounds are written once its last slot is (after the
+  // parallel writes above: a block's other slots may have been written by
+  // other threads).
+  KeyBounds* bounds = kv.key_bounds();
+  const bool sparse_layer = bounds && bounds->has(il);
+  if (sparse_layer) {
+    for (int64_t r = 0; r < n; ++r) {
+      const BatchRow& row = batch[c0 + r];
+      if (row.pos % kv.block_size() == kv.block_size() - 1)
+        bounds->update(kv, il, seqs[row.seq]->table(kv.group(il))[row.pos / kv.block_size()]);
+    }
+  }
   if (query_energy_) {
     double* e = query_energy_->data() + il * QW;
     for (int64_t r = 0; r < n; ++r)
@@ -588,22 +611,79 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
   s.positions.clear();
   s.decode_rows.clear();
   s.decode_mass.clear();
+  s.sparse_rows.clear();
+  size_t sparse_table_size = 0;
   bool any_mass = false;
   for (int64_t r0 = 0; r0 < n;) {
     int64_t r1 = r0 + 1;
     while (r1 < n && batch[c0 + r1].seq == batch[c0 + r0].seq) ++r1;
     const SeqKv& sk = *seqs[batch[c0 + r0].seq];
-    if (r1 - r0 > 1) {
+    // Rows from sparse_from on are attended one by one, each with the blocks
+    // its query selects (the rows before, a prompt, stay dense): a verified
+    // draft's row sees what plain decoding of its position would.
+    int64_t r_sparse = r1;
+    if (sparse_layer && sk.sparse_budget > 0 && !sk.attn_mass)
+      r_sparse = std::clamp<int64_t>(r0 + (sk.sparse_from - batch[c0 + r0].pos), r0, r1);
+    if (r_sparse - r0 > 1) {
       attention_prefill_at(level_, shape, view_of(sk), s.q.data() + r0 * QW, QW, batch[c0 + r0].pos,
-                           static_cast<int32_t>(r1 - r0), s.attn.data() + r0 * OW, OW, pool, sk.attn_mass);
-    } else {
+                           static_cast<int32_t>(r_sparse - r0), s.attn.data() + r0 * OW, OW, pool, sk.attn_mass);
+    } else if (r_sparse - r0 == 1) {
       s.views.push_back(view_of(sk));
       s.positions.push_back(batch[c0 + r0].pos);
       s.decode_rows.push_back(r0);
       s.decode_mass.push_back(sk.attn_mass);
       any_mass |= sk.attn_mass != nullptr;
     }
+    for (int64_t r = r_sparse; r < r1; ++r) {
+      const int32_t pos = batch[c0 + r].pos;
+      SparseAttention o = opts_.sparse_attention;
+      o.budget = sk.sparse_budget;
+      const int32_t n_table = sparse_table_blocks(o, pos, kv.block_size());
+      const int64_t held = pos / kv.block_size() + 1;
+      sparse_counts_.held += held * c.n_head_kv;
+      sparse_counts_.read += (n_table > 0 ? n_table : held) * c.n_head_kv;
+      if (n_table > 0) {
+        s.sparse_rows.push_back({static_cast<int64_t>(s.views.size()), &sk, n_table, sparse_table_size});
+        sparse_table_size += size_t(n_table) * c.n_head_kv;
+      }
+      s.views.push_back(view_of(sk));
+      s.positions.push_back(pos);
+      s.decode_rows.push_back(r);
+      s.decode_mass.push_back(nullptr);
+    }
     r0 = r1;
+  }
+  if (!s.sparse_rows.empty()) {
+    // Each (row, KV head) selects its blocks; the row then reads its tables
+    // as a sequence of n_table blocks, at the same offset in the last one.
+    s.sparse_tables.resize(sparse_table_size);
+    const int32_t group = c.n_head / c.n_head_kv, bs = kv.block_size();
+    const int64_t n_units = static_cast<int64_t>(s.sparse_rows.size()) * c.n_head_kv;
+    pool.parallel_for(n_units, 1, [&](int64_t u0, int64_t u1) {
+      thread_local std::vector<float> scores;
+      thread_local std::vector<int32_t> index;
+      for (int64_t u = u0; u < u1; ++u) {
+        const Scratch::SparseRow& sr = s.sparse_rows[u / c.n_head_kv];
+        const int32_t h = static_cast<int32_t>(u % c.n_head_kv);
+        const int32_t pos = s.positions[sr.b];
+        if (scores.size() < size_t(pos / bs + 1)) {
+          scores.resize(pos / bs + 1);
+          index.resize(pos / bs + 1);
+        }
+        SparseAttention o = opts_.sparse_attention;
+        o.budget = sr.sk->sparse_budget;
+        select_blocks(level_, o, pos, bs, sr.sk->table(kv.group(il)),
+                      s.q.data() + s.decode_rows[sr.b] * QW + int64_t{h} * group * c.head_dim, group, c.head_dim,
+                      c.head_dim, bounds->base(il, h), bounds->block_stride(), scores.data(), index.data(),
+                      s.sparse_tables.data() + sr.at + size_t(h) * sr.n_table);
+      }
+    });
+    for (const Scratch::SparseRow& sr : s.sparse_rows) {
+      KvLayerView& v = s.views[sr.b];
+      v.blocks = s.sparse_tables.data() + sr.at;
+      v.head_table_stride = sr.n_table;
+      s.positions[sr.b] = (sr.n_table - 1) * bs + s.positions[sr.b] % bs;
+    }
   }
   if (!s.decode_rows.empty()) {
     // Decode rows may be scattered among prefill chunks; gather them so one

@@ -116,6 +116,13 @@ class Model {
   // RoPE and the score scale, to (*sums)[il * n_head * head_dim + element]
   // (key smoothing's calibration over a plain cache: model/key_smoothing.h).
   void set_query_energy(std::vector<double>* sums) { query_energy_ = sums; }
+  // Sparse attention's blocks since load, counted per layer and KV head over
+  // the rows attended sparsely (SeqKv::sparse_budget): blocks read, and the
+  // blocks those rows' sequences held. Read between forward passes.
+  struct SparseCounts {
+    int64_t read = 0, held = 0;
+  };
+  SparseCounts sparse_counts() const { return sparse_counts_; }
   // Layer il's rotary embedding (local and global layers may differ).
   RopeParams rope_params(int32_t il) const;
   // Turns one token's keys of layer il (n_head_kv heads, as the cache
@@ -171,6 +178,7 @@ class Model {
   void prepack_weights(const RuntimeOptions& opts);
   std::string load_warning_;
   std::vector<double>* query_energy_ = nullptr;
+  SparseCounts sparse_counts_;
   bool repack_cache_hit_ = false;
 
  public:

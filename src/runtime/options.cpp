@@ -23,4 +23,22 @@ PrefetchMode parse_prefetch_mode(std::string_view name) {
   fail(ErrorKind::kInvalidArgument, "unknown prefetch mode '{}' (expected auto, on or off)", name);
 }
 
+void check_sparse_attention(const SparseAttention& s, int32_t block_size) {
+  if (s.budget == 0) return;
+  if (s.budget < 0) fail(ErrorKind::kInvalidArgument, "sparse attention budget {} is negative", s.budget);
+  if (block_size <= 0) fail(ErrorKind::kInvalidArgument, "sparse attention needs a positive block size");
+  auto whole = [&](int32_t n, const char* what) {
+    if (n <= 0 || n % block_size != 0)
+      fail(ErrorKind::kInvalidArgument, "sparse attention {} {} is not a positive multiple of the block size {}",
+           what, n, block_size);
+  };
+  whole(s.budget, "budget");
+  whole(s.sinks, "sinks");
+  whole(s.window, "window");
+  if (s.budget < s.sinks + s.window)
+    fail(ErrorKind::kInvalidArgument,
+         "sparse attention budget {} is below its sinks ({}) plus its recent window ({}): {} positions at least",
+         s.budget, s.sinks, s.window, s.sinks + s.window);
+}
+
 }  // namespace tandem

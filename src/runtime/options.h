@@ -35,6 +35,21 @@ enum class PrefetchMode {
 // "auto", "on" (or "1"), "off" (or "0"); throws kInvalidArgument otherwise.
 PrefetchMode parse_prefetch_mode(std::string_view name);
 
+// Sparse attention (Quest, docs/kv-cache.md): a decode row of a
+// full-attention layer attends to its sequence's first `sinks` positions, its
+// last `window` (the block being filled included) and the blocks whose key
+// bounds score highest against its query, `budget` positions in all; 0: off.
+// Positions are whole blocks: check_sparse_attention says what is refused.
+struct SparseAttention {
+  int32_t budget = 0;
+  int32_t sinks = 16;
+  int32_t window = 64;
+};
+// Throws kInvalidArgument naming the problem: a budget that is negative,
+// not a multiple of the block size, or below sinks + window (sinks and
+// window whole blocks too).
+void check_sparse_attention(const SparseAttention& s, int32_t block_size);
+
 struct RuntimeOptions {
   // Instruction-set level of the model's kernels (products, attention,
   // norms); nullopt: active_kernel_level(). The command line also makes it
@@ -70,6 +85,10 @@ struct RuntimeOptions {
   bool cuda_graphs = true;
   bool cuda_pdl = true;
   bool cuda_f16_copies = true;
+
+  // Sparse attention's default for every sequence (off unless budget > 0;
+  // a request may choose its own budget where it is on).
+  SparseAttention sparse_attention = {};
 };
 
 }  // namespace tandem

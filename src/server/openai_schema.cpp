@@ -567,6 +567,9 @@ ApiRequest parse_request_json(Endpoint ep, json j, const ParseLimits& lim) {
   if (auto v = get_bool(j, "speculative"); v && !*v) p.spec_max = 0;
   if (auto v = get_int(j, "speculative.n_max", 0, 64)) p.spec_max = static_cast<int32_t>(*v);
   if (auto v = get_bool(j, "ignore_eos")) p.stop_at_eog = !*v;
+  // Sparse attention's budget for this request (an extension): 0 for dense
+  // attention; a positive budget where the server runs --sparse-attention.
+  if (auto v = get_int(j, "sparse_attention", 0, 1 << 24)) p.sparse_attention = static_cast<int32_t>(*v);
   p.stop = parse_stop(j, lim);
   if (const json* lb = field(j, "logit_bias")) s.logit_bias = parse_logit_bias(*lb, lim);
 

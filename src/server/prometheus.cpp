@@ -121,6 +121,11 @@ std::string render_prometheus(const MetricsSnapshot& m, const ServingInfo& info)
   single(out, "tandem_spec_step_tokens_total", "counter",
          "Speculative decoding: tokens those sequence-steps gave (over tandem_spec_steps_total: tokens per step).",
          m.spec_step_tokens);
+  single(out, "tandem_sparse_attention_blocks_read_total", "counter",
+         "Sparse attention: KV blocks (per layer and KV head) its decode rows read.", m.sparse_blocks_read);
+  single(out, "tandem_sparse_attention_blocks_held_total", "counter",
+         "Sparse attention: KV blocks (per layer and KV head) those rows' sequences held (dense attention's reads).",
+         m.sparse_blocks_held);
   single(out, "tandem_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
          m.prefix_cache_hit_tokens);
   single(out, "tandem_prefix_cache_queried_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.",
