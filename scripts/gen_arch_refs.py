@@ -41,6 +41,7 @@ N_GREEDY = 16
 K_SHAPE = ["--arch", "llama", "--layers", "2", "--embd", "256", "--ff", "512", "--heads", "4", "--kv-heads", "2"]
 SMALL = ["--layers", "2", "--embd", "128", "--ff", "256"]
 DS2 = SMALL + ["--heads", "4", "--head-dim", "64", "--rope-dim", "32", "--kv-lora", "64", "--head-dim-v", "32"]
+DS2_MOE = ["--experts", "8", "--ff-exp", "64", "--experts-shared", "2"]
 
 MODELS = {
     # Architectures, F32 weights: differences here are forward-pass bugs, not rounding.
@@ -65,6 +66,12 @@ MODELS = {
     # context of 32, so the ramp falls inside the 16 rotated pairs.
     "deepseek2_yarn_f32": ["--arch", "deepseek2"] + DS2 + ["--yarn-factor", "40", "--yarn-orig-ctx", "32",
                                                           "--yarn-log-mul", "0.0707"],
+    # deepseek2 with V2-Lite's mixture of experts: layer 0 dense, layer 1 routed experts (softmax, top-k,
+    # no renormalisation) plus two shared experts; then V3's gating options (renormalised, scaled by 2.5).
+    "deepseek2_moe_f32": ["--arch", "deepseek2"] + DS2 + DS2_MOE + ["--experts-used", "2"],
+    "deepseek2_moe_q8_0": ["--arch", "deepseek2"] + DS2 + DS2_MOE + ["--experts-used", "2", "--type", "q8_0"],
+    "deepseek2_moe_norm_f32": ["--arch", "deepseek2"] + DS2 + DS2_MOE + ["--experts-used", "3", "--expert-norm",
+                                                                         "--expert-scale", "2.5"],
     # Mixtures of experts: Mixtral's tensors on llama (softmax, top-k, renormalised), qwen3moe (the same
     # gating), qwen2moe (no renormalisation, a shared expert behind a sigmoid gate).
     "llama_moe_f32": ["--arch", "llama"] + SMALL + ["--heads", "4", "--kv-heads", "2", "--experts", "8",

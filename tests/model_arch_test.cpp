@@ -32,6 +32,7 @@ SynthSpec spec_from_args(const std::vector<std::string>& a) {
     if (f == "--rope-freqs") { s.rope_freqs = true; continue; }
     if (f == "--tied") { s.tied = true; continue; }
     if (f == "--untied") { s.tied = false; continue; }
+    if (f == "--expert-norm") { s.expert_weights_norm = true; continue; }
     if (i + 1 >= a.size()) throw std::runtime_error("flag without a value: " + f);
     const std::string& v = a[++i];
     if (f == "--arch") s.arch = v;
@@ -55,6 +56,9 @@ SynthSpec spec_from_args(const std::vector<std::string>& a) {
     else if (f == "--experts-used") s.n_expert_used = std::stoi(v);
     else if (f == "--ff-exp") s.n_ff_exp = std::stoi(v);
     else if (f == "--ff-shexp") s.n_ff_shexp = std::stoi(v);
+    else if (f == "--dense-lead") s.n_layer_dense_lead = std::stoi(v);
+    else if (f == "--experts-shared") s.n_expert_shared = std::stoi(v);
+    else if (f == "--expert-scale") s.expert_weights_scale = std::stof(v);
     else if (f == "--rope-base") s.rope_base = std::stof(v);
     else if (f == "--eps") s.rms_eps = std::stof(v);
     else if (f == "--type") s.type = v;
@@ -180,7 +184,7 @@ INSTANTIATE_TEST_SUITE_P(Models, ArchVsLlamaCpp, ::testing::ValuesIn(reference_f
 
 TEST(ArchVsLlamaCppRefs, CoverEveryArchitectureAndType) {
   std::set<std::string> arches, types;
-  bool rope_freqs = false, gqa = false, window_inside_prompt = false, mixtral = false;
+  bool rope_freqs = false, gqa = false, window_inside_prompt = false, mixtral = false, deepseek2_moe = false;
   for (const auto& p : reference_files()) {
     const auto ref = nlohmann::json::parse(test::read_file(p.string()));
     const SynthSpec s = spec_from_args(ref["synth_args"].get<std::vector<std::string>>());
@@ -188,6 +192,7 @@ TEST(ArchVsLlamaCppRefs, CoverEveryArchitectureAndType) {
     types.insert(s.type);
     rope_freqs |= s.rope_freqs;
     mixtral |= s.arch == "llama" && s.n_expert > 0;
+    deepseek2_moe |= s.arch == "deepseek2" && s.n_expert > 0;
     gqa |= s.n_head_kv != 0 && s.n_head_kv < s.n_head;
     // The window only matters when the prompt is longer, and the 5:1 pattern
     // needs 6 layers before a global one follows local ones.
@@ -198,6 +203,7 @@ TEST(ArchVsLlamaCppRefs, CoverEveryArchitectureAndType) {
   for (const auto& t : synth_type_names()) EXPECT_TRUE(types.count(t)) << t;
   EXPECT_TRUE(rope_freqs);
   EXPECT_TRUE(mixtral);
+  EXPECT_TRUE(deepseek2_moe);
   EXPECT_TRUE(gqa);
   EXPECT_TRUE(window_inside_prompt);
 }

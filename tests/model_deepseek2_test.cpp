@@ -1,7 +1,9 @@
 // deepseek2 (multi-head latent attention) on a small random-weight model:
 // batching never changes a row's logits, in every cache type; the older
 // fused attn_kv_b form of the same weights gives the same logits; the cache
-// holds the latent; a file with mixture-of-experts layers is refused by name.
+// holds the latent. With mixture-of-experts layers (the first dense, routed
+// and shared experts) batching changes nothing either; MoE files missing the
+// expert keys, or with grouped routing, are refused by name.
 // The comparison with llama.cpp is in model_arch_test.cpp (arch_deepseek2_*).
 #include <gtest/gtest.h>
 
@@ -98,8 +100,16 @@ std::vector<int32_t> prompt(int n, int seed) {
   return p;
 }
 
-TEST(Deepseek2, BatchingNeverChangesARowsLogits) {
-  const std::string path = synth_file("batch", small_spec());
+// The shape of tests/data/llamacpp/arch_deepseek2_moe_f32.json: layer 0
+// dense, layer 1 with 8 routed experts of 64 (2 used) and 2 shared.
+SynthSpec moe_spec() {
+  SynthSpec s = small_spec();
+  s.n_expert = 8, s.n_expert_used = 2, s.n_ff_exp = 64, s.n_expert_shared = 2;
+  return s;
+}
+
+void expect_batch_invariant(const std::string& name, const SynthSpec& spec) {
+  const std::string path = synth_file(name, spec);
   auto m = Model::load(path);
   const int V = m->config().n_vocab;
   const std::vector<std::vector<int32_t>> prompts = {prompt(37, 1), prompt(5, 2), prompt(20, 3)};
@@ -147,6 +157,31 @@ TEST(Deepseek2, BatchingNeverChangesARowsLogits) {
     for (size_t i = 0; i < prompts.size(); ++i)
       EXPECT_EQ(got[i], want[i]) << "sequence " << i << ", cache " << kv_type_name(type);
   }
+  fs::remove(path);
+}
+
+TEST(Deepseek2, BatchingNeverChangesARowsLogits) { expect_batch_invariant("batch", small_spec()); }
+
+TEST(Deepseek2, BatchingNeverChangesARowsLogitsWithExperts) {
+  SynthSpec s = moe_spec();
+  s.expert_weights_norm = true, s.expert_weights_scale = 2.5f;  // V3's gating options
+  expect_batch_invariant("batch_moe", s);
+}
+
+TEST(Deepseek2, ExpertLayersFollowTheLeadingDenseCount) {
+  SynthSpec s = moe_spec();
+  s.n_layer = 3, s.n_layer_dense_lead = 1, s.expert_weights_scale = 16.0f;
+  const std::string path = synth_file("lead", s);
+  auto m = Model::load(path);
+  const ModelConfig& c = m->config();
+  EXPECT_EQ(c.n_layer_dense_lead, 1);
+  EXPECT_EQ(c.n_expert, 8);
+  EXPECT_EQ(c.n_expert_used, 2);
+  EXPECT_EQ(c.n_ff_exp, 64);
+  EXPECT_EQ(c.n_ff_shexp, 128);  // 2 shared experts of 64, one FFN
+  EXPECT_EQ(c.moe_gating.func, MoeGating::Func::kSoftmax);
+  EXPECT_FALSE(c.moe_gating.normalize);
+  EXPECT_EQ(c.moe_gating.scale, 16.0f);
   fs::remove(path);
 }
 
@@ -216,7 +251,7 @@ TEST(Deepseek2, CacheHoldsTheLatentAndRopePart) {
   fs::remove(path);
 }
 
-TEST(Deepseek2, MixtureOfExpertsLayersAreRefusedByName) {
+TEST(Deepseek2, ExpertLayersWithoutExpertKeysAreRefusedByName) {
   const std::string path = synth_file("moe", small_spec());
   const std::string moe = rewrite(
       path, "moe",
@@ -227,14 +262,40 @@ TEST(Deepseek2, MixtureOfExpertsLayersAreRefusedByName) {
       [](Tensors&) {});
   try {
     Model::load(moe);
-    FAIL() << "a deepseek2 file with MoE layers loaded";
+    FAIL() << "a deepseek2 file with MoE layers but no expert_count loaded";
   } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidFile);
     EXPECT_NE(std::string(e.what()).find("mixture-of-experts"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("leading_dense_block_count = 1 of 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'deepseek2.expert_count'"), std::string::npos) << e.what();
   }
   fs::remove(path);
   fs::remove(moe);
+}
+
+TEST(Deepseek2, GroupedExpertRoutingIsRefusedByName) {
+  const std::string path = synth_file("groups", moe_spec());
+  auto kv_edit = [](uint32_t groups) {
+    return [groups](GgufKV& kv) {
+      // The gating key (softmax, also the default when absent) makes way for the group count.
+      if (kv.key == "deepseek2.expert_gating_func") {
+        kv.key = "deepseek2.expert_group_count";
+        kv.value = u32(groups);
+      }
+      return true;
+    };
+  };
+  const std::string one = rewrite(path, "g1", kv_edit(1), [](Tensors&) {});
+  const std::string two = rewrite(path, "g2", kv_edit(2), [](Tensors&) {});
+  EXPECT_NO_THROW(Model::load(one));  // one group (V2-Lite) is plain top-k
+  try {
+    Model::load(two);
+    FAIL() << "a deepseek2 file with grouped expert routing loaded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("'deepseek2.expert_group_count' = 2"), std::string::npos) << e.what();
+  }
+  for (const auto& p : {path, one, two}) fs::remove(p);
 }
 
 }  // namespace

@@ -18,11 +18,11 @@ namespace {
 struct SynthOpts {
   std::string out, preset, arch, vocab, type, name;
   std::optional<int32_t> layers, embd, ff, heads, kv_heads, head_dim, ctx, window, kv_lora, q_lora, rope_dim, head_dim_v,
-      experts, experts_used, ff_exp, ff_shexp;
-  std::optional<float> rope_base, eps, yarn_factor, yarn_log_mul;
+      experts, experts_used, ff_exp, ff_shexp, dense_lead, experts_shared;
+  std::optional<float> rope_base, eps, yarn_factor, yarn_log_mul, expert_scale;
   std::optional<int32_t> yarn_orig_ctx;
   std::optional<uint64_t> seed;
-  bool rope_freqs = false, tied = false, untied = false;
+  bool rope_freqs = false, tied = false, untied = false, expert_norm = false;
   int32_t threads = 0;
 };
 
@@ -52,6 +52,10 @@ SynthSpec build_spec(const SynthOpts& o) {
   set(s.n_expert_used, o.experts_used);
   set(s.n_ff_exp, o.ff_exp);
   set(s.n_ff_shexp, o.ff_shexp);
+  set(s.n_layer_dense_lead, o.dense_lead);
+  set(s.n_expert_shared, o.experts_shared);
+  if (o.expert_scale) s.expert_weights_scale = *o.expert_scale;
+  if (o.expert_norm) s.expert_weights_norm = true;
   if (o.rope_base) s.rope_base = o.rope_base;
   if (o.eps) s.rms_eps = o.eps;
   if (o.seed) s.seed = *o.seed;
@@ -93,9 +97,13 @@ void add_synth_command(CLI::App& app, int& rc) {
   cmd->add_option("--yarn-factor", o->yarn_factor, "deepseek2: YaRN rope scaling factor (default none)");
   cmd->add_option("--yarn-orig-ctx", o->yarn_orig_ctx, "deepseek2: YaRN original context length (default 4096)");
   cmd->add_option("--yarn-log-mul", o->yarn_log_mul, "deepseek2: YaRN log multiplier as GGUF stores it (default 0)");
-  cmd->add_option("--experts", o->experts, "Experts per layer (qwen*moe default 8; llama: Mixtral-style MoE)");
+  cmd->add_option("--experts", o->experts, "Experts per layer (qwen*moe default 8; llama: Mixtral-style MoE; deepseek2: MoE layers)");
   cmd->add_option("--experts-used", o->experts_used, "Experts each token uses (default 2)");
-  cmd->add_option("--ff-exp", o->ff_exp, "qwen*moe: one expert's width (default --ff)");
+  cmd->add_option("--ff-exp", o->ff_exp, "qwen*moe, deepseek2: one expert's width (default --ff)");
+  cmd->add_option("--dense-lead", o->dense_lead, "deepseek2 with experts: leading dense layers (default 1)");
+  cmd->add_option("--experts-shared", o->experts_shared, "deepseek2 with experts: shared experts (default 2)");
+  cmd->add_option("--expert-scale", o->expert_scale, "deepseek2: routed experts' scaling factor (default 1)");
+  cmd->add_flag("--expert-norm", o->expert_norm, "deepseek2: renormalise the used experts' weights");
   cmd->add_option("--ff-shexp", o->ff_shexp, "qwen2moe: the shared expert's width (default --ff)");
   cmd->add_option("--rope-base", o->rope_base, "RoPE frequency base (default 10000 llama, 1e6 others)");
   cmd->add_option("--eps", o->eps, "RMS norm epsilon (default 1e-5 llama, 1e-6 others)");

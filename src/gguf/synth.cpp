@@ -183,9 +183,26 @@ Resolved resolve(const SynthSpec& in) {
       fail(ErrorKind::kInvalidArgument, "synth: yarn factor {} and log multiplier {} must be finite, factor >= 0",
            s.yarn_factor, s.yarn_log_mul);
     check_range("yarn-orig-ctx", s.yarn_orig_ctx, 1, 1 << 24);
+    if (s.n_expert > 0) {
+      if (s.n_layer_dense_lead < 0) s.n_layer_dense_lead = std::min(1, s.n_layer);
+      if (s.n_expert_shared < 0) s.n_expert_shared = 2;
+      check_range("dense-lead", s.n_layer_dense_lead, 0, s.n_layer);
+      check_range("experts-shared", s.n_expert_shared, 0, 1024);
+      if (!std::isfinite(s.expert_weights_scale) || s.expert_weights_scale <= 0)
+        fail(ErrorKind::kInvalidArgument, "synth: expert scale {} must be a positive number", s.expert_weights_scale);
+    } else {
+      if (s.n_layer_dense_lead >= 0 && s.n_layer_dense_lead != s.n_layer)
+        fail(ErrorKind::kInvalidArgument, "synth: dense-lead = {} needs experts (without, every layer is dense)",
+             s.n_layer_dense_lead);
+      s.n_layer_dense_lead = s.n_layer;
+      s.n_expert_shared = 0;
+    }
   } else if (s.kv_lora_rank != 0 || s.q_lora_rank != 0 || s.rope_dim != 0 || s.head_dim_v != 0 ||
-             s.yarn_factor != 0) {
-    fail(ErrorKind::kInvalidArgument, "synth: kv-lora, q-lora, rope-dim and head-dim-v are deepseek2's, not {}",
+             s.yarn_factor != 0 || s.n_layer_dense_lead >= 0 || s.n_expert_shared >= 0 ||
+             s.expert_weights_scale != 1.0f || s.expert_weights_norm) {
+    fail(ErrorKind::kInvalidArgument,
+         "synth: kv-lora, q-lora, rope-dim, head-dim-v, yarn, dense-lead, experts-shared, expert-scale and "
+         "expert-norm are deepseek2's, not {}",
          s.arch);
   }
   if (s.name.empty()) s.name = "synth-" + s.arch;
@@ -210,8 +227,9 @@ Resolved resolve(const SynthSpec& in) {
     fail(ErrorKind::kInvalidArgument, "synth: head-dim = {} is odd; RoPE rotates pairs", s.head_dim);
   check_range("ctx", s.n_ctx, 1, 1 << 24);
   if (qwen_moe && s.n_expert == 0) s.n_expert = 8;
-  if (s.n_expert != 0 && !llama && !qwen_moe)
-    fail(ErrorKind::kInvalidArgument, "synth: experts are supported for llama, qwen2moe and qwen3moe, not {}", s.arch);
+  if (s.n_expert != 0 && !llama && !qwen_moe && !deepseek2)
+    fail(ErrorKind::kInvalidArgument, "synth: experts are supported for llama, qwen2moe, qwen3moe and deepseek2, not {}",
+         s.arch);
   if (s.n_expert != 0) {
     check_range("experts", s.n_expert, 1, 1 << 16);
     if (s.n_expert_used == 0) s.n_expert_used = std::min(2, s.n_expert);
@@ -315,6 +333,15 @@ std::vector<Planned> plan_tensors(const Resolved& r) {
     GgmlType t = matrix_type(r, tc, name, layer, cols);
     p.push_back({std::move(name), {cols, per, heads}, Init::kMatrix, t});
   };
+  // A layer's router and routed experts; the router stays f32, as
+  // llama-quantize leaves it.
+  auto routed = [&](int il) {
+    auto n = [il](const char* t) { return fmt::format("blk.{}.{}", il, t); };
+    p.push_back({n("ffn_gate_inp.weight"), {E, s.n_expert}, Init::kMatrix, GgmlType::F32});
+    experts(n("ffn_gate_exps.weight"), E, s.n_ff_exp, il);
+    experts(n("ffn_up_exps.weight"), E, s.n_ff_exp, il);
+    experts(n("ffn_down_exps.weight"), s.n_ff_exp, E, il);
+  };
   for (int il = 0; il < s.n_layer; ++il) {
     auto n = [il](const char* t) { return fmt::format("blk.{}.{}", il, t); };
     vec(n("attn_norm.weight"), E, Init::kNorm);
@@ -333,9 +360,19 @@ std::vector<Planned> plan_tensors(const Resolved& r) {
       stack(n("attn_v_b.weight"), KL, Dv, H, il);
       matrix(n("attn_output.weight"), H * Dv, E, il);
       vec(n("ffn_norm.weight"), E, Init::kNorm);
-      matrix(n("ffn_gate.weight"), E, F, il);
-      matrix(n("ffn_up.weight"), E, F, il);
-      matrix(n("ffn_down.weight"), F, E, il);
+      if (il >= s.n_layer_dense_lead) {
+        routed(il);
+        const int64_t SH = int64_t{s.n_expert_shared} * s.n_ff_exp;  // the shared experts as one FFN
+        if (SH > 0) {
+          matrix(n("ffn_gate_shexp.weight"), E, SH, il);
+          matrix(n("ffn_up_shexp.weight"), E, SH, il);
+          matrix(n("ffn_down_shexp.weight"), SH, E, il);
+        }
+      } else {
+        matrix(n("ffn_gate.weight"), E, F, il);
+        matrix(n("ffn_up.weight"), E, F, il);
+        matrix(n("ffn_down.weight"), F, E, il);
+      }
       continue;
     }
     matrix(n("attn_q.weight"), E, QW, il);
@@ -354,11 +391,7 @@ std::vector<Planned> plan_tensors(const Resolved& r) {
     if (sandwich) vec(n("post_attention_norm.weight"), E, Init::kNorm);
     vec(n("ffn_norm.weight"), E, Init::kNorm);
     if (s.n_expert > 0) {
-      // The router stays f32, as llama-quantize leaves it.
-      p.push_back({n("ffn_gate_inp.weight"), {E, s.n_expert}, Init::kMatrix, GgmlType::F32});
-      experts(n("ffn_gate_exps.weight"), E, s.n_ff_exp, il);
-      experts(n("ffn_up_exps.weight"), E, s.n_ff_exp, il);
-      experts(n("ffn_down_exps.weight"), s.n_ff_exp, E, il);
+      routed(il);
       if (s.n_ff_shexp > 0) {
         vec(n("ffn_gate_inp_shexp.weight"), E, Init::kMatrix);
         matrix(n("ffn_gate_shexp.weight"), E, s.n_ff_shexp, il);
@@ -436,7 +469,7 @@ std::vector<std::string> synth_type_names() {
 
 std::vector<std::string> synth_preset_names() {
   return {"tinyllama-1.1b", "qwen3-0.6b",   "gemma3-270m",      "qwen3-30b-a3b",
-          "mixtral-8x7b",  "qwen1.5-moe-a2.7b", "deepseek-v2-lite-dense"};
+          "mixtral-8x7b",  "qwen1.5-moe-a2.7b", "deepseek-v2-lite-dense", "deepseek-v2-lite"};
 }
 
 SynthSpec synth_preset(const std::string& name) {
@@ -451,10 +484,14 @@ SynthSpec synth_preset(const std::string& name) {
     s.arch = "gemma3";
     s.n_layer = 18, s.n_embd = 640, s.n_ff = 2048, s.n_head = 4, s.n_head_kv = 1, s.head_dim = 256;
     s.sliding_window = 512;
-  } else if (name == "deepseek-v2-lite-dense") {
+  } else if (name == "deepseek-v2-lite-dense" || name == "deepseek-v2-lite") {
     s.arch = "deepseek2";
     s.n_layer = 27, s.n_embd = 2048, s.n_ff = 10944, s.n_head = 16, s.n_ctx = 163840;
     s.yarn_factor = 40, s.yarn_orig_ctx = 4096, s.yarn_log_mul = 0.0707f;
+    if (name == "deepseek-v2-lite") {
+      s.n_expert = 64, s.n_expert_used = 6, s.n_ff_exp = 1408;
+      s.n_layer_dense_lead = 1, s.n_expert_shared = 2, s.expert_weights_scale = 1.0f, s.expert_weights_norm = false;
+    }
   } else if (name == "qwen3-30b-a3b") {
     s.arch = "qwen3moe";
     s.n_layer = 48, s.n_embd = 2048, s.n_ff = 6144, s.n_head = 32, s.n_head_kv = 4, s.head_dim = 128;
@@ -499,14 +536,15 @@ SynthReport synth_model(const SynthSpec& spec, const std::string& out_path, int 
   if (s.n_expert > 0) {
     w.add_u32(a + "expert_count", static_cast<uint32_t>(s.n_expert));
     w.add_u32(a + "expert_used_count", static_cast<uint32_t>(s.n_expert_used));
-    if (s.arch != "llama") w.add_u32(a + "expert_feed_forward_length", static_cast<uint32_t>(s.n_ff_exp));
+    if (s.arch != "llama" && s.arch != "deepseek2")
+      w.add_u32(a + "expert_feed_forward_length", static_cast<uint32_t>(s.n_ff_exp));
     if (s.n_ff_shexp > 0) w.add_u32(a + "expert_shared_feed_forward_length", static_cast<uint32_t>(s.n_ff_shexp));
   }
   if (s.arch == "deepseek2") {
     // As llama.cpp's converter writes DeepSeek-V2: key/value_length are what
     // the cache holds per token (latent + rope, latent), the _mla ones the
-    // per-head widths. The expert keys llama.cpp requires are written too;
-    // with every layer dense, no expert tensor exists.
+    // per-head widths. The expert keys llama.cpp requires are written even
+    // when every layer is dense (then no expert tensor exists).
     w.add_u32(a + "attention.key_length", static_cast<uint32_t>(s.kv_lora_rank + s.rope_dim));
     w.add_u32(a + "attention.value_length", static_cast<uint32_t>(s.kv_lora_rank));
     w.add_u32(a + "attention.key_length_mla", static_cast<uint32_t>(s.head_dim));
@@ -514,9 +552,14 @@ SynthReport synth_model(const SynthSpec& spec, const std::string& out_path, int 
     w.add_u32(a + "attention.kv_lora_rank", static_cast<uint32_t>(s.kv_lora_rank));
     w.add_u32(a + "attention.q_lora_rank", static_cast<uint32_t>(s.q_lora_rank));
     w.add_u32(a + "rope.dimension_count", static_cast<uint32_t>(s.rope_dim));
-    w.add_u32(a + "leading_dense_block_count", static_cast<uint32_t>(s.n_layer));
-    w.add_u32(a + "expert_feed_forward_length", static_cast<uint32_t>(s.n_ff));
-    w.add_u32(a + "expert_shared_count", 0);
+    w.add_u32(a + "leading_dense_block_count", static_cast<uint32_t>(s.n_layer_dense_lead));
+    w.add_u32(a + "expert_feed_forward_length", static_cast<uint32_t>(s.n_expert > 0 ? s.n_ff_exp : s.n_ff));
+    w.add_u32(a + "expert_shared_count", static_cast<uint32_t>(s.n_expert_shared));
+    if (s.n_expert > 0) {
+      w.add_f32(a + "expert_weights_scale", s.expert_weights_scale);
+      w.add_bool(a + "expert_weights_norm", s.expert_weights_norm);
+      w.add_u32(a + "expert_gating_func", 1);  // softmax, as the converter writes V2's
+    }
     if (s.yarn_factor > 0) {
       w.add_string(a + "rope.scaling.type", "yarn");
       w.add_f32(a + "rope.scaling.factor", s.yarn_factor);

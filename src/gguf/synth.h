@@ -36,9 +36,11 @@ struct SynthSpec {
   int32_t head_dim = 0;         // 0: n_embd / n_head (deepseek2: 192, the query head width)
   // deepseek2's latent attention (DeepSeek-V2-Lite's shape by default): the
   // kv latent width, the q LoRA rank (0: attn_q, as V2-Lite), the rope part
-  // of each query head, the per-head value width. Every layer is dense
-  // (leading_dense_block_count = layers); the file carries the split
+  // of each query head, the per-head value width. The file carries the split
   // attn_k_b / attn_v_b up-projections, as current llama.cpp converters write.
+  // With experts, layers from n_layer_dense_lead on are MoE, with
+  // n_expert_shared shared experts (one ffn_*_shexp FFN of count x n_ff_exp);
+  // without, every layer is dense.
   int32_t kv_lora_rank = 0;     // 0: 512
   int32_t q_lora_rank = 0;
   int32_t rope_dim = 0;         // 0: 64
@@ -49,9 +51,14 @@ struct SynthSpec {
   float yarn_factor = 0;
   int32_t yarn_orig_ctx = 4096;
   float yarn_log_mul = 0;
+  int32_t n_layer_dense_lead = -1;  // -1: 1 with experts (as V2-Lite), every layer without
+  int32_t n_expert_shared = -1;     // -1: 2 (V2-Lite's)
+  float expert_weights_scale = 1.0f;  // deepseek2's routed scaling factor
+  bool expert_weights_norm = false;   // deepseek2: renormalise the k weights
   int32_t n_ctx = 2048;         // {arch}.context_length
   // Mixture of experts: qwen2moe and qwen3moe always (default 8 experts, 2
-  // used), llama when n_expert > 0 (Mixtral's tensors, experts n_ff wide).
+  // used), llama when n_expert > 0 (Mixtral's tensors, experts n_ff wide),
+  // deepseek2 when n_expert > 0.
   int32_t n_expert = 0;
   int32_t n_expert_used = 0;    // 0: 2
   int32_t n_ff_exp = 0;         // qwen*moe: one expert's width; 0: n_ff
@@ -84,7 +91,9 @@ struct SynthReport {
 // tinyllama-1.1b: llama, 22 layers, 2048 wide, 5632 FFN, 32 heads, 4 KV heads.
 // deepseek-v2-lite-dense: DeepSeek-V2-Lite's attention (27 layers, 2048 wide,
 // 16 heads, kv LoRA 512, rope 64) with every layer's FFN dense (10944, its
-// first layer's), as the latent-attention benchmarks use it.
+// first layer's), as the latent-attention benchmarks use it. deepseek-v2-lite:
+// the same with V2-Lite's experts: first layer dense, then 64 experts of 1408,
+// 6 used, 2 shared, scale 1, no renormalisation.
 // qwen3-30b-a3b: qwen3moe, 48 layers, 2048 wide, 32 heads (4 KV) of 128, 128
 // experts of 768, 8 used. mixtral-8x7b: llama, 32 layers, 4096 wide, 8 experts
 // of 14336, 2 used. qwen1.5-moe-a2.7b: qwen2moe, 24 layers, 2048 wide, 60

@@ -78,16 +78,6 @@ void read_yarn(const GgufFile& f, const Keys& k, ModelConfig& c) {
   c.yarn_attn_mscale = c.rope_mscale * (1.0f + 0.1f * log_mul * std::log(factor));
 }
 
-// The one place that refuses deepseek2's mixture-of-experts layers: they
-// need the expert feed-forward, which this build does not have yet.
-void refuse_moe_layers(const GgufFile& f, const ModelConfig& c) {
-  if (c.n_layer_dense_lead < c.n_layer)
-    fail(ErrorKind::kUnsupported,
-         "{}: deepseek2 layers {}..{} are mixture-of-experts layers (leading_dense_block_count = {} of {} blocks); "
-         "the expert feed-forward is not supported yet, so only deepseek2 files whose every layer is dense load",
-         f.path(), c.n_layer_dense_lead, c.n_layer - 1, c.n_layer_dense_lead, c.n_layer);
-}
-
 // deepseek2's latent attention, in either form converters write: the split
 // per-head up-projections (attention.key_length_mla set; key_length is then
 // the cached latent + rope width, value_length the latent's, one KV head),
@@ -113,19 +103,58 @@ void read_latent_attention(const GgufFile& f, const Keys& k, ModelConfig& c) {
          c.rope_dims, c.head_dim);
   c.n_head_kv = 1;  // the cache holds one latent per token, shared by every head
   c.n_layer_dense_lead = k.opt_int("leading_dense_block_count", 0, 0, c.n_layer);
-  refuse_moe_layers(f, c);
+}
+
+// deepseek2's experts, read as llama.cpp reads DeepSeek-V2: routed experts
+// expert_feed_forward_length wide, expert_shared_count shared experts as one
+// dense FFN of count x that width (no gate), the gating function (absent:
+// softmax, as V2 and V2.5 files predate the key), optional renormalisation
+// and the routed scaling factor (0 or absent: none, as build_moe_ffn skips it).
+void read_deepseek2_experts(const GgufFile& f, const Keys& k, ModelConfig& c) {
+  if (c.n_expert == 0) {
+    if (c.n_layer_dense_lead < c.n_layer)
+      fail(ErrorKind::kInvalidFile,
+           "{}: deepseek2 layers {}..{} are mixture-of-experts layers (leading_dense_block_count = {} of {} "
+           "blocks) but '{}' is missing or 0",
+           f.path(), c.n_layer_dense_lead, c.n_layer - 1, c.n_layer_dense_lead, c.n_layer, k.k("expert_count"));
+    return;
+  }
+  c.n_ff_exp = k.req_int("expert_feed_forward_length", 1, 1 << 20);
+  const int32_t n_shared = k.req_int("expert_shared_count", 0, 1024);
+  c.n_ff_shexp = n_shared * c.n_ff_exp;
+  c.moe_gating = {};
+  c.moe_gating.normalize = f.get_bool(k.k("expert_weights_norm")).value_or(false);
+  const float scale = k.opt_float("expert_weights_scale", 0.0);
+  c.moe_gating.scale = scale == 0.0f ? 1.0f : scale;
+  // llama.cpp's llama_expert_gating_func_type: 0 none, 1 softmax, 2 sigmoid.
+  const int32_t func = k.opt_int("expert_gating_func", 0, 0, 1 << 16);
+  if (func == 0 || func == 1) c.moe_gating.func = MoeGating::Func::kSoftmax;
+  else if (func == 2) c.moe_gating.func = MoeGating::Func::kSigmoid;
+  else
+    fail(ErrorKind::kUnsupported, "{}: '{}' = {} is not supported (1: softmax, 2: sigmoid)", f.path(),
+         k.k("expert_gating_func"), func);
+  // Grouped routing (DeepSeek-V2/V3's top groups first) is not implemented;
+  // one group, as V2-Lite has, is plain top-k.
+  const int32_t groups = k.opt_int("expert_group_count", 0, 0, c.n_expert);
+  const int32_t groups_used = k.opt_int("expert_group_used_count", 0, 0, c.n_expert);
+  if (groups > 1)
+    fail(ErrorKind::kUnsupported,
+         "{}: grouped expert routing ('{}' = {}, '{}' = {}) is not supported; only files with one expert group load",
+         f.path(), k.k("expert_group_count"), groups, k.k("expert_group_used_count"), groups_used);
 }
 
 // The experts' counts and widths, and the router's gating as llama.cpp's
 // build_moe_ffn runs it for the family: softmax, then top-k; qwen3moe and
 // Mixtral (llama with experts) renormalise the k weights, qwen2moe does not
-// (its shared expert comes with a sigmoid gate, found by its tensors).
-void read_moe(ModelConfig& c, const Keys& k) {
+// (its shared expert comes with a sigmoid gate, found by its tensors);
+// deepseek2 reads its own keys.
+void read_moe(const GgufFile& f, ModelConfig& c, const Keys& k) {
   const bool moe_arch = c.arch == Arch::kQwen2Moe || c.arch == Arch::kQwen3Moe;
   c.n_expert = k.opt_int("expert_count", 0, 0, 1 << 16);
   if (moe_arch && c.n_expert == 0) k.req_int("expert_count", 1, 1 << 16);  // names the missing key
+  if (c.n_expert > 0) c.n_expert_used = k.req_int("expert_used_count", 1, c.n_expert);
+  if (c.arch == Arch::kDeepseek2) return read_deepseek2_experts(f, k, c);
   if (c.n_expert == 0) return;
-  c.n_expert_used = k.req_int("expert_used_count", 1, c.n_expert);
   // Mixtral's experts are feed_forward_length wide; the Qwen MoE files say so apart.
   c.n_ff_exp = moe_arch ? k.req_int("expert_feed_forward_length", 1, 1 << 20) : c.n_ff;
   c.n_ff_shexp = k.opt_int("expert_shared_feed_forward_length", 0, 0, 1 << 20);
@@ -220,7 +249,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
       read_latent_attention(f, k, c);
       break;
   }
-  read_moe(c, k);
+  read_moe(f, c, k);
   // Gemma 3 27B scales queries by 1/sqrt(n_embd/n_head); the others by 1/sqrt(head_dim).
   c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   if (c.rope_yarn) c.attn_scale = c.yarn_attn_mscale * c.yarn_attn_mscale / std::sqrt(static_cast<float>(c.head_dim));

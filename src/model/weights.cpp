@@ -188,12 +188,15 @@ MoeWeights bind_moe(const Binder& b, const ModelConfig& c, int32_t il) {
   m.gate = b.experts(n("ffn_gate_exps.weight"), c.n_embd, F, c.n_expert);
   m.up = b.experts(n("ffn_up_exps.weight"), c.n_embd, F, c.n_expert);
   m.down = b.experts(n("ffn_down_exps.weight"), F, c.n_embd, c.n_expert);
+  // DeepSeek-V3-style files bias the choice of experts (not their weights).
+  if (c.arch == Arch::kDeepseek2) m.select_bias = b.vector(n("exp_probs_b.bias"), c.n_expert, /*required=*/false);
   if (c.n_ff_shexp > 0) {
     m.sh_gate = b.matrix(n("ffn_gate_shexp.weight"), c.n_embd, c.n_ff_shexp);
     m.sh_up = b.matrix(n("ffn_up_shexp.weight"), c.n_embd, c.n_ff_shexp);
     m.sh_down = b.matrix(n("ffn_down_shexp.weight"), c.n_ff_shexp, c.n_embd);
-    // qwen2moe's sigmoid gate, a vector in the file: a one-row matrix here.
-    m.sh_gate_inp = b.one_row(n("ffn_gate_inp_shexp.weight"), c.n_embd);
+    // qwen2moe's sigmoid gate, a vector in the file: a one-row matrix here
+    // (deepseek2's shared experts have none; llama.cpp reads no gate there).
+    if (c.arch != Arch::kDeepseek2) m.sh_gate_inp = b.one_row(n("ffn_gate_inp_shexp.weight"), c.n_embd);
   }
   return m;
 }
