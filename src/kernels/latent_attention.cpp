@@ -30,22 +30,52 @@ void check_view(const LatentShape& s, const KvLayerView& kv) {
 
 // Sums in 16 independent lanes, added in a fixed order at the end: the
 // compiler vectorizes the lanes, and the result does not depend on it. Built
-// for AVX-512 and a baseline (the CPU picks one, so a process always runs
-// the same one).
-__attribute__((target_clones("avx512f", "default"))) float dot(const float* a, const float* b, int32_t n) {
-  float acc[16] = {};
-  int32_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int32_t j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
-  for (; i < n; ++i) acc[i % 16] += a[i] * b[i];
-  for (int32_t w = 8; w > 0; w /= 2)
-    for (int32_t j = 0; j < w; ++j) acc[j] += acc[j + w];
+// for AVX-512 and a baseline; the CPU picks one once, so a process always
+// runs the same one. (Not target_clones: its ifunc resolver runs before a
+// sanitizer's runtime is up, and ThreadSanitizer builds crash at load.)
+#define TD_DOT_BODY                                                   \
+  float acc[16] = {};                                                 \
+  int32_t i = 0;                                                      \
+  for (; i + 16 <= n; i += 16)                                        \
+    for (int32_t j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];   \
+  for (; i < n; ++i) acc[i % 16] += a[i] * b[i];                      \
+  for (int32_t w = 8; w > 0; w /= 2)                                  \
+    for (int32_t j = 0; j < w; ++j) acc[j] += acc[j + w];             \
   return acc[0];
+#define TD_AXPY_BODY \
+  for (int32_t i = 0; i < n; ++i) acc[i] += w * x[i];
+
+float dot_base(const float* a, const float* b, int32_t n) { TD_DOT_BODY }
+void axpy_base(float* acc, float w, const float* x, int32_t n) { TD_AXPY_BODY }
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) float dot_avx512(const float* a, const float* b, int32_t n) { TD_DOT_BODY }
+__attribute__((target("avx512f"))) void axpy_avx512(float* acc, float w, const float* x, int32_t n) { TD_AXPY_BODY }
+#endif
+#undef TD_DOT_BODY
+#undef TD_AXPY_BODY
+
+bool use_avx512() {
+#if defined(__x86_64__)
+  static const bool yes = cpu_features().avx512f;
+  return yes;
+#else
+  return false;
+#endif
+}
+
+float dot(const float* a, const float* b, int32_t n) {
+#if defined(__x86_64__)
+  if (use_avx512()) return dot_avx512(a, b, n);
+#endif
+  return dot_base(a, b, n);
 }
 
 // acc += w * x, n elements.
-__attribute__((target_clones("avx512f", "default"))) void axpy(float* acc, float w, const float* x, int32_t n) {
-  for (int32_t i = 0; i < n; ++i) acc[i] += w * x[i];
+void axpy(float* acc, float w, const float* x, int32_t n) {
+#if defined(__x86_64__)
+  if (use_avx512()) return axpy_avx512(acc, w, x, n);
+#endif
+  axpy_base(acc, w, x, n);
 }
 
 #if defined(__x86_64__)
