@@ -46,10 +46,12 @@ TANDEM_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=p
 # Data races: the HTTP threads, the engine loop and the compute thread pool
 # under ThreadSanitizer, driven by the same server suite (the Gemma tests are
 # left out: 10x slower under TSan and no different in threading, as are the
-# tool-calling tests, which run on Gemma; the deploy checks read the release
-# binary's linked libraries, which TSan's runtime changes).
+# tool-calling tests, which run on Gemma; so are the replicas behind
+# vllm-router, each the same server, which spend their time in the router's
+# health checks; the deploy checks read the release binary's linked
+# libraries, which TSan's runtime changes).
 echo "== server tests (ThreadSanitizer build)" >&2
 cmake -S . -B build-tsan "${SANITIZER_BUILD[@]}" -DTANDEM_TSAN=ON -DTANDEM_TESTS=OFF >/dev/null
 cmake --build build-tsan -j"$(nproc)" --target tandem
 TSAN_OPTIONS="halt_on_error=1 exitcode=66 suppressions=$PWD/tests/tsan.supp" TANDEM_CLI="$PWD/build-tsan/tandem" \
-  .venv/bin/python -m pytest -q tests/server -k "not test_chat and not test_gemma and not cluster_script and not test_deploy and not test_tools"
+  .venv/bin/python -m pytest -q tests/server -k "not test_chat and not test_gemma and not cluster_script and not test_deploy and not test_tools and not test_cluster"
