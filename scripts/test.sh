@@ -49,9 +49,13 @@ TANDEM_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=p
 # tool-calling tests, which run on Gemma; so are the replicas behind
 # vllm-router, each the same server, which spend their time in the router's
 # health checks; the deploy checks read the release binary's linked
-# libraries, which TSan's runtime changes).
+# libraries, which TSan's runtime changes). Two more run only in the release
+# pass: the stalled timeline subscribers (two minutes under TSan; the
+# timeline's threads are raced by test_page_timeline_with_an_api_key) and the
+# quantized pool's capacity (compute, no threading of its own).
 echo "== server tests (ThreadSanitizer build)" >&2
 cmake -S . -B build-tsan "${SANITIZER_BUILD[@]}" -DTANDEM_TSAN=ON -DTANDEM_TESTS=OFF >/dev/null
 cmake --build build-tsan -j"$(nproc)" --target tandem
 TSAN_OPTIONS="halt_on_error=1 exitcode=66 suppressions=$PWD/tests/tsan.supp" TANDEM_CLI="$PWD/build-tsan/tandem" \
-  .venv/bin/python -m pytest -q tests/server -k "not test_chat and not test_gemma and not cluster_script and not test_deploy and not test_tools and not test_cluster"
+  .venv/bin/python -m pytest -q tests/server -k "not test_chat and not test_gemma and not cluster_script and not test_deploy and not test_tools and not test_cluster \
+  and not test_stalled_timeline_subscribers and not test_quantized_pool_holds_more_tokens"
