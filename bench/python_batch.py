@@ -11,7 +11,7 @@ repetition; the table gives the median tok/s (B x (N + 1) tokens over the
 wall time of the repetition) with the min-max spread, and the ratios.
 
   bench/python_batch.py                                   # Gemma 3 270M, B 64, P 32, N 32, 3 rounds
-  bench/python_batch.py -r 5 --ref-python /work/ref/bin/python
+  bench/python_batch.py -r 5 --ref-python /tmp/ref/bin/python
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def main():
     ap.add_argument("-r", "--rounds", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--tandem", default=str(REPO / "build/tandem"), help="the CLI")
-    ap.add_argument("--ref-python", default="/work/ref/bin/python",
+    ap.add_argument("--ref-python", default="/tmp/ref/bin/python",
                     help="a Python with llama-cpp-python; '' leaves llama.cpp out")
     a = ap.parse_args()
     B, P, N, T = a.batch, a.prompt, a.gen, a.threads

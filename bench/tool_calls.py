@@ -9,7 +9,7 @@ Validation: a checker written here for the keywords the schemas use (type, prope
 additionalProperties, enum, items, minItems, maxItems), and the `jsonschema` package as well when
 it can be imported (a second, independent validator).
 
-  /work/main/.venv/bin/python bench/tool_calls.py [--model PATH] [--n 100]
+  .venv/bin/python bench/tool_calls.py [--model PATH] [--n 100]
 """
 
 import argparse
