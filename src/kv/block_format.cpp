@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "kv/mix64.h"
 
 namespace tandem {
 namespace {
@@ -17,15 +18,6 @@ constexpr uint32_t kVersion = 1;
 constexpr size_t kFixedBytes = 112;  // up to the tokens
 
 constexpr uint64_t kP1 = 0x9e3779b185ebca87ULL, kP2 = 0xc2b2ae3d27d4eb4fULL, kP3 = 0x165667b19e3779f9ULL;
-
-uint64_t fmix64(uint64_t k) {
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdULL;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ULL;
-  k ^= k >> 33;
-  return k;
-}
 
 uint64_t load64(const std::byte* p) {
   uint64_t v;

@@ -8,19 +8,10 @@
 
 #include "core/error.h"
 #include "kv/block_hash.h"
+#include "kv/mix64.h"
 
 namespace tandem {
 namespace {
-
-// MurmurHash3's finalizer: a bijection on 64 bits with full avalanche.
-uint64_t fmix64(uint64_t k) {
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdULL;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ULL;
-  k ^= k >> 33;
-  return k;
-}
 
 [[noreturn]] void broken(const std::string& what) { throw std::logic_error("BlockManager invariant: " + what); }
 
