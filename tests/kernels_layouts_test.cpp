@@ -72,8 +72,8 @@ void expect_same_products(const WeightMatrix& W, const WeightMatrix& R, KernelLe
 TEST(KernelsPrepack, PrepackedProductsEqualPackingOnTheFly) {
   std::mt19937 rng(11);
   ThreadPool pool(2);
-  const GgmlType types[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,
-                            GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+  const GgmlType types[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K,
+                            GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::MXFP4};
   for (KernelLevel level : kAllKernelLevels) {
     if (!cpu_supports_level(level)) continue;
     for (GgmlType type : types) {

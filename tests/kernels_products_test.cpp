@@ -28,8 +28,9 @@
 namespace tandem {
 namespace {
 
-constexpr GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
-                               GgmlType::Q6_K, GgmlType::F32,  GgmlType::F16,  GgmlType::BF16};
+constexpr GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K,
+                               GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F32,  GgmlType::F16,
+                               GgmlType::BF16, GgmlType::MXFP4};
 // Row counts on both sides of the 8-row groups, including 1 (decode).
 constexpr int64_t kRowCounts[] = {1, 2, 3, 5, 8, 9, 13};
 constexpr double kEps = 1.0 / (1 << 24);
@@ -80,6 +81,11 @@ std::vector<uint8_t> random_matrix(GgmlType t, int64_t rows, int64_t cols, std::
       case GgmlType::Q4_K: reinterpret_cast<BlockQ4K*>(p)->d = d, reinterpret_cast<BlockQ4K*>(p)->dmin = dmin; break;
       case GgmlType::Q5_K: reinterpret_cast<BlockQ5K*>(p)->d = d, reinterpret_cast<BlockQ5K*>(p)->dmin = dmin; break;
       case GgmlType::Q6_K: reinterpret_cast<BlockQ6K*>(p)->d = d; break;
+      case GgmlType::MXFP4:
+        // Scales 2^-18 .. 2^1, and now and then e = 0 or 1: the subnormal
+        // scales whose bf16 panel form must stay exact.
+        reinterpret_cast<BlockMXFP4*>(p)->e = static_cast<uint8_t>(rng() % 16 == 0 ? rng() % 2 : 110 + rng() % 20);
+        break;
       default: ADD_FAILURE() << "no generator for " << name(t);
     }
   }
@@ -206,7 +212,8 @@ TEST(KernelsGemm, EveryStreamTuningGivesTheSameBits) {
 // activation rows) give the same bits at every level.
 TEST(KernelsGemm, RowwiseAndPackedPathsAgree) {
   std::mt19937 rng(19);
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
+                     GgmlType::MXFP4}) {
     const Problem p = make_problem(t, 21, 9, rng);  // 9 blocks: one 8-block step and a tail
     const int64_t n = 13;
     const std::vector<float> x = random_acts(n, p.cols, rng);
@@ -482,7 +489,7 @@ TEST(KernelsGemm, PreparedActivationsMatchQuantizeActivations) {
 TEST(KernelsGemm, EveryLevelHasEverySlotOfTheScalarBuild) {
   const GgmlType all[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
                           GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
-                          GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+                          GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::MXFP4};
   for (GgmlType t : all) {
     const TypeFns ref = type_fns(t, KernelLevel::kScalar);
     ASSERT_NE(ref.dot, nullptr) << name(t);
@@ -497,7 +504,10 @@ TEST(KernelsGemm, EveryLevelHasEverySlotOfTheScalarBuild) {
       EXPECT_EQ(f.prepare != nullptr, ref.prepare != nullptr) << where;
       EXPECT_EQ(f.dot, vec_dot_fn_for_level(t, level)) << where;
       // Only the scalar level runs the scalar products where a SIMD build has them.
-      if (level != KernelLevel::kScalar && ref.rows) {
+      // (mxfp4 has panels but no row kernels of its own: select_product
+      // gives its few-row products to vec_dot, and its rows stay the scalar
+      // reference the tests compare the panels with.)
+      if (level != KernelLevel::kScalar && ref.rows && t != GgmlType::MXFP4) {
         EXPECT_NE(f.rows, ref.rows) << where;
       }
     }
@@ -620,6 +630,12 @@ TEST(KernelsGemm, SelectFollowsTheTable) {
     const Product q41 = select_product(GgmlType::Q4_1, kFile, 7, level, tuning);
     EXPECT_EQ(q41.route, ProductRoute::kVecDot);
     EXPECT_EQ(q41.dot, vec_dot_fn_for_level(GgmlType::Q4_1, level));
+    // mxfp4: vec_dot for one row, panels (packed per call, or as repacked at load) for more.
+    const Product mx1 = select_product(GgmlType::MXFP4, kFile, 1, level, tuning);
+    EXPECT_EQ(mx1.route, ProductRoute::kVecDot);
+    EXPECT_EQ(mx1.dot, vec_dot_fn_for_level(GgmlType::MXFP4, level));
+    EXPECT_EQ(route(GgmlType::MXFP4, kFile, 2, level), kPanels);
+    EXPECT_EQ(route(GgmlType::MXFP4, WeightLayout::kPanels, 1, level), kPanels);
     const Product pair = select_product(GgmlType::Q8_0, kFile, 9, level, tuning);
     EXPECT_EQ(pair.pairs, pair.kernel.run2 != nullptr);
     EXPECT_FALSE(select_product(GgmlType::Q8_0, kFile, 8, level, tuning).pairs);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -190,10 +191,13 @@ RequestParams greedy(int32_t max_tokens) {
 // experts' rows grouped across sequences) give every request the tokens it
 // gets alone; also with a q8_0 KV cache, with the prefix cache serving a
 // shared prefix, and with n-gram speculation (several rows of a sequence
-// per step).
+// per step). MXFP4 experts: panels for an expert's grouped rows, vec_dot
+// for a lone decode row, the same bits.
 TEST(MoeEngine, MixedStepsAreBatchInvariant) {
-  for (const char* arch : {"qwen3moe", "qwen2moe", "llama"}) {
-    const std::string path = synth_to_temp(small_moe(arch, "q8_0"), arch);
+  const std::pair<const char*, const char*> cases[] = {
+      {"qwen3moe", "q8_0"}, {"qwen2moe", "q8_0"}, {"llama", "q8_0"}, {"qwen3moe", "mxfp4"}};
+  for (const auto& [arch, type] : cases) {
+    const std::string path = synth_to_temp(small_moe(arch, type), std::string(arch) + type);
     auto model = Model::load(path);
     std::vector<std::vector<int32_t>> prompts;
     for (int i = 0; i < 10; ++i) {
@@ -222,7 +226,7 @@ TEST(MoeEngine, MixedStepsAreBatchInvariant) {
         for (size_t i = 0; i < prompts.size(); ++i) e.submit(prompts[i], greedy(12), collect(outs[i]));
         run_until_idle(e);
         for (size_t i = 0; i < prompts.size(); ++i)
-          EXPECT_EQ(outs[i].tokens, alone[i]) << arch << " request " << i << " kv " << static_cast<int>(kv)
+          EXPECT_EQ(outs[i].tokens, alone[i]) << arch << " " << type << " request " << i << " kv " << static_cast<int>(kv)
                                               << (spec ? " with speculation" : "");
       }
     }

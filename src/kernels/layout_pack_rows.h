@@ -14,13 +14,13 @@
 namespace {
 
 template <typename Conv>
-TD_FN void pack_q32_rows(const uint8_t* const rows[16], int64_t b0, int64_t b1, uint8_t* panel) {
+TD_FN void pack_q32_rows(GgmlType t, const uint8_t* const rows[16], int64_t b0, int64_t b1, uint8_t* panel) {
   const Conv conv;
   for (int64_t b = b0; b < b1; ++b, panel += Q32Panel::kBytes) {
     const size_t off = static_cast<size_t>(b) * Conv::kBlock;
     __m256i r[16];
     for (int n = 0; n < 16; ++n) r[n] = conv(rows[n] + off);
-    pack_q32_scales(rows, off, panel);
+    pack_q32_scales(t, rows, off, panel);
     transpose_16x8(r, panel + Q32Panel::kQ);
   }
 }
@@ -97,9 +97,10 @@ TD_ATTR void pack_q32(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1,
   const uint8_t* rows[16];
   row_pointers(W, o0, rows);
   switch (W.type) {
-    case GgmlType::Q4_0: return pack_q32_rows<Q4_0Conv>(rows, b0, b1, panel);
-    case GgmlType::Q5_0: return pack_q32_rows<Q5_0Conv>(rows, b0, b1, panel);
-    default: return pack_q32_rows<Q8_0Conv>(rows, b0, b1, panel);
+    case GgmlType::Q4_0: return pack_q32_rows<Q4_0Conv>(W.type, rows, b0, b1, panel);
+    case GgmlType::Q5_0: return pack_q32_rows<Q5_0Conv>(W.type, rows, b0, b1, panel);
+    case GgmlType::MXFP4: return pack_q32_rows<Mxfp4Conv>(W.type, rows, b0, b1, panel);
+    default: return pack_q32_rows<Q8_0Conv>(W.type, rows, b0, b1, panel);
   }
 }
 

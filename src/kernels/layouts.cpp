@@ -69,7 +69,7 @@ void write_panels(const WeightMatrix& W, KernelLevel level, uint8_t* out, int64_
   });
 }
 
-// Row r of q4_0 / q5_0 / q8_0 panels.
+// Row r of q4_0 / q5_0 / q8_0 / mxfp4 panels.
 void dequantize_panel_row(const WeightMatrix& W, int64_t r, float* out) {
   using gemm_detail::Q32Panel;
   const int64_t nb = W.cols / kQK;
@@ -80,7 +80,7 @@ void dequantize_panel_row(const WeightMatrix& W, int64_t r, float* out) {
     const uint8_t* p = tile + b * static_cast<int64_t>(Q32Panel::kBytes);
     uint16_t h;
     std::memcpy(&h, p + Q32Panel::kD + 2 * lane, 2);
-    const float d = f16_to_f32(h);
+    const float d = gemm_detail::q32_bf16_scales(W.type) ? bf16_to_f32(h) : f16_to_f32(h);
     for (int g = 0; g < 8; ++g)
       for (int i = 0; i < 4; ++i)
         out[b * 32 + 4 * g + i] = static_cast<float>(p[Q32Panel::kQ + g * 64 + lane * 4 + i] - offset) * d;

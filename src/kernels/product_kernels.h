@@ -1,12 +1,13 @@
 // Matrix products for the linear layers (used by Matmul), in two shapes that
 // give bit-identical results.
 //
-// Quantized weights (q4_0, q5_0, q8_0 with q8_0 activations; q4_K, q5_K,
-// q6_K with q8_K activations): every output is a single chain of float
+// Quantized weights (q4_0, q5_0, q8_0, mxfp4 with q8_0 activations; q4_K,
+// q5_K, q6_K with q8_K activations): every output is a single chain of float
 // operations over the blocks of its row, in block order, fed with exact
 // integer block sums:
-//   q4_0, q5_0, q8_0, per 32-block b:
+//   q4_0, q5_0, q8_0, mxfp4, per 32-block b:
 //     S = sum w_q * a_q (int32);  acc = fma(float(S), dw_b * da_b, acc)
+//     (mxfp4: w_q its code's value doubled, kMxfp4Values; dw_b = 2^(e - 128))
 //   q4_K, q5_K, per 256-superblock b, 8 sub-blocks j of 32:
 //     I = sum_j sc_j * S_j;  M = sum_j m_j * (bsum_2j + bsum_2j+1)
 //     acc = fma(float(I), dw * da, acc);  acc = fma(-float(M), dminw * da, acc)
@@ -48,7 +49,7 @@ inline constexpr int kGemmMaxRows = 8;   // activation rows per kernel call
 
 enum class GemmClass {
   kNone,    // no tiled kernel: Matmul falls back to one vec_dot per output
-  kQ32,     // q4_0, q5_0, q8_0 with q8_0 activations
+  kQ32,     // q4_0, q5_0, q8_0, mxfp4 with q8_0 activations
   kK4,      // q4_K, q5_K with q8_K activations
   kK6,      // q6_K with q8_K activations
   kFloat,   // f32, f16, bf16 with float activations

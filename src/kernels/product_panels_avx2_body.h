@@ -38,8 +38,9 @@ TD_FN void store_acc(const GemmAcc& acc, int s0, const __m256 f[R][2]) {
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(acc.out + (s0 + r) * acc.ld_out + 8 * h, f[r][h]);
 }
 
-// kSigned: q8_0 without VNNI, see product_panels_avx2.cpp.
-template <int R, bool kSigned>
+// kSigned: q8_0 without VNNI, see product_panels_avx2.cpp. kBf16: the
+// panel's scales are bf16 (mxfp4, layout_panels.h), else f16.
+template <int R, bool kSigned, bool kBf16>
 TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int s0, int64_t b0,
                     const GemmAcc& acc) {
   const int64_t S = A.slots;
@@ -67,7 +68,9 @@ TD_FN void q32_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64
       }
     }
     for (int h = 0; h < 2; ++h) {
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + Q32Panel::kD + 16 * h)));
+      const __m128i sh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + Q32Panel::kD + 16 * h));
+      const __m256 d =
+          kBf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(sh), 16)) : _mm256_cvtph_ps(sh);
       for (int r = 0; r < R; ++r)
         f[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][h]), _mm256_mul_ps(d, _mm256_set1_ps(as[r])), f[r][h]);
     }
@@ -146,16 +149,19 @@ TD_FN void kq_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_
     }                                                                                                         \
   }
 
-#define TD_Q32(n) q32_rows<n, false>(panel, nblk, A, G, s0, b0, acc)
-#define TD_Q32S(n) q32_rows<n, true>(panel, nblk, A, G, s0, b0, acc)
+#define TD_Q32(n) q32_rows<n, false, false>(panel, nblk, A, G, s0, b0, acc)
+#define TD_Q32S(n) q32_rows<n, true, false>(panel, nblk, A, G, s0, b0, acc)
+#define TD_MX(n) q32_rows<n, false, true>(panel, nblk, A, G, s0, b0, acc)
 #define TD_K4(n) kq_rows<n, false>(panel, nblk, A, G, s0, b0, acc)
 #define TD_K6(n) kq_rows<n, true>(panel, nblk, A, G, s0, b0, acc)
 TD_DISPATCH_STEPS(run_q32, 2, TD_Q32)
 TD_DISPATCH_STEPS(run_q32_signed, 2, TD_Q32S)
+TD_DISPATCH_STEPS(run_mx, 2, TD_MX)
 TD_DISPATCH_STEPS(run_k4, 2, TD_K4)
 TD_DISPATCH_STEPS(run_k6, 2, TD_K6)
 #undef TD_Q32
 #undef TD_Q32S
+#undef TD_MX
 #undef TD_K4
 #undef TD_K6
 #undef TD_DISPATCH_STEPS

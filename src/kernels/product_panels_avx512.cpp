@@ -64,8 +64,9 @@ TD_FN void prefetch_block(const uint8_t* panel, const GemmAcc& acc) {
 // activation broadcast feeds two dpbusd, and the float tail of each block (a
 // convert, a scale product and an FMA per 8 dpbusd) is nearly the only
 // other vector work, which pays for the spills of the 32 accumulators. Every
-// output keeps its own chain, so the results do not depend on V.
-template <int R, int V>
+// output keeps its own chain, so the results do not depend on V. kBf16: the
+// panel's scales are bf16 (mxfp4, layout_panels.h), else f16.
+template <int R, int V, bool kBf16>
 TD_FN void q32_rows(const uint8_t* const* panels, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0,
                     const GemmAcc* acc) {
   const int64_t S = A.slots;
@@ -108,7 +109,8 @@ TD_FN void q32_rows(const uint8_t* const* panels, int64_t nblk, const GemmActs& 
     }
 #pragma GCC unroll 2
     for (int v = 0; v < V; ++v) {
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel[v] + Q32Panel::kD)));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel[v] + Q32Panel::kD));
+      const __m512 d = kBf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         __m512i s = t[v][r][0];
@@ -125,16 +127,26 @@ TD_FN void q32_rows(const uint8_t* const* panels, int64_t nblk, const GemmActs& 
   for (int v = 0; v < V; ++v) store_acc<R>(acc[v], f[v]);
 }
 
-// q32_rows for one panel (GemmKernel::run) and for two (run2).
+// q32_rows for one panel (GemmKernel::run) and for two (run2); mx: mxfp4.
 template <int R>
 TD_FN void q32_rows1(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0,
                      const GemmAcc& acc) {
-  q32_rows<R, 1>(&panel, nblk, A, G, b0, &acc);
+  q32_rows<R, 1, false>(&panel, nblk, A, G, b0, &acc);
 }
 template <int R>
 TD_FN void q32_rows2(const uint8_t* const* panels, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0,
                      const GemmAcc* acc) {
-  q32_rows<R, 2>(panels, nblk, A, G, b0, acc);
+  q32_rows<R, 2, false>(panels, nblk, A, G, b0, acc);
+}
+template <int R>
+TD_FN void mx_rows1(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0,
+                    const GemmAcc& acc) {
+  q32_rows<R, 1, true>(&panel, nblk, A, G, b0, &acc);
+}
+template <int R>
+TD_FN void mx_rows2(const uint8_t* const* panels, int64_t nblk, const GemmActs& A, int64_t G, int64_t b0,
+                    const GemmAcc* acc) {
+  q32_rows<R, 2, true>(panels, nblk, A, G, b0, acc);
 }
 
 // The K-quant panels (q4_K / q5_K: kK6 false; q6_K: true): per sub-block j
@@ -216,6 +228,8 @@ TD_FN void k6_rows(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_
 
 TD_DISPATCH_ROWS(run_q32, q32_rows1, const uint8_t*, const GemmAcc&)
 TD_DISPATCH_ROWS(run2_q32, q32_rows2, const uint8_t* const*, const GemmAcc*)
+TD_DISPATCH_ROWS(run_mx, mx_rows1, const uint8_t*, const GemmAcc&)
+TD_DISPATCH_ROWS(run2_mx, mx_rows2, const uint8_t* const*, const GemmAcc*)
 TD_DISPATCH_ROWS(run_k4, k4_rows, const uint8_t*, const GemmAcc&)
 TD_DISPATCH_ROWS(run_k6, k6_rows, const uint8_t*, const GemmAcc&)
 #undef TD_DISPATCH_ROWS
@@ -230,7 +244,9 @@ using namespace gemm_detail;
 
 TypeFns avx512_panels(GgmlType w) {
   switch (gemm_class(w)) {
-    case GemmClass::kQ32: return {.pack = avx512::pack_q32, .run = run_q32, .run2 = run2_q32};
+    case GemmClass::kQ32:
+      if (q32_bf16_scales(w)) return {.pack = avx512::pack_q32, .run = run_mx, .run2 = run2_mx};
+      return {.pack = avx512::pack_q32, .run = run_q32, .run2 = run2_q32};
     case GemmClass::kK4: return {.pack = avx512::pack_k4, .run = run_k4};
     case GemmClass::kK6: return {.pack = avx512::pack_k6, .run = run_k6};
     case GemmClass::kFloat:

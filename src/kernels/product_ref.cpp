@@ -26,9 +26,18 @@ const T* at(const uint8_t* p, size_t off) {
 // Byte of element k (0..255 or 0..31) of lane n in a panel's quant area.
 inline size_t qpos(int k, int n) { return static_cast<size_t>((k / 4) * 64 + n * 4 + k % 4); }
 
-// Signed quants and f16 scale of one q4_0/q5_0/q8_0 block.
+// Signed quants and scale of one q4_0/q5_0/q8_0 block (its f16 d) or mxfp4
+// block (its code values, kMxfp4Values, and 2^(e - 128)).
 float q32_block(GgmlType t, const uint8_t* blk, int8_t q[kQK]) {
   switch (t) {
+    case GgmlType::MXFP4: {
+      const auto& x = *reinterpret_cast<const BlockMXFP4*>(blk);
+      for (int j = 0; j < kQK / 2; ++j) {
+        q[j] = kMxfp4Values[x.qs[j] & 0xF];
+        q[j + kQK / 2] = kMxfp4Values[x.qs[j] >> 4];
+      }
+      return e8m0_to_f32_half(x.e);
+    }
     case GgmlType::Q4_0: {
       const auto& x = *reinterpret_cast<const BlockQ4_0*>(blk);
       for (int j = 0; j < kQK / 2; ++j) {
@@ -64,7 +73,10 @@ void run_q32_body(const uint8_t* panel, int64_t nblk, const GemmActs& A, int64_t
   for (int64_t i = 0; i < nblk; ++i, panel += Q32Panel::kBytes) {
     const int64_t b = b0 + i;
     float d[kGemmTile];
-    for (int n = 0; n < kGemmTile; ++n) d[n] = f16_to_f32(at<uint16_t>(panel, Q32Panel::kD)[n]);
+    for (int n = 0; n < kGemmTile; ++n) {
+      const uint16_t h = at<uint16_t>(panel, Q32Panel::kD)[n];
+      d[n] = q32_bf16_scales(A.wtype) ? bf16_to_f32(h) : f16_to_f32(h);
+    }
     const uint8_t* q = panel + Q32Panel::kQ;
     const int8_t* a = A.qgroup(G) + b * kQK * S;
     for (int s = 0; s < R; ++s) {
@@ -233,6 +245,7 @@ int32_t q32_offset(GgmlType w) {
   switch (w) {
     case GgmlType::Q4_0: return 8;
     case GgmlType::Q5_0: return 16;
+    case GgmlType::MXFP4: return 12;
     default: return 128;
   }
 }
@@ -247,7 +260,8 @@ void pack_q32_ref(const WeightMatrix& W, int64_t o0, int64_t b0, int64_t b1, uin
       int8_t v[kQK];
       const uint8_t* blk = W.row(o0 + n) + b * bb;
       q32_block(W.type, blk, v);
-      std::memcpy(panel + Q32Panel::kD + 2 * n, blk, 2);  // every q32 block starts with its f16 d
+      const uint16_t h = q32_panel_scale(W.type, blk);
+      std::memcpy(panel + Q32Panel::kD + 2 * n, &h, 2);
       for (int k = 0; k < kQK; ++k) q[qpos(k, n)] = static_cast<uint8_t>(v[k] + off);
     }
   }

@@ -2,7 +2,7 @@
 // their functions (the library is built for baseline x86-64, so every
 // function carries the target and runs only where CPUID allows), and the
 // block decoders the packers and row kernels share: each turns one q4_0 /
-// q5_0 / q8_0 block into its 32 quants as unsigned bytes (q + q32_offset),
+// q5_0 / q8_0 / mxfp4 block into its 32 quants as unsigned bytes (q + q32_offset),
 // element order. Only for files all of whose functions have this target.
 #pragma once
 
@@ -55,6 +55,16 @@ struct Q8_0Conv {
   static constexpr size_t kBlock = sizeof(BlockQ8_0);
   TD_FN __m256i operator()(const uint8_t* blk) const {
     return _mm256_xor_si256(load256(blk + offsetof(BlockQ8_0, qs)), _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
+};
+
+// MXFP4's codes to their values (kMxfp4Values) + 12, one in-lane shuffle.
+struct Mxfp4Conv {
+  static constexpr size_t kBlock = sizeof(BlockMXFP4);
+  TD_FN __m256i operator()(const uint8_t* blk) const {
+    const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15,
+                                           16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    return _mm256_shuffle_epi8(table, nibbles32(blk + offsetof(BlockMXFP4, qs)));
   }
 };
 
