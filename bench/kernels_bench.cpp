@@ -248,12 +248,26 @@ void gemv_args(benchmark::internal::Benchmark* b) {
   for (int m : {1, 16}) b->Args({4, 2048, 640, m, 2, 2});
   // Compute speed of the row kernels: 384 rows (1.5 MiB or less) read from L2.
   for (int ti = 0; ti < 7; ++ti) b->Args({ti, 384, 2048, 1, 1, 3});
-  // mxfp4 (vec_dot products) beside q4_0's rows above, one thread: decode
-  // from memory, Matmul's route and the per-output vec_dot loop ("old", the
-  // same loop for both types); from L2; and 64 activation rows.
+  // mxfp4 beside q4_0's rows above, one thread: decode from memory,
+  // Matmul's route (vec_dot for one row) and the per-output vec_dot loop
+  // ("old", the same loop for both types); from L2; and 64 activation rows.
   for (int old : {0, 1}) b->Args({7, 5632, 2048, 1, 1, old});
   b->Args({7, 384, 2048, 1, 1, 3});
   for (int ti : {1, 7}) b->Args({ti, 2048, 2048, 64, 1, 0});
+  // mxfp4's panels against its vec_dot loop ("old": the route it had before
+  // its panels) and q4_0's panels, one thread: 2-8 rows (where the panels
+  // take over from the dot), 64 and 512 rows of a 2048 x 2048 matrix, and a
+  // Qwen3-30B-A3B expert's gate (768 x 2048) and down (2048 x 768) with the
+  // 32 rows an expert gets on average in a 512-token prefill (8 of 128).
+  for (int m : {2, 4, 8}) b->Args({7, 5632, 2048, m, 1, 0});
+  for (int64_t m : {64, 512})
+    for (int ti : {1, 7})
+      for (int old : {0, 1}) b->Args({ti, 2048, 2048, m, 1, old});
+  for (int ti : {1, 7})
+    for (int old : {0, 1}) {
+      b->Args({ti, 768, 2048, 32, 1, old});
+      b->Args({ti, 2048, 768, 32, 1, old});
+    }
 }
 void BM_Gemv(benchmark::State& state) { BM_Gemm(state); }
 BENCHMARK(BM_Gemv)->Apply(gemv_args)->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(0.5);
