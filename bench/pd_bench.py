@@ -109,20 +109,19 @@ def stream_chat(server, prompt, tokens, gaps, kt=None):
 
 
 def pd_request(prefill, decode, prompt, max_tokens):
-    """What vllm-router's PD mode sends; returns (ttft s, tokens)."""
+    """What vllm-router's PD mode sends; returns (ttft s, tokens). The first
+    token counted is the decode instance's, the one the router streams to the
+    client: prefill, fetch and the first decode step."""
     t0 = time.perf_counter()
     kt = prefill.post("/v1/completions", {
         "prompt": prompt, "max_tokens": 1, "temperature": 0,
         "kv_transfer_params": {"do_remote_decode": True}})["kv_transfer_params"]
-    ttft = time.perf_counter() - t0  # the prefill's token: what a router could stream first
-    r = decode.post("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                                        "kv_transfer_params": kt})
-    return ttft, r["usage"]["completion_tokens"]
+    return one_request(decode, prompt, max_tokens, t0, {"kv_transfer_params": kt})
 
 
-def one_request(server, prompt, max_tokens):
-    t0 = time.perf_counter()
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+def one_request(server, prompt, max_tokens, t0=None, extra=None):
+    t0 = time.perf_counter() if t0 is None else t0
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, **(extra or {})}
     c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
     c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     ttft, n = None, 0
@@ -187,7 +186,9 @@ def transfer_cost(args, kv_type, rng):
             fetch_s = after["tandem_kv_transfer_fetch_seconds_total"] - before["tandem_kv_transfer_fetch_seconds_total"]
             mb = (after["tandem_kv_transfer_received_bytes_total"] -
                   before["tandem_kv_transfer_received_bytes_total"]) / 1e6
-            rows.append((fetch_s * 1e6 / n, mb * 1000 / n, prefill_s * 1e6 / n, n))
+            import_s = (after["tandem_kv_transfer_import_seconds_total"] -
+                        before["tandem_kv_transfer_import_seconds_total"])
+            rows.append((fetch_s * 1e6 / n, import_s * 1e6 / n, mb * 1000 / n, prefill_s * 1e6 / n, n))
     finally:
         p.stop()
         d.stop()
@@ -199,11 +200,12 @@ def main():
     ap.add_argument("-m", "--model", default=str(Path.home() / ".cache/tandem/models/gemma-3-270m-q4_k_m.gguf"))
     ap.add_argument("--rounds", type=int, default=3, help="each layout this many times, alternating")
     ap.add_argument("--chats", type=int, default=4)
-    ap.add_argument("--chat-tokens", type=int, default=128)
+    ap.add_argument("--chat-tokens", type=int, default=768, help="long enough for several prompts to arrive")
     ap.add_argument("--prompt-words", type=int, default=1480, help="~1.5k tokens of Gemma 3's vocabulary")
     ap.add_argument("--prompt-max-tokens", type=int, default=16)
     ap.add_argument("--kv-types", default="f16,q8_0")
     ap.add_argument("--skip-layouts", action="store_true", help="only the transfer cost")
+    ap.add_argument("--fetch-share", default=None, help="the decode instance's --kv-fetch-share")
     args = ap.parse_args()
     rng = random.Random(7)
     print(f"# {open('/proc/cpuinfo').read().split('model name')[1].split(':')[1].splitlines()[0].strip()}; "
@@ -214,7 +216,8 @@ def main():
             for name in ("pd", "colocated"):
                 if name == "pd":
                     p = Server(args.model, "0", 1, "--role", "prefill")
-                    d = Server(args.model, "1", 1, "--role", "decode")
+                    d = Server(args.model, "1", 1, "--role", "decode",
+                               *(["--kv-fetch-share", args.fetch_share] if args.fetch_share else []))
                     servers, chat_server = (p, d), d
                     send = lambda prompt: pd_request(p, d, prompt, args.prompt_max_tokens)  # noqa: E731
                 else:
@@ -236,11 +239,12 @@ def main():
                       f"{statistics.median(ttfts) * 1000 if ttfts else float('nan'):.0f} | {len(ttfts)} | "
                       f"{gen / secs:.1f} |")
     print()
-    print("| KV type | prompt tokens | fetch ms / 1k tokens | MB / 1k tokens | prefill ms / 1k tokens (saved) |")
-    print("|---|---|---|---|---|")
+    print("| KV type | prompt tokens | fetch ms / 1k tokens | then into the pool (engine thread) | MB / 1k tokens | "
+          "prefill ms / 1k tokens (saved) |")
+    print("|---|---|---|---|---|---|")
     for kv in args.kv_types.split(","):
-        for ms, mb, pre, n in transfer_cost(args, kv, rng):
-            print(f"| {kv} | {n} | {ms:.1f} | {mb:.2f} | {pre:.0f} |")
+        for ms, imp, mb, pre, n in transfer_cost(args, kv, rng):
+            print(f"| {kv} | {n} | {ms:.1f} | {imp:.1f} | {mb:.2f} | {pre:.0f} |")
     print(f"# load after: {os.getloadavg()[0]:.1f}")
 
 

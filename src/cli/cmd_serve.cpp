@@ -50,7 +50,7 @@ struct ServeOpts {
   std::string role = "both";
   int kv_port = 0;
   int32_t block_size = 16;
-  double kv_pin = 30, kv_fetch_timeout = 30;
+  double kv_pin = 30, kv_fetch_timeout = 30, kv_fetch_share = 0.1;
 };
 
 int serve(const ServeOpts& o) {
@@ -90,6 +90,7 @@ int serve(const ServeOpts& o) {
   ec.kv_store = o.store.dir;
   ec.kv_store_bytes = kv_store_bytes(o.store);
   ec.block_size = o.block_size;
+  ec.kv_import_share = o.kv_fetch_share;  // the decode side paces the copy into its pool as it paces the fetch
   // A transferred block carries every layer of its positions: sliding-window
   // layers keep all their blocks too, as with --swa-full.
   if (role != server::Role::kBoth) ec.kv_cache.swa_full = true;
@@ -149,6 +150,7 @@ int serve(const ServeOpts& o) {
   sc.kv_transfer.port = o.kv_port;
   sc.kv_transfer.pin_s = o.kv_pin;
   sc.kv_transfer.fetch_timeout_s = o.kv_fetch_timeout;
+  sc.kv_transfer.fetch_share = o.kv_fetch_share;
   server::Server srv(engine, sc);
   srv.bind();
   engine.start();
@@ -324,6 +326,12 @@ void add_serve_command(CLI::App& app, int& rc) {
                   "Decode role: seconds a fetch of a prompt's blocks may take, connect to last byte")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--kv-fetch-share", o->kv_fetch_share,
+                  "Decode role: while sequences decode, the share of the time a fetch may take receiving blocks "
+                  "and writing them into the pool (it waits in between, so decoding is not stalled); 1: as fast "
+                  "as it can")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1.0));
   cmd->callback([o, &rc] { rc = serve(*o); });
 }
 

@@ -1,6 +1,7 @@
 #include "engine/kv_transfer.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/error.h"
 #include "kv/block_manager.h"
@@ -31,7 +32,7 @@ KvBlockRun export_blocks(Executor& exec, std::span<const int32_t> table, std::sp
 }
 
 KvImportResult import_blocks(BlockManager& blocks, Executor& exec, const KvBlockRun& run,
-                             std::span<const int32_t> prompt, const std::string& salt) {
+                             std::span<const int32_t> prompt, const std::string& salt, int32_t max_blocks) {
   KvImportResult r;
   const int32_t bs = blocks.block_size();
   if (run.block_size != bs)
@@ -61,12 +62,15 @@ KvImportResult import_blocks(BlockManager& blocks, Executor& exec, const KvBlock
     r.skipped = "the prefix cache no longer holds the blocks before the ones sent";
     return r;
   }
-  r.loaded = blocks.import_blocks(head, salt, r.cached, run.first + n - r.cached,
+  const auto t0 = std::chrono::steady_clock::now();
+  const int32_t want = std::min(run.first + n - r.cached, std::max(1, max_blocks));
+  r.loaded = blocks.import_blocks(head, salt, r.cached, want,
                                   [&](int32_t i, std::span<const int32_t> pages) {
                                     exec.load_block(pages[0], run.data.data() + run.block_bytes * size_t(i - run.first));
                                     return true;
                                   });
-  if (r.loaded < run.first + n - r.cached) r.skipped = "no free KV blocks for all the blocks sent";
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (r.loaded < want) r.skipped = "no free KV blocks for all the blocks sent";
   return r;
 }
 

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstddef>
+#include <climits>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -45,6 +46,7 @@ struct KvImportResult {
   int32_t loaded = 0;   // blocks written into the pool and published
   int32_t cached = 0;   // of the prompt's leading blocks, already in the prefix cache
   std::string skipped;  // why nothing (more) was imported: the prompt is then computed here
+  double seconds = 0;   // writing the blocks into the pool (the engine's thread)
 };
 
 // Whether this pool's blocks can move: one page per block holding every
@@ -60,7 +62,11 @@ KvBlockRun export_blocks(Executor& exec, std::span<const int32_t> table, std::sp
 // the pool (block size, block bytes) or holds other tokens than the prompt;
 // blocks the cache already holds are kept, and a run that would leave a gap
 // after them is not used (skipped says so).
+// At most `max_blocks` are written per call: a caller spreading a long run
+// over several steps calls again, and the blocks written before are then
+// counted as cached.
 KvImportResult import_blocks(BlockManager& blocks, Executor& exec, const KvBlockRun& run,
-                             std::span<const int32_t> prompt, const std::string& salt);
+                             std::span<const int32_t> prompt, const std::string& salt,
+                             int32_t max_blocks = INT32_MAX);
 
 }  // namespace tandem

@@ -1,6 +1,7 @@
 #include "engine/llm_engine.h"
 
 #include <algorithm>
+#include <deque>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -78,6 +79,18 @@ struct Engine::Impl {
   StepReport report;
   uint64_t preemptions_seen = 0;
 
+  // Decode instance: sequences whose transferred blocks are going into the
+  // pool, a few per step (import_transferred), in arrival order; each joins
+  // the scheduler once its blocks are all in.
+  struct Importing {
+    std::unique_ptr<Sequence> seq;
+    KvImportResult total;  // over the steps so far
+    bool started = false;
+  };
+  std::deque<Importing> importing;
+  double import_s_per_block = 0;  // measured, for the per-step budget
+  double last_step_s = 0;
+
   // Step scratch.
   StepBatch batch;
   Logits logits;  // sized for the largest step so far, reused
@@ -95,6 +108,10 @@ struct Engine::Impl {
   bool step();
   // The step's named points, in order.
   void drain_inbox();
+  // Writes transferred blocks into the pool within this step's share
+  // (cfg.kv_import_share of the last step's time while sequences decode;
+  // all of them otherwise) and schedules the sequences whose blocks are in.
+  void import_transferred();
   // Samples the first token of the sequences a session resumed whole, before
   // the step's forward pass. True when there were any.
   bool start_ready();
@@ -243,36 +260,80 @@ void Engine::Impl::drain_inbox() {
   std::vector<uint64_t> cancel_ids;
   for (auto& task : inbox.take_tasks()) task();
   inbox.take(fresh, cancel_ids);
-  std::vector<Sequence*> refused;
-  std::vector<std::string> why;
   for (auto& s : fresh) {
     if (observer) report.arrived.push_back({s->req->id, s->req->arrival_s});
     // Its prefix from the KV store, where the prefix cache ends: admission then finds it cached.
     if (store && !s->wants_prompt_logits())
       store->load(std::span<const int32_t>(s->tokens).first(size_t(s->n_prompt)), s->req->params.cache_salt);
-    Sequence* raw = s.get();
-    sched->add(std::move(s));
-    // Blocks computed by a prefill instance go into the prefix cache now,
-    // just before admission looks for them.
-    if (const auto& imp = raw->req->params.kv_import) {
-      try {
-        KvImportResult r = import_blocks(*blocks, *exec, imp->run, std::span<const int32_t>(raw->tokens).first(
-                                                                       size_t(raw->n_prompt)),
-                                         raw->req->params.cache_salt);
-        if (imp->done) imp->done(r);
-      } catch (const Error& e) {
-        refused.push_back(raw);
-        why.push_back(e.what());
-      }
+    // Blocks computed by a prefill instance go into the prefix cache before
+    // the sequence is scheduled: admission then finds them cached.
+    if (const auto& imp = s->req->params.kv_import; imp && imp->run.n_blocks() > 0) {
+      importing.push_back({std::move(s), {}, false});
+      continue;
     }
+    sched->add(std::move(s));
   }
-  for (size_t i = 0; i < refused.size(); ++i) finish(refused[i], "error", "error", why[i]);
+  // Cancelled while their blocks go in: they join the scheduler to end
+  // there, and the blocks already in stay in the prefix cache.
+  for (auto it = importing.begin(); it != importing.end();) {
+    if (std::find(cancel_ids.begin(), cancel_ids.end(), it->seq->req->id) == cancel_ids.end()) {
+      ++it;
+      continue;
+    }
+    if (const auto& imp = it->seq->req->params.kv_import; it->started && imp->done) imp->done(it->total);
+    sched->add(std::move(it->seq));
+    it = importing.erase(it);
+  }
+  if (!importing.empty()) import_transferred();
   if (cancel_ids.empty()) return;
   std::vector<Sequence*> doomed;
   sched->for_each([&](Sequence& s) {
     if (std::find(cancel_ids.begin(), cancel_ids.end(), s.req->id) != cancel_ids.end()) doomed.push_back(&s);
   });
   for (Sequence* s : doomed) finish(s, "cancelled", "cancelled");
+}
+
+void Engine::Impl::import_transferred() {
+  // Blocks this step may write: everything when nothing decodes (nobody
+  // waits on the step), else what the share of a step's time allows.
+  int32_t budget = INT32_MAX;
+  if (cfg.kv_import_share < 1 && sched->n_decoding() > 0) {
+    if (import_s_per_block <= 0) budget = 4;  // a first measure of the copy
+    else budget = std::max(1, static_cast<int32_t>(cfg.kv_import_share * last_step_s / import_s_per_block));
+  }
+  while (!importing.empty() && budget > 0) {
+    Importing& im = importing.front();
+    Sequence* raw = im.seq.get();
+    const auto& imp = raw->req->params.kv_import;
+    bool done = false;
+    try {
+      const KvImportResult r = import_blocks(*blocks, *exec, imp->run,
+                                             std::span<const int32_t>(raw->tokens).first(size_t(raw->n_prompt)),
+                                             raw->req->params.cache_salt, budget);
+      if (r.loaded > 0) {
+        const double per = r.seconds / r.loaded;
+        import_s_per_block = import_s_per_block > 0 ? 0.8 * import_s_per_block + 0.2 * per : per;
+      }
+      if (!im.started) im.total.cached = r.cached;  // later calls count earlier imports as cached
+      im.started = true;
+      im.total.loaded += r.loaded;
+      im.total.seconds += r.seconds;
+      im.total.skipped = r.skipped;
+      budget -= std::max(1, r.loaded);
+      done = !r.skipped.empty() || r.cached + r.loaded >= imp->run.first + imp->run.n_blocks();
+      if (done && imp->done) imp->done(im.total);
+    } catch (const Error& e) {
+      std::unique_ptr<Sequence> seq = std::move(im.seq);
+      importing.pop_front();
+      sched->add(std::move(seq));
+      finish(raw, "error", "error", e.what());
+      continue;
+    }
+    if (!done) break;
+    std::unique_ptr<Sequence> seq = std::move(im.seq);
+    importing.pop_front();
+    sched->add(std::move(seq));
+  }
 }
 
 void Engine::Impl::emit(Sequence* seq, RequestEvent ev) {
@@ -421,6 +482,7 @@ double Engine::Impl::forward(std::span<const ScheduledSeq> scheduled) {
   }
   const Phase phase = batch.phase();
   const int32_t rows = static_cast<int32_t>(batch.rows.size());
+  last_step_s = t1 - t0;
   steps.add({phase, t0, t1, rows, static_cast<int32_t>(scheduled.size())});
   // The pacer counts decoding sequences, as its budget is asked for them:
   // their drafts are part of what a decode step of theirs costs.

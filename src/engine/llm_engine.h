@@ -71,6 +71,10 @@ struct EngineConfig {
   // kv_store_bytes go, least recently used first.
   std::string kv_store;
   int64_t kv_store_bytes = int64_t{4} << 30;
+  // Blocks computed by a prefill instance (RequestParams::kv_import) go into
+  // the pool a few per step while sequences decode: each step spends at most
+  // this share of its time on them (1: all at intake, whatever it stalls).
+  double kv_import_share = 0.1;
   // Speculative decoding (engine/speculation.h); kDraft needs a draft model.
   SpecConfig spec{};
   // Progressive prefill sessions (RequestParams::session): at most this many,

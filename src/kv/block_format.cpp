@@ -134,7 +134,18 @@ const char* kv_block_error_name(KvBlockError e) {
 }
 
 KvBlockDecoded decode_kv_block(std::span<const std::byte> in, const KvBlockLayout& want) {
+  KvBlockChecked c = check_kv_block(in, want);
   KvBlockDecoded r;
+  r.error = c.error;
+  r.message = std::move(c.message);
+  if (!c) return r;
+  r.block.key = std::move(c.key);
+  r.block.payload.assign(c.payload.begin(), c.payload.end());
+  return r;
+}
+
+KvBlockChecked check_kv_block(std::span<const std::byte> in, const KvBlockLayout& want) {
+  KvBlockChecked r;
   auto bad = [&](KvBlockError e, std::string msg) {
     r.error = e;
     r.message = fmt::format("KV block refused ({}): {}", kv_block_error_name(e), msg);
@@ -190,12 +201,12 @@ KvBlockDecoded decode_kv_block(std::span<const std::byte> in, const KvBlockLayou
     return bad(KvBlockError::kCounts, fmt::format("{} bytes with a header of {} (expected {} and {})", total, head,
                                                   header_bytes(size_t(c[7])) + want.payload_bytes(),
                                                   header_bytes(size_t(c[7]))));
-  r.block.key.has_parent = f[5] != 0;
-  r.block.key.hash = get<uint64_t>(in, 96);
-  r.block.key.parent = get<uint64_t>(in, 104);
-  r.block.key.tokens.resize(size_t(c[7]));
-  std::memcpy(r.block.key.tokens.data(), in.data() + kFixedBytes, 4 * size_t(c[7]));
-  r.block.payload.assign(in.begin() + ptrdiff_t(head), in.end());
+  r.key.has_parent = f[5] != 0;
+  r.key.hash = get<uint64_t>(in, 96);
+  r.key.parent = get<uint64_t>(in, 104);
+  r.key.tokens.resize(size_t(c[7]));
+  std::memcpy(r.key.tokens.data(), in.data() + kFixedBytes, 4 * size_t(c[7]));
+  r.payload = in.subspan(head);
   return r;
 }
 

@@ -100,6 +100,16 @@ struct KvBlockDecoded {
 };
 // Checks `bytes` against the layout this cache expects; never reads past them.
 KvBlockDecoded decode_kv_block(std::span<const std::byte> bytes, const KvBlockLayout& expected);
+// The same checks, without copying the payload out: `payload` views `bytes`
+// (a receiver copies it once, straight to where it goes).
+struct KvBlockChecked {
+  KvBlockError error = KvBlockError::kNone;
+  std::string message;
+  KvBlockKey key;
+  std::span<const std::byte> payload;
+  explicit operator bool() const { return error == KvBlockError::kNone; }
+};
+KvBlockChecked check_kv_block(std::span<const std::byte> bytes, const KvBlockLayout& expected);
 // From the first kKvBlockPrefixBytes of a block: how many bytes it has in
 // all (0 when they are not a block's start).
 uint64_t kv_block_total_bytes(std::span<const std::byte> prefix);

@@ -551,6 +551,7 @@ struct Server::Impl final : HttpHandler {
                                    refused ? "blocks refused" : "failed", e.what()),
                        refused ? "invalid_request_error" : "server_error", "kv_transfer_params");
       }
+      imp->done = [tr = transfer](const KvImportResult& res) { tr->imported(res); };
       r.params.kv_import = std::move(imp);
     }
   }
@@ -673,6 +674,7 @@ Server::Server(Engine& engine, ServerConfig cfg) : impl_(std::make_unique<Impl>(
     if (const std::string why = engine.kv_transfer_unsupported(); !why.empty())
       fail(ErrorKind::kInvalidArgument, "--role {}: {}", role_name(s.cfg.kv_transfer.role), why);
     s.transfer = std::make_shared<KvTransfer>(s.cfg.kv_transfer, engine.kv_block_layout(), make_tcp_transport());
+    s.transfer->set_decoding([&engine] { return engine.metrics().running > 0; });
   }
   s.created = static_cast<int64_t>(std::time(nullptr));
 }

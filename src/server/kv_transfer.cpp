@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <thread>
+#include <time.h>
 
 #include <fmt/format.h>
 
@@ -16,6 +18,13 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// This thread's CPU time, kernel time included (the socket's copy counts).
+double thread_cpu_s() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
 
 // The content hash of the prompt's block `index` (a chain from its first).
@@ -61,15 +70,15 @@ std::string encode_block(const KvBlockLayout& layout, const KvBlockRun& run, int
 
 void decode_block(const KvBlockLayout& layout, std::span<const std::byte> bytes, int32_t index,
                   std::span<const int32_t> prompt, KvBlockRun& run) {
-  KvBlockDecoded d = decode_kv_block(bytes, layout);
+  const KvBlockChecked d = check_kv_block(bytes, layout);
   if (!d) fail(ErrorKind::kInvalidArgument, "block {}: {}", index, d.message);
   const int64_t from = int64_t{index} * layout.block_size;
   if (from + layout.block_size > static_cast<int64_t>(prompt.size()) ||
-      !std::equal(d.block.key.tokens.begin(), d.block.key.tokens.end(), prompt.begin() + from) ||
-      d.block.key.hash != block_hash_at(prompt, layout.block_size, index, nullptr))
+      !std::equal(d.key.tokens.begin(), d.key.tokens.end(), prompt.begin() + from) ||
+      d.key.hash != block_hash_at(prompt, layout.block_size, index, nullptr))
     fail(ErrorKind::kInvalidArgument, "block {} was computed for other tokens than this prompt's", index);
   run.tokens.insert(run.tokens.end(), prompt.begin() + from, prompt.begin() + from + layout.block_size);
-  run.data.insert(run.data.end(), d.block.payload.begin(), d.block.payload.end());
+  run.data.insert(run.data.end(), d.payload.begin(), d.payload.end());
 }
 
 KvTransfer::KvTransfer(KvTransferConfig cfg, KvBlockLayout layout, std::unique_ptr<KvTransport> transport)
@@ -172,14 +181,22 @@ KvBlockRun KvTransfer::fetch(const KvTransferParams& t, std::span<const int32_t>
   const size_t one = 4096 + size_t(layout_.block_size) * 4 + layout_.payload_bytes();
   const size_t max_block = std::max<size_t>(16 * one, size_t{64} << 20);
   try {
+    double cpu = thread_cpu_s();
     transport_->fetch(t.remote_host, t.remote_port, t.remote_block_ids, std::min<size_t>(size_t(skip), n), max_block,
-                      cfg_.fetch_timeout_s, [&](size_t i, std::string block) {
+                      cfg_.fetch_timeout_s, [&](size_t i, std::span<const std::byte> block) {
                         stats_.received_bytes += block.size();
-                        decode_block(layout_,
-                                     std::span<const std::byte>(reinterpret_cast<const std::byte*>(block.data()),
-                                                                block.size()),
-                                     static_cast<int32_t>(i), prompt, run);
+                        decode_block(layout_, block, static_cast<int32_t>(i), prompt, run);
                         stats_.received_blocks += 1;
+                        // Paced while this instance decodes: the receiving
+                        // (copy, checksum) shares its cores, and a fetch run
+                        // flat out would stall every sequence's next tokens.
+                        const double now = thread_cpu_s(), used = now - cpu;
+                        if (cfg_.fetch_share < 1 && decoding_ && decoding_()) {
+                          const double rest = used * (1 - cfg_.fetch_share) / cfg_.fetch_share;
+                          stats_.paced_us += static_cast<uint64_t>(rest * 1e6);
+                          std::this_thread::sleep_for(std::chrono::duration<double>(rest));
+                        }
+                        cpu = thread_cpu_s();
                       });
   } catch (...) {
     stats_.failures += 1;
@@ -206,6 +223,13 @@ std::string KvTransfer::prometheus() const {
   family("tandem_kv_transfer_fetches_total", "counter", "KV fetches started", s.fetches);
   family("tandem_kv_transfer_fetch_seconds_total", "counter", "Time in KV fetches, connect to last block checked",
          double(s.fetch_us.load()) / 1e6);
+  family("tandem_kv_transfer_imported_blocks_total", "counter",
+         "Fetched KV blocks written into this instance's pool and prefix cache", s.imported_blocks);
+  family("tandem_kv_transfer_import_seconds_total", "counter",
+         "Time the engine spent writing fetched blocks into its pool", double(s.import_us.load()) / 1e6);
+  family("tandem_kv_transfer_paced_seconds_total", "counter",
+         "Time fetches waited so that receiving took at most --kv-fetch-share of a decoding instance's core",
+         double(s.paced_us.load()) / 1e6);
   family("tandem_kv_transfer_failures_total", "counter",
          "KV transfers that failed (a peer gone, a timeout, a block refused)", s.failures);
   family("tandem_kv_transfer_expired_blocks_total", "counter", "Pinned KV blocks dropped unfetched after the timeout",

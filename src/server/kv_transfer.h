@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -41,6 +42,9 @@ struct KvTransferConfig {
   int port = 0;                    // --kv-port; 0: any free port
   double pin_s = 30;               // an exported block waits this long for its fetch
   double fetch_timeout_s = 30;     // a whole fetch, connect to last byte
+  // While the instance decodes, a fetch spends at most this share of the
+  // time on its core receiving blocks (--kv-fetch-share; 1: unpaced).
+  double fetch_share = 0.1;
 };
 
 // Counters and gauges for /metrics (tandem_kv_transfer_*).
@@ -50,6 +54,8 @@ struct KvTransferStats {
   std::atomic<uint64_t> fetches{0}, failures{0}, expired_blocks{0};
   std::atomic<uint64_t> skipped_blocks{0};  // not fetched: the decode side's prefix cache held them
   std::atomic<uint64_t> fetch_us{0};        // time in fetches, connect to last block checked
+  std::atomic<uint64_t> paced_us{0};        // of which waiting, so as not to slow decoding
+  std::atomic<uint64_t> imported_blocks{0}, import_us{0};  // written into this instance's pool
   std::atomic<int64_t> pinned_blocks{0}, pinned_bytes{0};
 };
 
@@ -84,6 +90,13 @@ class KvTransfer {
   // Decode side: blocks [skip, ids.size()) of the prompt from where `t`
   // says, checked. Throws tandem::Error naming the peer and the problem.
   KvBlockRun fetch(const KvTransferParams& t, std::span<const int32_t> prompt, int32_t skip);
+  // What the engine made of a fetched run (engine thread).
+  void imported(const KvImportResult& r) {
+    stats_.imported_blocks += static_cast<uint64_t>(r.loaded);
+    stats_.import_us += static_cast<uint64_t>(r.seconds * 1e6);
+  }
+  // Whether the instance has sequences decoding (fetches are paced then).
+  void set_decoding(std::function<bool()> decoding) { decoding_ = std::move(decoding); }
 
   const KvTransferStats& stats() const { return stats_; }
   // The tandem_kv_transfer_* families in Prometheus text format.
@@ -101,6 +114,7 @@ class KvTransfer {
   KvTransferConfig cfg_;
   KvBlockLayout layout_;
   std::unique_ptr<KvTransport> transport_;
+  std::function<bool()> decoding_;
   std::string engine_id_;
   int port_ = 0;
   std::mutex mu_;

@@ -29,9 +29,10 @@ class KvTransport {
   using BlockSource = std::function<std::optional<std::string>(uint64_t id)>;
   // After a fetch was answered (sent: every block went out) or broke off.
   using Release = std::function<void(std::span<const uint64_t> ids, bool sent)>;
-  // One block as it arrives: its index in the id list and its bytes. It may
+  // One block as it arrives: its index in the id list and its bytes, valid
+  // for the call only (one buffer serves every block of a fetch). It may
   // throw (a block that fails its checks): the fetch stops there.
-  using Take = std::function<void(size_t index, std::string block)>;
+  using Take = std::function<void(size_t index, std::span<const std::byte> block)>;
 
   virtual ~KvTransport() = default;
   // Starts answering fetches on host:port (0: any free port); returns the

@@ -394,3 +394,32 @@ def test_fetch_bounds_what_the_wire_says(peer, what):
         done.set()
         lsock.close()
         decode.stop()
+
+
+def test_transferred_blocks_are_announced_as_kv_events():
+    """A decode instance's KV events name the blocks it fetched, under the hashes (llm-d's, with
+    their tokens) that an instance computing the prompt itself would publish: a router that
+    places requests by KV events sees the transferred prefix as cached there."""
+    from test_kv_events import Subscriber, llmd_hashes, tokens_of
+    import re
+    prefill = Server(STORIES, "--role", "prefill", "--kv-port", "0")
+    decode = Server(STORIES, "--role", "decode", "--kv-events", "tcp://127.0.0.1:*", "--kv-events-replay",
+                    "tcp://127.0.0.1:*")
+    m = re.search(r"KV events on (tcp://[0-9.:]+), replay on (tcp://[0-9.:]+)", decode.log_text())
+    sub = Subscriber(m.group(1), m.group(2), "array-map")
+    try:
+        p = PROMPTS[0] + " her dog and her cat"
+        toks = tokens_of(decode, p)
+        hashes = llmd_hashes(toks)
+        assert len(hashes) >= 2
+        status, _, body = decode_with(decode, p, prefill_params(prefill, p))
+        assert status == 200, body
+        received, _ = parse_metrics(decode.metrics())
+        assert sample(received, "tandem_kv_transfer_imported_blocks_total") == len(hashes)
+        sub.drain(lambda s: all(h in s.held for h in hashes))
+        for i, h in enumerate(hashes):
+            assert sub.chain_tokens(h) == toks[:(i + 1) * 16]
+    finally:
+        sub.close()
+        prefill.stop()
+        decode.stop()
