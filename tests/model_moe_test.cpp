@@ -74,6 +74,7 @@ SynthSpec small_moe(const std::string& arch, const std::string& type = "f32") {
   s.n_expert_used = 2;
   if (arch != "llama") s.n_ff_exp = 32;
   if (arch == "qwen2moe") s.n_ff_shexp = 64;
+  if (arch == "gpt-oss") s.sliding_window = 8, s.yarn_factor = 32;  // layer 0's window inside every prompt
   s.type = type;
   s.vocab_from = test::shared_path("models/gguf/stories260K.gguf");
   return s;
@@ -122,6 +123,42 @@ TEST(MoeLoad, MetadataThatDisagreesWithTheTensorsIsRefusedNamingTheTensor) {
       {"qwen3moe.expert_feed_forward_length", 64, "blk.0.ffn_gate_exps.weight"},
       {"qwen3moe.expert_used_count", 9, "qwen3moe.expert_used_count"},
       {"qwen3moe.embedding_length", 128, "token_embd.weight"},
+  };
+  for (const Case& c : cases) {
+    const std::string bad = with_key(good, c.key, c.value);
+    const std::string err = load_error(bad);
+    EXPECT_NE(err.find(c.named), std::string::npos) << c.key << " = " << c.value << ": " << err;
+    fs::remove(bad);
+  }
+  fs::remove(good);
+}
+
+// gpt-oss's own tensors (the biases, the sinks) are checked against the
+// metadata too.
+TEST(MoeLoad, GptOssMetadataThatDisagreesWithTheTensorsIsRefusedNamingIt) {
+  const std::string good = synth_to_temp(small_moe("gpt-oss"), "gptoss_meta");
+  {
+    auto m = Model::load(good);
+    const ModelConfig& c = m->config();
+    EXPECT_TRUE(c.attn_sinks && c.attn_out_bias && c.qkv_bias);
+    EXPECT_EQ(c.sliding_window, 8);
+    EXPECT_TRUE(c.layer_is_swa[0]);
+    EXPECT_FALSE(c.layer_is_swa[1]);
+    EXPECT_EQ(c.moe_gating.func, MoeGating::Func::kSoftmaxTopK);
+    EXPECT_FALSE(c.moe_gating.normalize);
+    EXPECT_EQ(m->weights().layers[1].sinks.size(), 4u);
+    EXPECT_EQ(m->weights().layers[1].moe.down_bias.size(), 8u * 64);
+  }
+  struct Case {
+    const char* key;
+    uint32_t value;
+    const char* named;
+  } cases[] = {
+      {"gpt-oss.expert_count", 16, "blk.0.ffn_gate_inp.weight"},
+      {"gpt-oss.expert_feed_forward_length", 64, "blk.0.ffn_gate_exps.weight"},
+      {"gpt-oss.attention.head_count", 8, "blk.0.attn_q.weight"},
+      {"gpt-oss.attention.head_count_kv", 4, "blk.0.attn_k.weight"},
+      {"gpt-oss.expert_used_count", 9, "gpt-oss.expert_used_count"},
   };
   for (const Case& c : cases) {
     const std::string bad = with_key(good, c.key, c.value);
@@ -192,7 +229,7 @@ RequestParams greedy(int32_t max_tokens) {
 // shared prefix, and with n-gram speculation (several rows of a sequence
 // per step).
 TEST(MoeEngine, MixedStepsAreBatchInvariant) {
-  for (const char* arch : {"qwen3moe", "qwen2moe", "llama"}) {
+  for (const char* arch : {"qwen3moe", "qwen2moe", "llama", "gpt-oss"}) {
     const std::string path = synth_to_temp(small_moe(arch, "q8_0"), arch);
     auto model = Model::load(path);
     std::vector<std::vector<int32_t>> prompts;
