@@ -1,8 +1,9 @@
 // Constrained decoding of tool calls: the output is one or more calls in the
 // chat family's syntax (chat/tool_format.h), each naming one of the allowed
 // functions with arguments that fit that function's parameter schema. In
-// "auto" mode the output is free text until the family's marker, and held to
-// the calls from there on.
+// "auto" mode the output is free text until the family's marker (its text,
+// its control token, or a bare call's lead at the start), and held to the
+// calls from there on.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +33,10 @@ struct ToolCallGrammar {
 // kMaxStringBytes, at most kMaxDigits digits in a row, at most
 // kMaxWhitespace whitespace characters in a row (a small model sampling a
 // value can otherwise run on until max_tokens cuts the JSON short).
+// The vocab's id of the syntax's marker when it is a control token (it
+// spells no text, so only its id shows it was generated); -1 otherwise.
+int32_t tool_marker_token(const ToolSyntax& s, const Tokenizer& tok);
+
 class ToolCallRecognizer {
  public:
   static constexpr int32_t kMaxStringBytes = 256;
@@ -44,6 +49,9 @@ class ToolCallRecognizer {
       if (!feed(c)) return false;
     return true;
   }
+  // The marker's control token was generated: the calls begin. False when
+  // they cannot begin here (forced, or already begun).
+  bool open();
   bool may_end() const;   // the output may end here
   bool complete() const;  // nothing may follow
   bool active() const { return phase_ != Phase::kWaiting; }  // auto: past the marker
@@ -55,6 +63,8 @@ class ToolCallRecognizer {
   const ToolCallGrammar* g_;
   Phase phase_;
   std::string tail_;     // kWaiting: the last bytes, as long as the marker
+  bool at_start_ = false;  // kWaiting with bare_start: no text but whitespace yet
+  size_t start_pos_ = 0;   // kWaiting: bytes of bare_lead() matched
   std::string literal_;  // kLiteral: the text that must come
   size_t pos_ = 0;       // kLiteral: bytes of it matched; kName: the name's bytes so far
   Phase after_literal_ = Phase::kName;
