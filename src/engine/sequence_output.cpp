@@ -14,10 +14,10 @@ namespace tandem {
 
 bool push_text(Sequence& s, int32_t token, RequestEvent& ev) {
   s.text += s.decoder->push(token);
-  // The constraint takes the marker only while calls have not begun, so
-  // its first appearance is where they begin.
+  // The call grammar takes the marker only while calls have not begun, so
+  // where it appears is where they begin.
   if (const ToolCallGrammar* g = s.req->params.tool_calls.get();
-      g && !g->forced && token == g->syntax.marker_token && token >= 0 && ev.tool_calls_at < 0)
+      g && !g->forced && token >= 0 && token == g->syntax.marker_token)
     ev.tool_calls_at = static_cast<int64_t>(s.text.size());
   const StopMatch m = find_stop(s.text, s.req->params.stop);
   const size_t upto = m.pos != std::string::npos ? m.pos : m.safe_len;

@@ -27,16 +27,16 @@ struct ToolCallGrammar {
   int32_t max_calls = 1;  // calls in one output (parallel_tool_calls)
 };
 
+// The vocab's id of the syntax's marker when it is a control token (it
+// spells no text, so only its id shows it was generated); -1 otherwise.
+int32_t tool_marker_token(const ToolSyntax& s, const Tokenizer& tok);
+
 // Byte by byte, as JsonRecognizer: whether the text so far can still become
 // the calls the grammar allows. Inside the arguments, values are bounded so
 // that every call ends within a known length: a string at most
 // kMaxStringBytes, at most kMaxDigits digits in a row, at most
 // kMaxWhitespace whitespace characters in a row (a small model sampling a
 // value can otherwise run on until max_tokens cuts the JSON short).
-// The vocab's id of the syntax's marker when it is a control token (it
-// spells no text, so only its id shows it was generated); -1 otherwise.
-int32_t tool_marker_token(const ToolSyntax& s, const Tokenizer& tok);
-
 class ToolCallRecognizer {
  public:
   static constexpr int32_t kMaxStringBytes = 256;
