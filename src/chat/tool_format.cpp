@@ -184,13 +184,11 @@ void ToolCallParser::open(std::vector<Event>& out) {
   open_at_ = SIZE_MAX;
   if (phase_ != Phase::kContent) return;
   // What was held back as a possible text marker is content after all; the
-  // text from here is the calls, laid out as forced ones.
+  // text from here is the calls, laid out as forced ones after whitespace.
   if (!hold_.empty()) out.push_back({Event::kContent, 0, std::move(hold_)});
   hold_.clear();
   at_start_ = false;
-  phase_ = Phase::kSkip;
-  skip_ = trigger_.size();
-  after_skip_ = Phase::kName;
+  phase_ = Phase::kLeadSpace;
 }
 
 void ToolCallParser::finish(std::vector<Event>& out) {
@@ -246,6 +244,13 @@ void ToolCallParser::step(char c, std::vector<Event>& out) {
       }
       return;
     }
+    case Phase::kLeadSpace:
+      if (is_space(c)) return;
+      // This byte is the first of the calls' lead.
+      phase_ = Phase::kSkip;
+      skip_ = trigger_.size();
+      after_skip_ = Phase::kName;
+      [[fallthrough]];
     case Phase::kSkip:
       if (--skip_ == 0) phase_ = after_skip_;
       return;

@@ -111,7 +111,7 @@ class ToolCallParser {
   int32_t calls() const { return calls_; }
 
  private:
-  enum class Phase : uint8_t { kContent, kSkip, kName, kBeforeArgs, kArgs, kAfterArgs, kAfterCall, kDone };
+  enum class Phase : uint8_t { kContent, kLeadSpace, kSkip, kName, kBeforeArgs, kArgs, kAfterArgs, kAfterCall, kDone };
   void step(char c, std::vector<Event>& out);
   void open(std::vector<Event>& out);
   ToolSyntax syn_;

@@ -67,6 +67,10 @@ bool ToolCallRecognizer::feed(char c) {
       return true;
     }
     case Phase::kLiteral:
+      if (lead_ws_ >= 0) {
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') return ++lead_ws_ <= kMaxWhitespace;
+        lead_ws_ = -1;
+      }
       if (pos_ >= literal_.size() || literal_[pos_] != c) return false;
       if (++pos_ == literal_.size()) {
         if (after_literal_ == Phase::kAfterCall) {
@@ -150,6 +154,7 @@ bool ToolCallRecognizer::open() {
   phase_ = Phase::kLiteral;
   literal_ = s.prefix + s.open + s.name_lead();
   pos_ = 0;
+  lead_ws_ = 0;
   after_literal_ = Phase::kName;
   return true;
 }

@@ -49,8 +49,10 @@ class ToolCallRecognizer {
       if (!feed(c)) return false;
     return true;
   }
-  // The marker's control token was generated: the calls begin. False when
-  // they cannot begin here (forced, or already begun).
+  // The marker's control token was generated: the calls begin, after at
+  // most kMaxWhitespace whitespace bytes (SentencePiece vocabs spell the
+  // next piece with a leading space). False when they cannot begin here
+  // (forced, or already begun).
   bool open();
   bool may_end() const;   // the output may end here
   bool complete() const;  // nothing may follow
@@ -67,6 +69,7 @@ class ToolCallRecognizer {
   size_t start_pos_ = 0;   // kWaiting: bytes of bare_lead() matched
   std::string literal_;  // kLiteral: the text that must come
   size_t pos_ = 0;       // kLiteral: bytes of it matched; kName: the name's bytes so far
+  int32_t lead_ws_ = -1;  // kLiteral after open(): whitespace bytes before it; -1: none may come
   Phase after_literal_ = Phase::kName;
   uint64_t names_ = 0;   // kName: the functions whose names still match
   int32_t function_ = -1;
