@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "engine/kv_pool_sizing.h"
 #include "engine/llm_engine.h"
 #include "kernels/attention.h"
 #include "kernels/sparse_select.h"
@@ -369,6 +370,44 @@ TEST_F(SparseEngine, SpeculationDoesNotChangeSparseOutput) {
   const Out d = run(*dense, SpecMode::kOff);
   EXPECT_EQ(run(*m, SpecMode::kOff, 0).tokens, d.tokens);
   EXPECT_NE(plain.logprobs, d.logprobs);  // the budget did change what was read
+}
+
+// A pool sized in bytes (--kv-memory) buys K/V and key bounds together: the
+// plan, bounds included, fits the bytes given with no room for one more
+// block, the cache built from it allocates exactly what the plan counts, and
+// the engine with sparse attention holds that many blocks.
+TEST_F(SparseEngine, PoolSizedInBytesCountsTheKeyBounds) {
+  auto m = load(96);
+  const int32_t n_layer = m->config().n_layer;
+  KvPoolAsk a;
+  a.format = kv_format(a.kv_cache);
+  a.max_context = 512;
+  a.kv_bytes = int64_t(KvCache::bytes_per_token(m->kv_shape(), a.format)) * 2000 + 12345;
+  const KvPlan dense = size_kv_pool(*m, a);
+  a.key_bounds.assign(n_layer, true);
+  const KvPlan sparse = size_kv_pool(*m, a);
+  EXPECT_LE(kv_pool_bytes(dense), uint64_t(a.kv_bytes));
+  EXPECT_LE(kv_pool_bytes(sparse), uint64_t(a.kv_bytes));
+  KvPlan more = sparse;
+  more.n_blocks += 1;
+  EXPECT_GT(kv_pool_bytes(more), uint64_t(a.kv_bytes));
+  EXPECT_LT(sparse.n_blocks, dense.n_blocks);  // the bounds took the place of blocks
+
+  KvCache kv(sparse.shape, sparse.n_blocks, sparse.block_size, sparse.format, sparse.paging);
+  kv.keep_key_bounds(sparse.key_bounds);
+  EXPECT_EQ(kv.bytes() + kv.key_bounds()->bytes(), kv_pool_bytes(sparse));
+  EXPECT_EQ(kv.key_bounds()->bytes_per_block(),
+            size_t(n_layer) * m->kv_shape().n_head_kv * 2 * (m->kv_shape().k_width / m->kv_shape().n_head_kv) * 2);
+
+  EngineConfig c;
+  c.threads = 1;
+  c.max_context = 512;
+  c.kv_bytes = a.kv_bytes;
+  Engine e(*m, c);
+  EXPECT_EQ(e.metrics().kv_blocks_total, sparse.n_blocks);
+  auto dense_model = load(0);
+  Engine d(*dense_model, c);
+  EXPECT_EQ(d.metrics().kv_blocks_total, dense.n_blocks);
 }
 
 TEST_F(SparseEngine, BadCombinationsAreRefused) {
