@@ -29,6 +29,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "runtime/cpu_features.h"
@@ -498,28 +499,43 @@ BENCHMARK(BM_AttentionDecode)->Args({512, 1, 2, 0, 0})->Args({1088, 1, 2, 0, 0})
     ->Args({2048, 1, 1, 0, 1})->Args({2048, 1, 1, 2, 1})->Args({2048, 1, 1, 3, 1})
     ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1.0);
 
+// The cache of the sparse cases, kept from one case to the next of the same
+// N, B and type (filling 32k positions of 22 layers takes seconds), so that
+// a shape's dense, sparse and selection-alone rows run one after another.
+AttnBenchCache& sparse_bench_cache(int32_t N, int32_t B, KvType type) {
+  static std::unique_ptr<AttnBenchCache> c;
+  static std::tuple<int32_t, int32_t, KvType> key;
+  if (!c || key != std::make_tuple(N, B, type)) {
+    c.reset();  // two 32k caches need not fit together
+    std::mt19937 rng(5);
+    c = std::make_unique<AttnBenchCache>(N, B, rng, type);
+    c->kv.keep_key_bounds(std::vector<bool>(AttnBenchCache::kLayers, true));
+    for (const auto& t : c->tables)
+      for (int32_t blk : t) c->kv.key_bounds()->update_all(c->kv, blk);
+    key = std::make_tuple(N, B, type);
+  }
+  return *c;
+}
+
 // Sparse decode attention (Quest) of the same step: per layer, each
 // (sequence, KV head) scores every block's key bounds and selects its
 // blocks (on the pool, as Model::forward does), then attention reads those.
 // Args: N, B, threads, type (as above), the budget (positions), and what is
 // timed: 0 the whole step, 1 the selection alone. Budget 0 is dense attention
-// through the same loop, for interleaved comparisons
-// (--benchmark_enable_random_interleaving). The keys are random, so the
-// selection's choice means nothing here; its cost and the reads are real.
+// through the same loop. The keys are random, so the selection's choice
+// means nothing here; its cost and the reads are real. bench/sparse_speed.py
+// runs the grid below in rounds and prints the speed-ups.
 void BM_AttentionDecodeSparse(benchmark::State& state) {
   const int32_t N = static_cast<int32_t>(state.range(0)), B = static_cast<int32_t>(state.range(1));
   const auto type = static_cast<KvType>(state.range(3));
   SparseAttention o;
   o.budget = static_cast<int32_t>(state.range(4));
   const bool select_only = state.range(5) != 0;
-  std::mt19937 rng(5);
-  AttnBenchCache c(N, B, rng, type);
+  AttnBenchCache& c = sparse_bench_cache(N, B, type);
   const AttnShape& s = c.s;
   const int32_t bs = AttnBenchCache::kBlock, group = s.n_head / s.n_head_kv;
-  c.kv.keep_key_bounds(std::vector<bool>(AttnBenchCache::kLayers, true));
-  for (const auto& t : c.tables)
-    for (int32_t blk : t) c.kv.key_bounds()->update_all(c.kv, blk);
   const KeyBounds& kb = *c.kv.key_bounds();
+  std::mt19937 rng(6);
   std::normal_distribution<float> normal;
   std::vector<float> q(size_t(B) * s.n_head * s.head_dim), out(q.size());
   for (float& x : q) x = normal(rng) * 0.125f;
@@ -539,8 +555,10 @@ void BM_AttentionDecodeSparse(benchmark::State& state) {
         pool.parallel_for(int64_t{B} * s.n_head_kv, 1, [&](int64_t u0, int64_t u1) {
           thread_local std::vector<float> scores;
           thread_local std::vector<int32_t> index;
-          scores.resize(N / bs + 1);
-          index.resize(N / bs + 1);
+          if (scores.size() < size_t(N / bs + 1)) {
+            scores.resize(N / bs + 1);
+            index.resize(N / bs + 1);
+          }
           for (int64_t u = u0; u < u1; ++u) {
             const int32_t b = static_cast<int32_t>(u / s.n_head_kv), h = static_cast<int32_t>(u % s.n_head_kv);
             select_blocks(active_kernel_level(), o, N - 1, bs, c.tables[b].data(),
@@ -565,15 +583,19 @@ void BM_AttentionDecodeSparse(benchmark::State& state) {
   }
   benchmark::DoNotOptimize(out.data());
   benchmark::DoNotOptimize(sink);
+  state.counters["bounds B/block"] = double(kb.bytes_per_block());
+  state.counters["K/V B/block"] = double(c.kv.block_bytes());
 }
-BENCHMARK(BM_AttentionDecodeSparse)
-    ->Args({32768, 1, 2, 0, 0, 0})->Args({32768, 1, 2, 0, 4096, 0})->Args({32768, 1, 2, 0, 4096, 1})
-    ->Args({32768, 1, 2, 2, 0, 0})->Args({32768, 1, 2, 2, 4096, 0})->Args({32768, 1, 2, 2, 4096, 1})
-    ->Args({16384, 1, 2, 0, 0, 0})->Args({16384, 1, 2, 0, 4096, 0})
-    ->Args({8192, 1, 2, 0, 0, 0})->Args({8192, 1, 2, 0, 4096, 0})
-    ->Args({4096, 16, 2, 0, 0, 0})->Args({4096, 16, 2, 0, 1024, 0})->Args({4096, 16, 2, 0, 1024, 1})
-    ->Args({4096, 16, 2, 2, 0, 0})->Args({4096, 16, 2, 2, 1024, 0})
-    ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+// One sequence of 8k-32k at budget 4,096 and 16 of 4k at 1,024, f16 and
+// q8_0: dense, sparse, the selection alone, in that order per shape.
+void sparse_grid(benchmark::internal::Benchmark* b) {
+  for (int64_t type : {0, 2}) {
+    for (int64_t n : {8192, 16384, 32768})
+      for (auto [budget, sel] : {std::pair{0, 0}, {4096, 0}, {4096, 1}}) b->Args({n, 1, 2, type, budget, sel});
+    for (auto [budget, sel] : {std::pair{0, 0}, {1024, 0}, {1024, 1}}) b->Args({4096, 16, 2, type, budget, sel});
+  }
+}
+BENCHMARK(BM_AttentionDecodeSparse)->Apply(sparse_grid)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 
 // Prefill attention of one N-token prompt through the same 22 layers
 // (causal, K/V written beforehand). Args: N, threads, and 1 for an f32

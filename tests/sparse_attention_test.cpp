@@ -15,12 +15,14 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "engine/kv_pool_sizing.h"
 #include "engine/llm_engine.h"
 #include "kernels/attention.h"
 #include "kernels/sparse_select.h"
 #include "kv/key_bounds.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "quant/quant.h"
 #include "runtime/thread_pool.h"
 #include "test_support.h"
 #include "tokenizer/tokenizer.h"
@@ -40,9 +42,10 @@ void fill_block(KvCache& kv, int32_t block, std::mt19937& rng) {
     }
 }
 
-// Bounds equal the per-channel min and max of the keys as the cache reads
-// them back, for every type (rotated q4_0 and smoothed keys included), and
-// follow their block through copy_block and a save / load.
+// Bounds are the per-channel min and max of the keys as the cache reads them
+// back, for every type (rotated q4_0 and smoothed keys included), as f16
+// rounded outward (below the min, above the max, by at most f16's rounding
+// step), and follow their block through copy_block and a save / load.
 TEST(KeyBounds, AreTheStoredKeysMinAndMaxForEveryType) {
   const int32_t n_head_kv = 3, head = 64, n_layer = 3, n_blocks = 6;
   const KvShape shape{n_layer, n_head_kv * head, n_head_kv * 32, n_head_kv};
@@ -77,10 +80,16 @@ TEST(KeyBounds, AreTheStoredKeysMinAndMaxForEveryType) {
           }
         }
         for (int32_t h = 0; h < n_head_kv; ++h) {
-          const float* got = kb.base(l, h) + size_t(block) * kb.block_stride();
+          const uint16_t* got = kb.base(l, h) + size_t(block) * kb.block_stride();
           for (int32_t c = 0; c < head; ++c) {
-            ASSERT_EQ(got[c], lo[h * head + c]) << "layer " << l << " head " << h << " channel " << c;
-            ASSERT_EQ(got[head + c], hi[h * head + c]) << "layer " << l << " head " << h << " channel " << c;
+            const float want_lo = lo[h * head + c], want_hi = hi[h * head + c];
+            const float got_lo = f16_to_f32(got[c]), got_hi = f16_to_f32(got[head + c]);
+            // f16's step is 2^-10 of the value (2^-24 below 2^-14).
+            auto step = [](float x) { return std::max(std::fabs(x) * 0x1p-10f, 0x1p-24f); };
+            ASSERT_LE(got_lo, want_lo) << "layer " << l << " head " << h << " channel " << c;
+            ASSERT_GT(got_lo, want_lo - step(want_lo)) << "layer " << l << " head " << h << " channel " << c;
+            ASSERT_GE(got_hi, want_hi) << "layer " << l << " head " << h << " channel " << c;
+            ASSERT_LT(got_hi, want_hi + step(want_hi)) << "layer " << l << " head " << h << " channel " << c;
           }
         }
       }
@@ -101,10 +110,11 @@ TEST(KeyBounds, AreTheStoredKeysMinAndMaxForEveryType) {
 TEST(SparseSelect, BoundScoresMatchTheReference) {
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
-  for (int32_t dim : {8, 24, 40, 64, 72, 128}) {
-    for (int32_t n_q : {1, 3, 8}) {
+  for (int32_t dim : {8, 24, 40, 64, 72, 100, 128}) {
+    for (int32_t n_q : {1, 2, 3, 5, 8, 12}) {
       const int32_t n_blocks = 37;
-      std::vector<float> bounds(size_t(n_blocks) * 2 * dim), keys(size_t(n_blocks) * 16 * dim);
+      std::vector<uint16_t> bounds(size_t(n_blocks) * 2 * dim);
+      std::vector<float> keys(size_t(n_blocks) * 16 * dim);
       for (int32_t b = 0; b < n_blocks; ++b)
         for (int32_t c = 0; c < dim; ++c) {
           float lo = INFINITY, hi = -INFINITY;
@@ -114,8 +124,12 @@ TEST(SparseSelect, BoundScoresMatchTheReference) {
             lo = std::min(lo, x);
             hi = std::max(hi, x);
           }
-          bounds[size_t(b) * 2 * dim + c] = lo;
-          bounds[size_t(b) * 2 * dim + dim + c] = hi;
+          // Bounds that hold as f16: one step outward of the nearest.
+          uint16_t l16 = f32_to_f16(lo), h16 = f32_to_f16(hi);
+          if (f16_to_f32(l16) > lo) l16 = uint16_t(lo > 0 ? l16 - 1 : l16 + 1);
+          if (f16_to_f32(h16) < hi) h16 = uint16_t(hi > 0 ? h16 + 1 : h16 - 1);
+          bounds[size_t(b) * 2 * dim + c] = l16;
+          bounds[size_t(b) * 2 * dim + dim + c] = h16;
         }
       const int64_t q_stride = dim + 5;
       std::vector<float> q(size_t(n_q) * q_stride);
@@ -129,7 +143,7 @@ TEST(SparseSelect, BoundScoresMatchTheReference) {
         if (!cpu_supports_level(level)) continue;
         block_bound_scores(level, q.data(), n_q, q_stride, dim, bounds.data(), 2 * dim, blocks.data(),
                            int32_t(blocks.size()), got.data());
-        for (size_t i = 0; i < blocks.size(); ++i)
+        for (size_t i = 0; i < want.size(); ++i)
           EXPECT_NEAR(got[i], want[i], 1e-4f * (1 + std::fabs(want[i]))) << "dim " << dim << " n_q " << n_q;
       }
       for (size_t i = 0; i < blocks.size(); ++i)
@@ -157,13 +171,13 @@ TEST(SparseSelect, TableIsSinksTopBlocksAndWindow) {
     std::vector<int32_t> seq_table(held);
     std::iota(seq_table.begin(), seq_table.end(), 0);
     std::shuffle(seq_table.begin(), seq_table.end(), rng);
-    std::vector<float> bounds(size_t(held) * 2 * dim);
+    std::vector<uint16_t> bounds(size_t(held) * 2 * dim);
     for (int32_t b = 0; b < held; ++b)
       for (int32_t c = 0; c < dim; ++c) {
-        // Quantized to a coarse grid so that some scores tie.
+        // Quantized to a coarse grid so that some scores tie (integers: exact in f16).
         const float a = std::round(nd(rng)), d = std::round(std::fabs(nd(rng)));
-        bounds[size_t(b) * 2 * dim + c] = a;
-        bounds[size_t(b) * 2 * dim + dim + c] = a + d;
+        bounds[size_t(b) * 2 * dim + c] = f32_to_f16(a);
+        bounds[size_t(b) * 2 * dim + dim + c] = f32_to_f16(a + d);
       }
     std::vector<float> q(dim);
     for (float& x : q) x = std::round(nd(rng));
@@ -175,9 +189,10 @@ TEST(SparseSelect, TableIsSinksTopBlocksAndWindow) {
     const int32_t first = 2, last = pos / bs - 3 + 1;
     std::vector<std::pair<float, int32_t>> all;
     for (int32_t j = first; j < last; ++j) {
-      const float* lo = bounds.data() + size_t(seq_table[j]) * 2 * dim;
+      const uint16_t* lo = bounds.data() + size_t(seq_table[j]) * 2 * dim;
       float s = 0;
-      for (int32_t c = 0; c < dim; ++c) s += std::max(q[c] * lo[c], q[c] * lo[dim + c]);
+      for (int32_t c = 0; c < dim; ++c)
+        s += std::max(q[c] * f16_to_f32(lo[c]), q[c] * f16_to_f32(lo[dim + c]));
       all.push_back({-s, j});
     }
     std::sort(all.begin(), all.end());
@@ -188,6 +203,29 @@ TEST(SparseSelect, TableIsSinksTopBlocksAndWindow) {
     for (int32_t j : chosen) want.push_back(seq_table[j]);
     for (int32_t j = last; j <= pos / bs; ++j) want.push_back(seq_table[j]);
     EXPECT_EQ(table, want) << "pos " << pos;
+  }
+}
+
+// Keys beyond f16's range leave infinite bounds, and an infinite bound times
+// a zero query channel is not a number: such a block ranks highest (it could
+// weigh anything) and the selection stays well-formed at every level.
+TEST(SparseSelect, InfiniteBoundsRankHighest) {
+  const int32_t dim = 16, bs = 16, pos = 20 * bs;
+  const SparseAttention o{96, 16, 64};  // 1 sink, 4 window, 1 chosen
+  std::vector<int32_t> seq_table(pos / bs + 1);
+  std::iota(seq_table.begin(), seq_table.end(), 0);
+  std::vector<uint16_t> bounds(seq_table.size() * 2 * dim, f32_to_f16(0.5f));
+  bounds[size_t(7) * 2 * dim + 3] = 0xfc00;  // block 7, channel 3: [-inf, +inf]
+  bounds[size_t(7) * 2 * dim + dim + 3] = 0x7c00;
+  std::vector<float> q(dim, 1.0f);
+  q[3] = 0.0f;
+  for (KernelLevel level : kAllKernelLevels) {
+    if (!cpu_supports_level(level)) continue;
+    std::vector<float> scores(seq_table.size());
+    std::vector<int32_t> index(seq_table.size()), table(6);
+    select_blocks(level, o, pos, bs, seq_table.data(), q.data(), 1, dim, dim, bounds.data(), 2 * dim,
+                  scores.data(), index.data(), table.data());
+    EXPECT_EQ(table, (std::vector<int32_t>{0, 7, 17, 18, 19, 20})) << kernel_level_name(level);
   }
 }
 
@@ -332,6 +370,44 @@ TEST_F(SparseEngine, SpeculationDoesNotChangeSparseOutput) {
   const Out d = run(*dense, SpecMode::kOff);
   EXPECT_EQ(run(*m, SpecMode::kOff, 0).tokens, d.tokens);
   EXPECT_NE(plain.logprobs, d.logprobs);  // the budget did change what was read
+}
+
+// A pool sized in bytes (--kv-memory) buys K/V and key bounds together: the
+// plan, bounds included, fits the bytes given with no room for one more
+// block, the cache built from it allocates exactly what the plan counts, and
+// the engine with sparse attention holds that many blocks.
+TEST_F(SparseEngine, PoolSizedInBytesCountsTheKeyBounds) {
+  auto m = load(96);
+  const int32_t n_layer = m->config().n_layer;
+  KvPoolAsk a;
+  a.format = kv_format(a.kv_cache);
+  a.max_context = 512;
+  a.kv_bytes = int64_t(KvCache::bytes_per_token(m->kv_shape(), a.format)) * 2000 + 12345;
+  const KvPlan dense = size_kv_pool(*m, a);
+  a.key_bounds.assign(n_layer, true);
+  const KvPlan sparse = size_kv_pool(*m, a);
+  EXPECT_LE(kv_pool_bytes(dense), uint64_t(a.kv_bytes));
+  EXPECT_LE(kv_pool_bytes(sparse), uint64_t(a.kv_bytes));
+  KvPlan more = sparse;
+  more.n_blocks += 1;
+  EXPECT_GT(kv_pool_bytes(more), uint64_t(a.kv_bytes));
+  EXPECT_LT(sparse.n_blocks, dense.n_blocks);  // the bounds took the place of blocks
+
+  KvCache kv(sparse.shape, sparse.n_blocks, sparse.block_size, sparse.format, sparse.paging);
+  kv.keep_key_bounds(sparse.key_bounds);
+  EXPECT_EQ(kv.bytes() + kv.key_bounds()->bytes(), kv_pool_bytes(sparse));
+  EXPECT_EQ(kv.key_bounds()->bytes_per_block(),
+            size_t(n_layer) * m->kv_shape().n_head_kv * 2 * (m->kv_shape().k_width / m->kv_shape().n_head_kv) * 2);
+
+  EngineConfig c;
+  c.threads = 1;
+  c.max_context = 512;
+  c.kv_bytes = a.kv_bytes;
+  Engine e(*m, c);
+  EXPECT_EQ(e.metrics().kv_blocks_total, sparse.n_blocks);
+  auto dense_model = load(0);
+  Engine d(*dense_model, c);
+  EXPECT_EQ(d.metrics().kv_blocks_total, dense.n_blocks);
 }
 
 TEST_F(SparseEngine, BadCombinationsAreRefused) {

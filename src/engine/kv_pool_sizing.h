@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "kv/kv_cache.h"
 #include "model/executor.h"
@@ -27,10 +28,18 @@ struct KvPoolAsk {
   // one group (--swa-full, a streaming window, a device other than the CPU).
   bool page_windowed_layers = true;
   std::optional<uint64_t> memory_available;  // stands in for the memory available
+  // Layers whose blocks keep key bounds (sparse attention: kv/key_bounds.h;
+  // empty: none), passed on to the plan: their bytes beside every block are
+  // part of the pool.
+  std::vector<bool> key_bounds;
 };
 
+// Bytes of a planned pool: its blocks' K/V and their key bounds.
+uint64_t kv_pool_bytes(const KvPlan& plan);
+
 // Throws Error naming the problem: a pool that cannot hold one full context,
-// a size beyond the memory available, negative swap space.
+// a size beyond the memory available, negative swap space. A size in bytes
+// (kv_bytes, or the default's share of the memory) counts the key bounds.
 KvPlan size_kv_pool(const Model& model, const KvPoolAsk& ask);
 
 }  // namespace tandem

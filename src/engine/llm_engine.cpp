@@ -174,8 +174,13 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model)
   // A streaming window keeps its own positions in every layer.
   ask.page_windowed_layers = !kc.swa_full && kc.window == 0 && c.device == "cpu";
   ask.memory_available = c.memory_available;
-  KvPlan plan = size_kv_pool(m, ask);
   const SparseAttention& sparse = m.options().sparse_attention;
+  // Full-attention layers only keep key bounds: sliding-window layers already read little.
+  if (sparse.budget > 0) {
+    ask.key_bounds.assign(mc.n_layer, false);
+    for (int32_t l = 0; l < mc.n_layer; ++l) ask.key_bounds[l] = !mc.layer_is_swa[l];
+  }
+  KvPlan plan = size_kv_pool(m, ask);
   if (sparse.budget > 0) {
     check_sparse_attention(sparse, c.block_size);
     if (kc.window > 0)
@@ -184,9 +189,6 @@ Engine::Impl::Impl(Model& m, const EngineConfig& c, Model* draft_model)
            "evicts the blocks sparse attention chooses from");
     if (c.device != "cpu")
       fail(ErrorKind::kInvalidArgument, "--sparse-attention runs on the CPU only (--device {})", c.device);
-    // Full-attention layers only: sliding-window layers already read little.
-    plan.key_bounds.assign(mc.n_layer, false);
-    for (int32_t l = 0; l < mc.n_layer; ++l) plan.key_bounds[l] = !mc.layer_is_swa[l];
     batch.sparse_budget = sparse.budget;
   }
   const KvPaging& paging = plan.paging;
