@@ -261,6 +261,15 @@ void gemv_args(benchmark::internal::Benchmark* b) {
   // Qwen3-30B-A3B expert's gate (768 x 2048) and down (2048 x 768) with the
   // 32 rows an expert gets on average in a 512-token prefill (8 of 128).
   for (int m : {2, 4, 8}) b->Args({7, 5632, 2048, m, 1, 0});
+  // mxfp4's row kernels (decode) against its vec_dot loop: two threads (q4_0's
+  // are above); and one expert's gate / up (768 x 2048) and down (2048 x 768)
+  // of a Qwen3-30B-A3B shape, one row from memory, beside q4_0's.
+  for (int old : {0, 1}) b->Args({7, 5632, 2048, 1, 2, old});
+  for (int ti : {1, 7})
+    for (int old : {0, 1}) {
+      b->Args({ti, 768, 2048, 1, 1, old});
+      b->Args({ti, 2048, 768, 1, 1, old});
+    }
   for (int64_t m : {64, 512})
     for (int ti : {1, 7})
       for (int old : {0, 1}) b->Args({ti, 2048, 2048, m, 1, old});

@@ -252,16 +252,18 @@ TEST(KernelsGemm, RowwiseAndPackedPathsAgree) {
 }
 
 // The row-wise (decode) kernels over K with every remainder of their block
-// steps and weight rows past their widest tiles (16 for q4_0): the same bits
-// as the scalar level, for 1 to 3 activation rows.
+// steps, and 61 weight rows: three 16-row tiles (q4_0, mxfp4), an 8-row one
+// and 2-row tiles with a single row last: the same bits as the scalar level,
+// for 1 to 3 activation rows.
 TEST(KernelsGemm, RowwiseStepsAndTailsMatchScalar) {
   ThreadPool pool(1);
   std::mt19937 rng(23);
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
+                     GgmlType::MXFP4}) {
     for (int64_t blocks : {1, 2, 3, 4, 5, 7, 8, 12, 13, 19}) {
       // 256-element blocks: a few suffice (q4_K / q5_K take 4 at a time).
       if (gemm_class(t) != GemmClass::kQ32 && blocks > 5 && blocks != 8) continue;
-      const Problem p = make_problem(t, 53, blocks, rng);
+      const Problem p = make_problem(t, 61, blocks, rng);
       const std::vector<float> x = random_acts(3, p.cols, rng);
       const std::vector<float> ref = matmul(p, x, 3, KernelLevel::kScalar, pool);
       for (KernelLevel level : levels())
@@ -504,10 +506,7 @@ TEST(KernelsGemm, EveryLevelHasEverySlotOfTheScalarBuild) {
       EXPECT_EQ(f.prepare != nullptr, ref.prepare != nullptr) << where;
       EXPECT_EQ(f.dot, vec_dot_fn_for_level(t, level)) << where;
       // Only the scalar level runs the scalar products where a SIMD build has them.
-      // (mxfp4 has panels but no row kernels of its own: select_product
-      // gives its few-row products to vec_dot, and its rows stay the scalar
-      // reference the tests compare the panels with.)
-      if (level != KernelLevel::kScalar && ref.rows && t != GgmlType::MXFP4) {
+      if (level != KernelLevel::kScalar && ref.rows) {
         EXPECT_NE(f.rows, ref.rows) << where;
       }
     }
@@ -630,11 +629,10 @@ TEST(KernelsGemm, SelectFollowsTheTable) {
     const Product q41 = select_product(GgmlType::Q4_1, kFile, 7, level, tuning);
     EXPECT_EQ(q41.route, ProductRoute::kVecDot);
     EXPECT_EQ(q41.dot, vec_dot_fn_for_level(GgmlType::Q4_1, level));
-    // mxfp4: vec_dot for one row, panels (packed per call, or as repacked at load) for more.
-    const Product mx1 = select_product(GgmlType::MXFP4, kFile, 1, level, tuning);
-    EXPECT_EQ(mx1.route, ProductRoute::kVecDot);
-    EXPECT_EQ(mx1.dot, vec_dot_fn_for_level(GgmlType::MXFP4, level));
-    EXPECT_EQ(route(GgmlType::MXFP4, kFile, 2, level), kPanels);
+    // mxfp4: row kernels up to 2 rows as q4_0, panels (packed per call, or as repacked at load) past them.
+    EXPECT_EQ(route(GgmlType::MXFP4, kFile, 1, level), kRows);
+    EXPECT_EQ(route(GgmlType::MXFP4, kFile, 2, level), kRows);
+    EXPECT_EQ(route(GgmlType::MXFP4, kFile, 3, level), kPanels);
     EXPECT_EQ(route(GgmlType::MXFP4, WeightLayout::kPanels, 1, level), kPanels);
     const Product pair = select_product(GgmlType::Q8_0, kFile, 9, level, tuning);
     EXPECT_EQ(pair.pairs, pair.kernel.run2 != nullptr);

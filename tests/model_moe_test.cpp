@@ -228,8 +228,8 @@ RequestParams greedy(int32_t max_tokens) {
 // experts' rows grouped across sequences) give every request the tokens it
 // gets alone; also with a q8_0 KV cache, with the prefix cache serving a
 // shared prefix, and with n-gram speculation (several rows of a sequence
-// per step). MXFP4 experts: panels for an expert's grouped rows, vec_dot
-// for a lone decode row, the same bits.
+// per step). MXFP4 experts: panels for an expert's grouped rows, row
+// kernels for one or two, the same bits.
 TEST(MoeEngine, MixedStepsAreBatchInvariant) {
   const std::pair<const char*, const char*> cases[] = {
       {"qwen3moe", "q8_0"}, {"qwen2moe", "q8_0"}, {"llama", "q8_0"}, {"qwen3moe", "mxfp4"}};

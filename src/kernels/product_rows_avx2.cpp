@@ -8,6 +8,7 @@
 #if defined(__x86_64__)
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/kernel_builds.h"
 #include "kernels/product_kernels.h"
@@ -27,6 +28,14 @@ TD_FN float f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
+}
+
+// A block's scale: the f16 d its first two bytes hold, or mxfp4's E8M0 byte
+// as 2^(e - 128) (e8m0_to_f32_half: the code values are doubled).
+template <typename Conv>
+TD_FN float block_scale(const uint8_t* blk) {
+  if constexpr (std::is_same_v<Conv, Mxfp4Conv>) return e8m0_to_f32_half(blk[offsetof(BlockMXFP4, e)]);
+  else return f16(blk);
 }
 
 TD_FN __m256i loadu(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
@@ -49,7 +58,7 @@ TD_FN int32_t hsum(__m256i v) {
   return _mm_cvtsi128_si32(_mm_hadd_epi32(x, x));
 }
 
-// q4_0 / q5_0 / q8_0, NW weight rows x NA activation rows.
+// q4_0 / q5_0 / q8_0 / mxfp4, NW weight rows x NA activation rows.
 template <typename Conv, int NW, int NA>
 TD_FN void q32_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, float* y, int64_t ldy, int64_t pf) {
   constexpr bool kSigned = Conv::kBlock == sizeof(BlockQ8_0);
@@ -70,7 +79,7 @@ TD_FN void q32_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, fl
         } else {
           u[i][k] = conv(blk + k * Conv::kBlock);
         }
-        dw[i][k] = f16(blk + k * Conv::kBlock);
+        dw[i][k] = block_scale<Conv>(blk + k * Conv::kBlock);
       }
     }
     for (int m = 0; m < NA; ++m) {
@@ -97,7 +106,7 @@ TD_FN void q32_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, fl
     for (int i = 0; i < NW; ++i) {
       const uint8_t* blk = w[i] + b * Conv::kBlock;
       const __m256i q = kSigned ? loadu(blk + offsetof(BlockQ8_0, qs)) : conv(blk);
-      const float dw = f16(blk);
+      const float dw = block_scale<Conv>(blk);
       for (int m = 0; m < NA; ++m) {
         const __m256i av = loadu(A.qgroup(r + m) + b * kQK);
         const int32_t sum = kSigned ? hsum(dot32(_mm256_abs_epi8(q), _mm256_sign_epi8(av, q)))
@@ -348,6 +357,7 @@ TypeFns avx2_rows(GgmlType w) {
     case GgmlType::Q4_0: return {.rows = rows_q32<Q4_0Conv>};
     case GgmlType::Q5_0: return {.rows = rows_q32<Q5_0Conv>};
     case GgmlType::Q8_0: return {.rows = rows_q32<Q8_0Conv>};
+    case GgmlType::MXFP4: return {.rows = rows_q32<Mxfp4Conv>};
     case GgmlType::Q4_K: return {.rows = rows_k4<BlockQ4K>};
     case GgmlType::Q5_K: return {.rows = rows_k4<BlockQ5K>};
     case GgmlType::Q6_K: return {.rows = rows_k6};

@@ -1,6 +1,6 @@
-// AVX-512 row-wise kernels for q4_0, q5_0 and q8_0 (product_rows_avx512.cpp
+// AVX-512 row-wise kernels for q4_0, q5_0, q8_0 and mxfp4 (product_rows_avx512.cpp
 // says what the row-wise path is): 8 weight rows at a time with the 8 float
-// chains in the lanes of one FMA, q4_0 16 rows at a time, q4_0 / q5_0 tiles
+// chains in the lanes of one FMA, q4_0 and mxfp4 16 rows at a time, q4_0 / q5_0 tiles
 // with one lane per row, and 2-row tiles for what is left.
 #include "kernels/product_rows_avx512.h"
 
@@ -31,12 +31,37 @@ TD_FN __m256i block_sums8(const __m512i P[4]) {
   return _mm256_set_m128i(_mm_unpackhi_epi32(even, odd), _mm_unpacklo_epi32(even, odd));
 }
 
-// The f16 scales of 8 blocks kBlock bytes apart, as floats.
-template <size_t kBlock>
+template <typename Conv>
+inline constexpr bool kMxfp4 = std::is_same_v<Conv, Mxfp4Conv>;
+
+// A block's scale: the f16 d its first two bytes hold, or mxfp4's E8M0 byte
+// as 2^(e - 128) (e8m0_to_f32_half: the code values are doubled).
+template <typename Conv>
+TD_FN float block_scale(const uint8_t* blk) {
+  if constexpr (kMxfp4<Conv>) return e8m0_to_f32_half(blk[offsetof(BlockMXFP4, e)]);
+  else return f16(blk);
+}
+
+// The scales of 8 blocks from the first 4 bytes of each (one per lane), as
+// block_scale gives them. E8M0: the exponent field e - 1, or for e < 2 the
+// subnormals 2^(e - 128), exact either way.
+template <typename Conv>
+TD_FN __m256 scales8_of(__m256i words) {
+  if constexpr (kMxfp4<Conv>) {
+    const __m256i e = _mm256_and_si256(words, _mm256_set1_epi32(0xFF));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_mask_blend_epi32(_mm256_cmplt_epu32_mask(e, _mm256_set1_epi32(2)), normal, tiny));
+  } else {
+    return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(words));
+  }
+}
+
+// The scales of 8 blocks Conv::kBlock bytes apart, as floats.
+template <typename Conv>
 TD_FN __m256 block_scales8(const uint8_t* blk) {
-  const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(kBlock));
-  const __m256i words = _mm256_i32gather_epi32(reinterpret_cast<const int*>(blk), idx, 1);
-  return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(words));
+  const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(Conv::kBlock));
+  return scales8_of<Conv>(_mm256_i32gather_epi32(reinterpret_cast<const int*>(blk), idx, 1));
 }
 
 // NW weight rows x NA activation rows of a q4_0 / q5_0 / q8_0 matrix.
@@ -55,7 +80,7 @@ TD_FN void q32_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, fl
       const uint8_t* blk = w[i] + b * Conv::kBlock;
       prefetch_ahead(blk, 8 * Conv::kBlock, pf);
       for (int p = 0; p < 4; ++p) u[i][p] = conv.pair(blk + 2 * p * Conv::kBlock);
-      dw[i] = block_scales8<Conv::kBlock>(blk);
+      dw[i] = block_scales8<Conv>(blk);
     }
     for (int m = 0; m < NA; ++m) {
       const int8_t* a = A.qgroup(r + m) + b * kQK;
@@ -79,7 +104,7 @@ TD_FN void q32_tile(const uint8_t* const w[NW], const GemmActs& A, int64_t r, fl
     for (int i = 0; i < NW; ++i) {
       const uint8_t* blk = w[i] + b * Conv::kBlock;
       const __m256i u = conv(blk);
-      const float dw = f16(blk);
+      const float dw = block_scale<Conv>(blk);
       for (int m = 0; m < NA; ++m) {
         const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u,
                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A.qgroup(r + m) + b * kQK)));
@@ -133,7 +158,7 @@ TD_FN void q32_chunk8(const uint8_t* rows0, size_t stride, __m256i row_off, cons
   for (int m = 0; m < NA; ++m) simd::transpose_8x8_epi32(S[m]);  // S[m][k]: block b + k, lane = row
   for (int k = 0; k < (kFull ? 8 : n); ++k) {
     const __m256i h = _mm256_i32gather_epi32(reinterpret_cast<const int*>(rows0 + (b + k) * Conv::kBlock), row_off, 1);
-    const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(h));
+    const __m256 dw = scales8_of<Conv>(h);
     for (int m = 0; m < NA; ++m) {
       const __m256i sum = _mm256_add_epi32(S[m][k], _mm256_set1_epi32(A.egroup(r + m)[b + k]));
       acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(A.sgroup(r + m)[b + k])), acc[m]);
@@ -164,9 +189,10 @@ struct Q32Tile {
   }
 };
 
-// ---- q4_0, 16 weight rows side by side ----
+// ---- q4_0 and mxfp4, 16 weight rows side by side ----
 //
-// q4_0 packs a block in 18 bytes, so its decode has twice the blocks per
+// q4_0 packs a block in 18 bytes (mxfp4 in 17: the same nibble field after a
+// one-byte scale), so its decode has twice the blocks per
 // byte of q8_0, and the generic kernels above were compute-bound on it,
 // below memory speed: per 2 blocks they spent ~8 shuffles folding 8-lane dpbusd results into block sums and
 // transposing them, and the 8-row gathers of the block scales cost more
@@ -198,22 +224,55 @@ TD_FN void transpose_lanes4(__m512 v[4]) {
   v[3] = _mm512_shuffle_f32x4(t1, t3, _MM_SHUFFLE(3, 1, 3, 1));
 }
 
+// The two formats the 16-row step reads, blocks of a scale and 16 nibble
+// bytes: q4_0 (f16 d; the nibbles are the quants) and mxfp4 (an E8M0 byte;
+// the nibbles are codes, looked up to their values + 12 in place).
+// scales(head) moves block k's scale of rows j = 0..3 (from the first 64
+// bytes of each row's step) to lane 4k + j, as a float.
+struct Q40Step {
+  static constexpr size_t kB = sizeof(BlockQ4_0), kQs = offsetof(BlockQ4_0, qs);
+  TD_FN static __m512i values(__m512i nibbles) { return nibbles; }
+  TD_FN static __m512 scales(const __m512i head[4]) {
+    // Block k's scale is in dword dpos[k] = 0, 4, 9, 13, in its low word for
+    // even k and its high word for odd k: one permute per pair of rows,
+    // even rows from the first table.
+    const __m512i idw = _mm512_setr_epi32(0, 16, 0, 16, 4, 20, 4, 20, 9, 25, 9, 25, 13, 29, 13, 29);
+    const __m512i hshift = _mm512_setr_epi32(0, 0, 0, 0, 16, 16, 16, 16, 0, 0, 0, 0, 16, 16, 16, 16);
+    const __m512i d = _mm512_mask_blend_epi32(0xCCCC, _mm512_permutex2var_epi32(head[0], idw, head[1]),
+                                              _mm512_permutex2var_epi32(head[2], idw, head[3]));
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srlv_epi32(d, hshift)));
+  }
+};
+struct Mxfp4Step {
+  static constexpr size_t kB = sizeof(BlockMXFP4), kQs = offsetof(BlockMXFP4, qs);
+  TD_FN static __m512i values(__m512i nibbles) {
+    const __m512i table = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    return _mm512_shuffle_epi8(table, nibbles);
+  }
+  TD_FN static __m512 scales(const __m512i head[4]) {
+    // Block k's E8M0 byte 17k is byte k of dword 4k.
+    const __m512i idw = _mm512_setr_epi32(0, 16, 0, 16, 4, 20, 4, 20, 8, 24, 8, 24, 12, 28, 12, 28);
+    const __m512i bshift = _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
+    const __m512i d = _mm512_mask_blend_epi32(0xCCCC, _mm512_permutex2var_epi32(head[0], idw, head[1]),
+                                              _mm512_permutex2var_epi32(head[2], idw, head[3]));
+    const __m512i e = _mm512_and_si512(_mm512_srlv_epi32(d, bshift), _mm512_set1_epi32(0xFF));
+    // As e8m0_to_f32_half: the exponent field e - 1, or the subnormals 2^(e - 128) for e < 2.
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i tiny = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, tiny));
+  }
+};
+
 // One step of 4 blocks (or of the first n < 4 blocks; the rest of the
-// 72-byte row pieces are zeros) for 16 rows w + i * stride. aq[m]: the 128
+// 4-block row pieces are zeros) for 16 rows w + i * stride. aq[m]: the 128
 // activation quants of the step for activation row m (zeros past block n).
-template <int NA, bool kPf>
+template <typename Fmt, int NA, bool kPf>
 TD_FN void q40_step16(const uint8_t* w, size_t stride, const int8_t* const aq[NA], const float* const da[NA],
                       const int32_t* const ex[NA], int n, int64_t pf, __m512 acc[NA]) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   // 128-bit lane k of the low (high) operand: elements 0..15 (16..31) of block
   // k, i.e. qwords 4k, 4k+1 (4k+2, 4k+3) of the step's 128 bytes.
   const __m512i ilo = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), ihi = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
-  // Block k's scale is in dword dpos[k] = 0, 4, 9, 13 of a row's first 64
-  // bytes, in its low word for even k and its high word for odd k. Moved to
-  // the reduced sums' layout (lane 4k + j: block k, row j of a group of 4):
-  // one permute per pair of rows, even rows from the first table.
-  const __m512i idw = _mm512_setr_epi32(0, 16, 0, 16, 4, 20, 4, 20, 9, 25, 9, 25, 13, 29, 13, 29);
-  const __m512i hshift = _mm512_setr_epi32(0, 0, 0, 0, 16, 16, 16, 16, 0, 0, 0, 0, 16, 16, 16, 16);
   // da and extra of block k, in lanes 4k..4k+3.
   const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   __m512i alo[NA], ahi[NA];
@@ -230,26 +289,23 @@ TD_FN void q40_step16(const uint8_t* w, size_t stride, const int8_t* const aq[NA
     for (int j = 0; j < 4; ++j) {
       const uint8_t* row = w + (4 * g + j) * stride;
       if (kPf && pf != 0) {
-        // The 72 bytes of the step touch at most two lines.
+        // The step's 4 blocks (68 or 72 bytes) touch at most two lines.
         _mm_prefetch(reinterpret_cast<const char*>(row + pf), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(row + pf + 71), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(row + pf + 4 * Fmt::kB - 1), _MM_HINT_T0);
       }
       head[j] = _mm512_loadu_si512(row);
-      const uint8_t* q = row + offsetof(BlockQ4_0, qs);
+      const uint8_t* q = row + Fmt::kQs;
       // Broadcasts from memory place each field in its lane (loads, no shuffle unit).
       __m512i z = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-      z = _mm512_mask_broadcast_i32x4(z, 0x00F0, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + sizeof(BlockQ4_0))));
-      z = _mm512_mask_broadcast_i32x4(z, 0x0F00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 2 * sizeof(BlockQ4_0))));
-      z = _mm512_mask_broadcast_i32x4(z, 0xF000, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 3 * sizeof(BlockQ4_0))));
-      const __m512i lo = _mm512_and_si512(z, m4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+      z = _mm512_mask_broadcast_i32x4(z, 0x00F0, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + Fmt::kB)));
+      z = _mm512_mask_broadcast_i32x4(z, 0x0F00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 2 * Fmt::kB)));
+      z = _mm512_mask_broadcast_i32x4(z, 0xF000, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 3 * Fmt::kB)));
+      const __m512i lo = Fmt::values(_mm512_and_si512(z, m4));
+      const __m512i hi = Fmt::values(_mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
       for (int m = 0; m < NA; ++m)
         P[m][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo[m]), hi, ahi[m]);
     }
-    {
-      const __m512i d = _mm512_mask_blend_epi32(0xCCCC, _mm512_permutex2var_epi32(head[0], idw, head[1]),
-                                                _mm512_permutex2var_epi32(head[2], idw, head[3]));
-      DW[g] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srlv_epi32(d, hshift)));
-    }
+    DW[g] = Fmt::scales(head);
     for (int m = 0; m < NA; ++m) {
       // Per 128-bit lane k (block k): rows 0..3's four partials -> [S0 S1 S2 S3].
       const __m512i x01 = _mm512_add_epi32(_mm512_unpacklo_epi32(P[m][0], P[m][1]), _mm512_unpackhi_epi32(P[m][0], P[m][1]));
@@ -277,10 +333,10 @@ TD_FN void q40_step16(const uint8_t* w, size_t stride, const int8_t* const aq[NA
 
 // 16 weight rows x NA activation rows r.. of a q4_0 matrix in the file's
 // rows src + i * stride.
-template <int NA>
+template <typename Fmt, int NA>
 TD_FN void q40_tile16(const uint8_t* src, size_t stride, const GemmActs& A, int64_t r, float* y, int64_t ldy,
                       int64_t pf) {
-  constexpr size_t kB = sizeof(BlockQ4_0);
+  constexpr size_t kB = Fmt::kB;
   const int64_t nb = A.nb;
   __m512 acc[NA];
   for (int m = 0; m < NA; ++m) acc[m] = _mm512_setzero_ps();
@@ -294,7 +350,7 @@ TD_FN void q40_tile16(const uint8_t* src, size_t stride, const GemmActs& A, int6
       da[m] = A.sgroup(r + m) + b;
       ex[m] = A.egroup(r + m) + b;
     }
-    q40_step16<NA, true>(src + b * kB, stride, aq, da, ex, 4, pf, acc);
+    q40_step16<Fmt, NA, true>(src + b * kB, stride, aq, da, ex, 4, pf, acc);
   }
   if (b < nb) {
     // The last n < 4 blocks through zero-padded copies (no reads past the rows).
@@ -313,7 +369,7 @@ TD_FN void q40_tile16(const uint8_t* src, size_t stride, const GemmActs& A, int6
       da[m] = dt[m];
       ex[m] = et[m];
     }
-    q40_step16<NA, false>(wt[0], 4 * kB, aq, da, ex, n, 0, acc);
+    q40_step16<Fmt, NA, false>(wt[0], 4 * kB, aq, da, ex, n, 0, acc);
   }
   for (int m = 0; m < NA; ++m) _mm512_storeu_ps(y + m * ldy, acc[m]);
 }
@@ -373,7 +429,7 @@ TD_FN void q32_lane16(const uint8_t* tile, const GemmActs& A, int64_t r, float* 
   for (int m = 0; m < NA; ++m) _mm512_storeu_ps(y + m * ldy, acc[m]);
 }
 
-// q32 matrices: q4_0 / q5_0 tiles, then q4_0 16 weight rows at a time
+// q32 matrices: q4_0 / q5_0 tiles, then q4_0 / mxfp4 16 weight rows at a time
 // while they last (above); then 8 rows at a time (one FMA per block for all 8
 // chains), then the 2-row tiles.
 template <typename Conv>
@@ -399,12 +455,13 @@ TD_ATTR void rows_q32(const WeightMatrix& W, int64_t o0, int64_t o1, const GemmA
       }
     }
   }
-  if constexpr (std::is_same_v<Conv, Q4_0Conv>) {
+  if constexpr (std::is_same_v<Conv, Q4_0Conv> || kMxfp4<Conv>) {
+    using Fmt = std::conditional_t<kMxfp4<Conv>, Mxfp4Step, Q40Step>;
     const int64_t pf16 = prefetch_distance(A.prefetch, W.row_stride, 16);
     for (; o + 16 <= o1; o += 16)
       for (int64_t r = r0; r < r1; r += 2) {
-        if (r + 1 < r1) q40_tile16<2>(W.row(o), W.row_stride, A, r, y + r * ldy + o, ldy, pf16);
-        else q40_tile16<1>(W.row(o), W.row_stride, A, r, y + r * ldy + o, ldy, pf16);
+        if (r + 1 < r1) q40_tile16<Fmt, 2>(W.row(o), W.row_stride, A, r, y + r * ldy + o, ldy, pf16);
+        else q40_tile16<Fmt, 1>(W.row(o), W.row_stride, A, r, y + r * ldy + o, ldy, pf16);
       }
   }
   const int64_t pf = prefetch_distance(A.prefetch, W.row_stride, 8);
@@ -431,6 +488,7 @@ TypeFns avx512_q32_rows(GgmlType w) {
     case GgmlType::Q4_0: return {.rows = rows_q32<Q4_0Conv>};
     case GgmlType::Q5_0: return {.rows = rows_q32<Q5_0Conv>};
     case GgmlType::Q8_0: return {.rows = rows_q32<Q8_0Conv>};
+    case GgmlType::MXFP4: return {.rows = rows_q32<Mxfp4Conv>};
     default: return {};
   }
 }

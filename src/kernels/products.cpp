@@ -33,9 +33,6 @@ struct TypeRow {
   // --prepack auto gives it panels: they are the file's size, so decode
   // reads no more bytes and the file's pages go.
   bool panels_in_auto;
-  // No row kernels of its own: up to rows_max activation rows run the
-  // level's vec_dot, whose chain is the panels' (product_kernels.h).
-  bool rows_by_vec_dot = false;
 };
 
 constexpr TypeRow kTable[] = {
@@ -53,7 +50,7 @@ constexpr TypeRow kTable[] = {
     {GgmlType::Q5_1, GemmClass::kNone,   0,        0,         false},
     {GgmlType::Q2_K, GemmClass::kNone,   0,        0,         false},
     {GgmlType::Q3_K, GemmClass::kNone,   0,        0,         false},
-    {GgmlType::MXFP4, GemmClass::kQ32,   1,        0,         false, true},
+    {GgmlType::MXFP4, GemmClass::kQ32,   2,        0,         false},
 };
 constexpr size_t kTypes = std::size(kTable);
 
@@ -143,10 +140,6 @@ Product select_product(GgmlType type, WeightLayout layout, int64_t rows, KernelL
   } else {
     const int64_t rows_max = layout == WeightLayout::kTiles ? row->tile_rows_max : row->rows_max;
     p.route = panels && rows > rows_max ? ProductRoute::kPanels : ProductRoute::kRows;
-    if (p.route == ProductRoute::kRows && row->rows_by_vec_dot) {
-      p.route = ProductRoute::kVecDot;
-      p.dot = vec_dot_fn_for_level(type, level);
-    }
   }
   p.pairs = p.route == ProductRoute::kPanels && p.kernel.run2 != nullptr && tuning.panel_pair_min_rows > 0 &&
             rows >= tuning.panel_pair_min_rows;

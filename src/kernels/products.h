@@ -29,8 +29,7 @@
 namespace tandem {
 
 enum class ProductRoute {
-  kVecDot,  // one vec_dot per output: weight types without product kernels,
-            // and mxfp4's few-row products (it has no row kernels)
+  kVecDot,  // one vec_dot per output: weight types without product kernels
   kRows,    // row kernels reading the weights where they are (the file's rows,
             // or the tiles): each weight byte streamed once for all rows, the
             // decode shape

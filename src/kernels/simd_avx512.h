@@ -100,6 +100,10 @@ struct Mxfp4Conv {
                                            16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
     return _mm256_shuffle_epi8(table, nibbles32(blk + offsetof(BlockMXFP4, qs)));
   }
+  TD_FN __m512i pair(const uint8_t* blk) const {
+    const __m512i table = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    return _mm512_shuffle_epi8(table, nibbles64(blk + offsetof(BlockMXFP4, qs), blk + kBlock + offsetof(BlockMXFP4, qs)));
+  }
 };
 
 
