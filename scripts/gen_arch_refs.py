@@ -42,6 +42,9 @@ K_SHAPE = ["--arch", "llama", "--layers", "2", "--embd", "256", "--ff", "512", "
 SMALL = ["--layers", "2", "--embd", "128", "--ff", "256"]
 DS2 = SMALL + ["--heads", "4", "--head-dim", "64", "--rope-dim", "32", "--kv-lora", "64", "--head-dim-v", "32"]
 DS2_MOE = ["--experts", "8", "--ff-exp", "64", "--experts-shared", "2"]
+GPTOSS = ["--arch", "gpt-oss", "--layers", "3", "--embd", "128", "--ff", "128", "--heads", "4", "--kv-heads", "2",
+          "--head-dim", "32", "--experts", "8", "--experts-used", "2", "--ff-exp", "64", "--window", "8",
+          "--yarn-factor", "32"]
 
 MODELS = {
     # Architectures, F32 weights: differences here are forward-pass bugs, not rounding.
@@ -91,6 +94,12 @@ MODELS = {
                         "--ff-exp", "256", "--type", "q4_k_m"],
     "llama_moe_q4_k_m": ["--arch", "llama", "--layers", "2", "--embd", "256", "--ff", "256", "--heads", "4",
                          "--kv-heads", "2", "--experts", "8", "--experts-used", "2", "--type", "q4_k_m"],
+    # gpt-oss: biased attention with a sink logit per head, every other layer (0, 2) over a window of 8,
+    # YaRN (factor 32 over 4096, as gpt-oss-20b), a biased router (top-k logits, then a softmax over the k)
+    # and biased experts through the clamped SwiGLU; at F32, Q8_0 and llama.cpp's MXFP4_MOE mix.
+    "gptoss_f32": GPTOSS,
+    "gptoss_q8_0": GPTOSS + ["--type", "q8_0"],
+    "gptoss_mxfp4_moe": GPTOSS + ["--type", "mxfp4_moe"],
 }
 for t in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
           "q4_k_m", "q5_k_m", "mxfp4"]:

@@ -705,6 +705,35 @@ TEST(Quantize, Mxfp4MoeWritesTheExpertsRowByRow) {
   EXPECT_EQ(q->get_int("general.file_type").value(), 38);
 }
 
+// `synth --type mxfp4_moe` writes what `quantize --type MXFP4_MOE` makes of
+// the same gpt-oss model in f32 (so the gptoss_mxfp4_moe reference speaks for
+// both): every tensor of the same type and bytes, the biases and sinks f32.
+TEST(Quantize, Mxfp4MoeOfAGptOssModelEqualsSynthsMix) {
+  TempDir dir("gptoss");
+  SynthSpec s;
+  s.arch = "gpt-oss";
+  s.n_layer = 2, s.n_embd = 64, s.n_ff = 64, s.n_head = 4, s.n_head_kv = 2, s.head_dim = 32;
+  s.n_expert = 4, s.n_ff_exp = 32;
+  s.vocab_from = test::shared_path("models/gguf/stories260K.gguf");
+  const std::string f32 = dir.file("f32.gguf"), mix = dir.file("mix.gguf"), q = dir.file("q.gguf");
+  synth_model(s, f32, 1);
+  s.type = "mxfp4_moe";
+  synth_model(s, mix, 1);
+  quantize(f32, q, "MXFP4_MOE");
+  auto a = GgufFile::open(mix), b = GgufFile::open(q);
+  ASSERT_EQ(a->tensors().size(), b->tensors().size());
+  for (const GgufTensor& t : a->tensors()) {
+    const GgufTensor* u = b->find_tensor(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    EXPECT_EQ(u->type, t.type) << t.name;
+    ASSERT_EQ(u->n_bytes, t.n_bytes) << t.name;
+    EXPECT_EQ(0, std::memcmp(u->data, t.data, t.n_bytes)) << t.name;
+  }
+  EXPECT_EQ(a->find_tensor("blk.1.ffn_down_exps.weight")->type, GgmlType::MXFP4);
+  EXPECT_EQ(a->find_tensor("blk.1.attn_sinks.weight")->type, GgmlType::F32);
+  EXPECT_EQ(a->find_tensor("blk.1.ffn_up_exps.bias")->type, GgmlType::F32);
+}
+
 // ------------------------------------------------- GgufWriter, streamed data
 
 // header() followed by each tensor's bytes, padded, is what to_bytes() makes.

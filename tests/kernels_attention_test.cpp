@@ -35,6 +35,7 @@ struct World {
   std::vector<std::vector<int32_t>> blocks;  // per sequence
   std::vector<int32_t> len;                  // positions per sequence
   std::vector<std::vector<float>> q;         // per sequence: [len][n_head * head_dim]
+  std::vector<float> sinks;                  // per head, where s.sinks points at them
   int64_t qw() const { return int64_t{s.n_head} * s.head_dim; }
   int64_t ow() const { return int64_t{s.n_head} * s.head_dim_v; }
   KvLayerView view(int32_t seq) const { return kv->layer_view(kLayer, blocks[seq].data()); }
@@ -181,6 +182,7 @@ Reference reference(const World& w, int32_t seq, int32_t pos, int32_t h) {
         }
       }
   }
+  if (s.sinks) sum += std::exp(double(s.sinks[h]) - mx);  // in the denominator only
   for (int32_t d = 0; d < hdv; ++d) {
     ref.out[d] /= sum;
     ref.slack[d] /= sum;
@@ -356,6 +358,66 @@ TEST(KernelsAttention, PrefillAndDecodeAreBitIdentical) {
         EXPECT_TRUE(same_bits(one.data(), batch.data() + b * w.ow(), w.ow())) << "batch row " << b;
       }
     }
+}
+
+// Attention sinks (gpt-oss): head h's softmax gains e^sinks[h] in its
+// denominator. Every level against the double reference, with sinks far
+// above, near and below the rows' scores; prefill (whole or split), single
+// and batched decode, on one thread and on two (where decode splits a head
+// along the KV length), give the same bits; a null span gives the bits of
+// attention without sinks.
+TEST(KernelsAttention, SinksJoinTheDenominatorOnly) {
+  const Case cases[] = {
+      {{8, 2, 64, 64, 0}, KvType::kF32, KvType::kF32, 300, 37, 16, 4.0f},
+      {{6, 3, 20, 36, 60}, KvType::kF16, KvType::kF16, 260, 1, 3, 4.0f},
+      {{4, 1, 64, 56, 0}, KvType::kQ8_0, KvType::kF16, 290, 101, 16, 4.0f},
+  };
+  std::vector<std::vector<float>> one_thread;
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    size_t run = 0;
+    for (KernelLevel level : levels())
+      for (const Case& c : cases) {
+        SCOPED_TRACE(testing::Message() << kernel_level_name(level) << " threads " << threads << " heads "
+                                        << c.s.n_head << "/" << c.s.n_head_kv << " dims " << c.s.head_dim
+                                        << " window " << c.s.window << " k " << kv_type_name(c.kt));
+        World w = make_world(c.s, kv_format(c.kt, c.vt), {c.len, 150}, c.block_size, c.score_scale, 13);
+        const std::vector<float> plain = run_prefill(level, w, 0, c.p0, c.len, pool);
+        std::mt19937 rng(5);
+        std::normal_distribution<float> nd(0.0f, 2.0f);
+        for (int32_t h = 0; h < c.s.n_head; ++h) w.sinks.push_back(h % 3 == 0 ? 9.0f + h : nd(rng));
+        w.s.sinks = w.sinks.data();
+        const std::vector<float> whole = run_prefill(level, w, 0, c.p0, c.len, pool);
+        const double tol = 3e-6 * c.score_scale * std::sqrt(c.s.head_dim / 16.0);
+        // Against the reference once; on two threads, the same bits as on one.
+        if (threads == 1) {
+          EXPECT_LT(worst_error(w, 0, c.p0, c.len, whole), tol);
+          one_thread.push_back(whole);
+        } else {
+          EXPECT_TRUE(same_bits(whole.data(), one_thread[run].data(), whole.size()));
+        }
+        ++run;
+        EXPECT_FALSE(same_bits(whole.data(), plain.data(), whole.size()));
+        const int32_t mid = (c.p0 + c.len) / 2 + 1;
+        std::vector<float> split = run_prefill(level, w, 0, c.p0, mid, pool);
+        const std::vector<float> rest = run_prefill(level, w, 0, mid, c.len, pool);
+        split.insert(split.end(), rest.begin(), rest.end());
+        EXPECT_TRUE(same_bits(whole.data(), split.data(), whole.size()));
+        for (int32_t pos = c.p0; pos < c.len; pos += 7) {
+          const std::vector<float> one = run_decode(level, w, {0}, {pos}, pool);
+          ASSERT_TRUE(same_bits(one.data(), whole.data() + (pos - c.p0) * w.ow(), w.ow())) << "position " << pos;
+        }
+        const std::vector<int32_t> pos = {c.len - 1, 149, c.p0, 3};
+        const std::vector<float> batch = run_decode(level, w, {0, 1, 0, 1}, pos, pool);
+        for (size_t b = 0; b < pos.size(); ++b) {
+          const std::vector<float> one = run_decode(level, w, {static_cast<int32_t>(b % 2)}, {pos[b]}, pool);
+          EXPECT_TRUE(same_bits(one.data(), batch.data() + b * w.ow(), w.ow())) << "batch row " << b;
+        }
+        w.s.sinks = nullptr;
+        const std::vector<float> again = run_prefill(level, w, 0, c.p0, c.len, pool);
+        EXPECT_TRUE(same_bits(again.data(), plain.data(), plain.size()));
+      }
+  }
 }
 
 // Thread counts change which thread runs which tile or chunk, and whether

@@ -54,6 +54,31 @@ TEST(KernelsOps, GatedGeluEqualsScalarAtEveryLevel) {
   }
 }
 
+// gpt-oss's clamped SwiGLU (ggml's swiglu_oai): the gate clamped above at 7,
+// up clamped to [-7, 7], x * sigmoid(1.702 x) * (up + 1); against double
+// arithmetic, every level (the same scalar code at each), odd lengths, inputs
+// on both sides of the clamps.
+TEST(KernelsOps, ClampedSwigluMatchesDoubleAtEveryLevel) {
+  for (KernelLevel level : kAllKernelLevels) {
+    if (!cpu_supports_level(level)) continue;
+    for (size_t n : {1u, 7u, 17u, 33u, 301u}) {
+      std::mt19937 rng(static_cast<uint32_t>(n));
+      std::normal_distribution<float> normal(0.0f, 6.0f);
+      std::vector<float> x(n), up(n);
+      for (size_t i = 0; i < n; ++i) x[i] = normal(rng), up[i] = normal(rng);
+      x[0] = 9.0f, up[0] = -11.0f;  // both clamps
+      std::vector<float> got = x;
+      gated_activation_at(level, Activation::kSwigluOai, got.data(), up.data(), static_cast<int64_t>(n));
+      for (size_t i = 0; i < n; ++i) {
+        const double g = std::min(double(x[i]), 7.0), u = std::clamp(double(up[i]), -7.0, 7.0);
+        const double want = g / (1.0 + std::exp(-1.702 * g)) * (u + 1.0);
+        EXPECT_NEAR(got[i], want, 1e-5 * std::max(1.0, std::abs(want))) << kernel_level_name(level) << " i=" << i;
+      }
+      EXPECT_NEAR(got[0], 7.0 / (1.0 + std::exp(-1.702 * 7.0)) * -6.0, 1e-4);
+    }
+  }
+}
+
 int32_t ulp_distance(float a, float b) {
   int32_t ia, ib;
   std::memcpy(&ia, &a, 4);

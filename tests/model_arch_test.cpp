@@ -199,7 +199,8 @@ TEST(ArchVsLlamaCppRefs, CoverEveryArchitectureAndType) {
     window_inside_prompt |= s.arch == "gemma3" && s.sliding_window > 0 &&
                             s.sliding_window < static_cast<int32_t>(ref["prompt_ids"].size()) && s.n_layer >= 6;
   }
-  for (const char* a : {"llama", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe"}) EXPECT_TRUE(arches.count(a)) << a;
+  for (const char* a : {"llama", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe", "deepseek2", "gpt-oss"})
+    EXPECT_TRUE(arches.count(a)) << a;
   for (const auto& t : synth_type_names()) EXPECT_TRUE(types.count(t)) << t;
   EXPECT_TRUE(rope_freqs);
   EXPECT_TRUE(mixtral);

@@ -75,6 +75,7 @@ SynthSpec small_moe(const std::string& arch, const std::string& type = "f32") {
   s.n_expert_used = 2;
   if (arch != "llama") s.n_ff_exp = 32;
   if (arch == "qwen2moe") s.n_ff_shexp = 64;
+  if (arch == "gpt-oss") s.sliding_window = 8, s.yarn_factor = 32;  // layer 0's window inside every prompt
   s.type = type;
   s.vocab_from = test::shared_path("models/gguf/stories260K.gguf");
   return s;
@@ -123,6 +124,42 @@ TEST(MoeLoad, MetadataThatDisagreesWithTheTensorsIsRefusedNamingTheTensor) {
       {"qwen3moe.expert_feed_forward_length", 64, "blk.0.ffn_gate_exps.weight"},
       {"qwen3moe.expert_used_count", 9, "qwen3moe.expert_used_count"},
       {"qwen3moe.embedding_length", 128, "token_embd.weight"},
+  };
+  for (const Case& c : cases) {
+    const std::string bad = with_key(good, c.key, c.value);
+    const std::string err = load_error(bad);
+    EXPECT_NE(err.find(c.named), std::string::npos) << c.key << " = " << c.value << ": " << err;
+    fs::remove(bad);
+  }
+  fs::remove(good);
+}
+
+// gpt-oss's own tensors (the biases, the sinks) are checked against the
+// metadata too.
+TEST(MoeLoad, GptOssMetadataThatDisagreesWithTheTensorsIsRefusedNamingIt) {
+  const std::string good = synth_to_temp(small_moe("gpt-oss"), "gptoss_meta");
+  {
+    auto m = Model::load(good);
+    const ModelConfig& c = m->config();
+    EXPECT_TRUE(c.attn_sinks && c.attn_out_bias && c.qkv_bias);
+    EXPECT_EQ(c.sliding_window, 8);
+    EXPECT_TRUE(c.layer_is_swa[0]);
+    EXPECT_FALSE(c.layer_is_swa[1]);
+    EXPECT_EQ(c.moe_gating.func, MoeGating::Func::kSoftmaxTopK);
+    EXPECT_FALSE(c.moe_gating.normalize);
+    EXPECT_EQ(m->weights().layers[1].sinks.size(), 4u);
+    EXPECT_EQ(m->weights().layers[1].moe.down_bias.size(), 8u * 64);
+  }
+  struct Case {
+    const char* key;
+    uint32_t value;
+    const char* named;
+  } cases[] = {
+      {"gpt-oss.expert_count", 16, "blk.0.ffn_gate_inp.weight"},
+      {"gpt-oss.expert_feed_forward_length", 64, "blk.0.ffn_gate_exps.weight"},
+      {"gpt-oss.attention.head_count", 8, "blk.0.attn_q.weight"},
+      {"gpt-oss.attention.head_count_kv", 4, "blk.0.attn_k.weight"},
+      {"gpt-oss.expert_used_count", 9, "gpt-oss.expert_used_count"},
   };
   for (const Case& c : cases) {
     const std::string bad = with_key(good, c.key, c.value);
@@ -233,6 +270,46 @@ TEST(MoeEngine, MixedStepsAreBatchInvariant) {
     model.reset();
     fs::remove(path);
   }
+}
+
+// gpt-oss in llama.cpp's MXFP4_MOE mix (MXFP4 experts, q8_0 attention with
+// sinks, a window of 8 on layer 0): the same as above, every request its
+// tokens alone.
+TEST(MoeEngine, GptOssMixedStepsAreBatchInvariant) {
+  const std::string path = synth_to_temp(small_moe("gpt-oss", "mxfp4_moe"), "gptoss_engine");
+  auto model = Model::load(path);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 10; ++i) {
+    std::vector<int32_t> p = {1};
+    for (int j = 0; j < 20 + 3 * i; ++j) p.push_back(3 + ((i % 2 ? 0 : i) * 31 + j * 97) % 509);
+    prompts.push_back(p);
+  }
+  for (KvType kv : {KvType::kF16, KvType::kQ8_0}) {
+    for (bool spec : {false, true}) {
+      EngineConfig base{.threads = 2, .max_context = 128, .kv_cache = {kv, kv}};
+      if (spec) base.spec.mode = SpecMode::kNgram;
+      std::vector<std::vector<int32_t>> alone;
+      for (const auto& p : prompts) {
+        Engine e(*model, base);
+        Out o;
+        e.submit(p, greedy(12), collect(o));
+        run_until_idle(e);
+        ASSERT_TRUE(o.done);
+        alone.push_back(o.tokens);
+      }
+      EngineConfig mixed = base;
+      mixed.max_batch_tokens = 24;
+      Engine e(*model, mixed);
+      std::vector<Out> outs(prompts.size());
+      for (size_t i = 0; i < prompts.size(); ++i) e.submit(prompts[i], greedy(12), collect(outs[i]));
+      run_until_idle(e);
+      for (size_t i = 0; i < prompts.size(); ++i)
+        EXPECT_EQ(outs[i].tokens, alone[i]) << "request " << i << " kv " << static_cast<int>(kv)
+                                            << (spec ? " with speculation" : "");
+    }
+  }
+  model.reset();
+  fs::remove(path);
 }
 
 }  // namespace

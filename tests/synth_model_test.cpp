@@ -161,7 +161,8 @@ TEST(SynthModel, EveryTypeLoadsBackWithItsTensorTypes) {
         {"f32", GgmlType::F32},   {"f16", GgmlType::F16},   {"bf16", GgmlType::BF16},   {"q8_0", GgmlType::Q8_0},
         {"q4_0", GgmlType::Q4_0}, {"q4_1", GgmlType::Q4_1}, {"q5_0", GgmlType::Q5_0},   {"q5_1", GgmlType::Q5_1},
         {"q2_k", GgmlType::Q2_K}, {"q3_k", GgmlType::Q3_K}, {"q4_k", GgmlType::Q4_K},   {"q5_k", GgmlType::Q5_K},
-        {"q6_k", GgmlType::Q6_K}, {"q4_k_m", GgmlType::Q4_K}, {"q5_k_m", GgmlType::Q5_K}, {"mxfp4", GgmlType::MXFP4}};
+        {"q6_k", GgmlType::Q6_K}, {"q4_k_m", GgmlType::Q4_K}, {"q5_k_m", GgmlType::Q5_K}, {"mxfp4", GgmlType::MXFP4},
+        {"mxfp4_moe", GgmlType::Q8_0}};  // a dense model: no expert tensors, so every matrix q8_0
     ASSERT_TRUE(bases.count(type));
     const GgmlType base = bases.at(type);
     int64_t params = 0;
@@ -254,6 +255,10 @@ TEST(SynthModel, ArchitecturesHaveTheirKeysAndTensors) {
       {"gemma3",
        {"blk.0.attn_q_norm.weight", "blk.1.post_attention_norm.weight", "blk.1.post_ffw_norm.weight"},
        {"output.weight"}},
+      {"gpt-oss",
+       {"output.weight", "blk.1.attn_sinks.weight", "blk.1.attn_output.bias", "blk.0.attn_k.bias",
+        "blk.0.post_attention_norm.weight", "blk.0.ffn_gate_inp.bias", "blk.1.ffn_down_exps.bias"},
+       {"blk.0.ffn_norm.weight", "blk.0.ffn_down.weight", "blk.0.attn_q_norm.weight"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.arch);
@@ -268,7 +273,7 @@ TEST(SynthModel, ArchitecturesHaveTheirKeysAndTensors) {
     EXPECT_EQ(f->get_int(a + ".attention.head_count_kv"), 2);
     EXPECT_TRUE(f->get_float(a + ".attention.layer_norm_rms_epsilon"));
     EXPECT_TRUE(f->get_float(a + ".rope.freq_base"));
-    EXPECT_EQ(f->get_int(a + ".attention.sliding_window").has_value(), a == "gemma3");
+    EXPECT_EQ(f->get_int(a + ".attention.sliding_window").has_value(), a == "gemma3" || a == "gpt-oss");
     EXPECT_EQ(f->get_string_array("tokenizer.ggml.tokens")->size(), 512u);
     EXPECT_EQ(f->get_string("tokenizer.ggml.model"), "llama");
     for (const char* t : c.tensors) EXPECT_TRUE(f->find_tensor(t)) << t;
@@ -281,6 +286,11 @@ TEST(SynthModel, ArchitecturesHaveTheirKeysAndTensors) {
     EXPECT_EQ(m->config().n_head_kv, 2);
     if (a == "gemma3") {
       EXPECT_EQ(m->config().sliding_window, 8);
+    }
+    if (a == "gpt-oss") {
+      EXPECT_EQ(m->config().sliding_window, 128);  // synth's default, gpt-oss-20b's
+      EXPECT_EQ(f->find_tensor("blk.1.ffn_down_exps.bias")->dims, (std::vector<int64_t>{64, 8}));
+      EXPECT_EQ(f->find_tensor("blk.1.attn_sinks.weight")->dims, (std::vector<int64_t>{4}));
     }
     fs::remove(p);
   }

@@ -1,16 +1,25 @@
 // Tool calling without a model: the call grammar takes exactly the calls of
 // the allowed functions with arguments of their schemas, the parser reads
-// the same text back whole or byte by byte, and each family's history
-// (assistant calls, tool results) renders in that family's syntax.
+// the same text back whole or byte by byte, "auto" opens calls at each
+// family's marker (text, a control token's id, Llama 3's bare call at the
+// start), and each family's history (assistant calls, tool results) renders
+// in that family's syntax.
 #include "chat/tool_format.h"
 
 #include "chat/chat_template.h"
 #include "engine/json_schema.h"
 #include "engine/tool_call_grammar.h"
+#include "gguf/gguf.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -185,6 +194,163 @@ TEST(ToolCallParser, ReadsCallsBackWholeOrByteByByte) {
   const ToolSyntax m = tool_syntax(ChatFamily::kMistral);
   EXPECT_EQ(summary(parse(m, true, R"([{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}])", true)),
             (std::vector<std::string>{"", "f|{\"a\": 1}", "g|{}"}));
+}
+
+TEST(ToolCallGrammar, AutoWithAControlTokenMarkerIsFreeTextUntilOpened) {
+  // Mistral: "[" and a call's text are content; only the marker's id opens calls.
+  const ToolCallGrammar g = grammar(ChatFamily::kMistral, false, 1);
+  ToolCallRecognizer r(g);
+  const std::string text = R"(See [1]: [{"name": "get_time", "arguments": {}}])";
+  ASSERT_EQ(taken(r, text), text.size());
+  EXPECT_FALSE(r.active());
+  EXPECT_TRUE(r.may_end());
+  ASSERT_TRUE(r.open());
+  EXPECT_FALSE(r.open());  // once
+  EXPECT_FALSE(r.may_end());
+  ToolCallRecognizer brace = r;
+  EXPECT_EQ(taken(brace, "{"), 0u);  // the list's bracket first
+  ToolCallRecognizer spaced = r;  // a few whitespace bytes may come first (a SentencePiece piece's space)
+  EXPECT_EQ(taken(spaced, "    \n"), 4u);
+  const std::string call = R"([{"name": "get_time", "arguments": {"zone": 1}}])";
+  ASSERT_EQ(taken(r, call), call.size());
+  EXPECT_TRUE(r.complete());
+  ToolCallRecognizer forced(grammar(ChatFamily::kMistral, true, 1));
+  EXPECT_FALSE(forced.open());
+}
+
+TEST(ToolCallGrammar, Llama3CallsOpenAtTheAnswersStartWithoutAMarker) {
+  const ToolCallGrammar g = grammar(ChatFamily::kLlama3, false, 1);
+  {
+    ToolCallRecognizer r(g);
+    ASSERT_EQ(taken(r, "\n {\"name\""), 9u);
+    EXPECT_TRUE(r.active());
+    EXPECT_EQ(taken(r, ":\""), 1u);  // the grammar's spacing: ": \""
+  }
+  {
+    ToolCallRecognizer r(g);
+    const std::string call = R"({"name": "get_time", "parameters": {"zone": -3}})";
+    ASSERT_EQ(taken(r, call), call.size());
+    EXPECT_TRUE(r.complete());
+  }
+  for (const std::string text : {R"(Sure: {"name": "x"})", R"({"names": [1]})", R"({ "name": 2})"}) {
+    SCOPED_TRACE(text);
+    ToolCallRecognizer r(g);
+    ASSERT_EQ(taken(r, text), text.size());  // not a call's lead at the start: free text
+    EXPECT_FALSE(r.active());
+  }
+  // <|python_tag|> opens them anywhere.
+  ToolCallRecognizer r(g);
+  ASSERT_EQ(taken(r, "Let me check. "), 14u);
+  ASSERT_TRUE(r.open());
+  const std::string call = R"({"name": "get_weather", "parameters": {"city": "Rome"}})";
+  EXPECT_EQ(taken(r, call), call.size());
+  EXPECT_TRUE(r.complete());
+}
+
+// A byte-level vocab (every byte a token) with the markers as given types.
+std::unique_ptr<Tokenizer> marker_vocab(int32_t tool_calls_type, int32_t python_tag_type) {
+  std::vector<std::string> tokens;
+  for (int i = 0; i < 256; ++i) tokens.push_back(tok::byte_to_unicode(static_cast<uint8_t>(i)));
+  tokens.push_back("ab");
+  tokens.push_back("[TOOL_CALLS]");
+  tokens.push_back("<|python_tag|>");
+  tokens.push_back("</s>");
+  std::vector<int32_t> types(tokens.size(), 1);
+  types[257] = tool_calls_type;
+  types[258] = python_tag_type;
+  types[259] = 3;
+  GgufWriter w;
+  w.add_string("general.architecture", "llama");
+  w.add_string("tokenizer.ggml.model", "gpt2");
+  w.add_string("tokenizer.ggml.pre", "gpt-2");
+  w.add_string_array("tokenizer.ggml.tokens", tokens);
+  w.add_f32_array("tokenizer.ggml.scores", std::vector<float>(tokens.size(), 0.0f));
+  w.add_i32_array("tokenizer.ggml.token_type", types);
+  w.add_string_array("tokenizer.ggml.merges", {"a b"});
+  w.add_u32("tokenizer.ggml.eos_token_id", 259);
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            fmt::format("tandem_tool_vocab_{}_{}{}.gguf", ::getpid(), tool_calls_type, python_tag_type))
+                               .string();
+  w.write(path);
+  auto file = GgufFile::open(path);
+  auto tok = Tokenizer::from_gguf(*file);
+  std::filesystem::remove(path);
+  return tok;
+}
+
+TEST(ToolCallConstraint, TheMarkersTokenIdOpensCallsInAutoMode) {
+  const auto tok = marker_vocab(3, 4);  // [TOOL_CALLS] control, <|python_tag|> user-defined (spelled as text)
+  ToolSyntax mistral = tool_syntax(ChatFamily::kMistral);
+  EXPECT_EQ(tool_marker_token(mistral, *tok), 257);
+  EXPECT_EQ(tool_marker_token(tool_syntax(ChatFamily::kLlama3), *tok), -1);
+  EXPECT_EQ(tool_marker_token(tool_syntax(ChatFamily::kChatML), *tok), -1);
+  EXPECT_EQ(tool_marker_token(tool_syntax(ChatFamily::kLlama3), *marker_vocab(3, 3)), 258);
+  EXPECT_FALSE(mistral.model_opens());  // without the vocab's control token, "auto" has nothing to wait for
+  mistral.marker_token = 257;
+  EXPECT_TRUE(mistral.model_opens());
+
+  const auto pieces = token_pieces(*tok);
+  const auto byte = [&](char c) { return tok->find_token(tok::byte_to_unicode(static_cast<uint8_t>(c))); };
+  auto g = std::make_shared<ToolCallGrammar>(grammar(ChatFamily::kMistral, false, 1));
+  g->syntax = mistral;
+  ToolCallConstraint c(pieces, *tok, g);
+  for (char ch : std::string("Hi [")) {
+    ASSERT_TRUE(c.allows(byte(ch)));
+    c.accept(byte(ch));
+  }
+  EXPECT_TRUE(c.allows(257));
+  EXPECT_TRUE(c.allows(259));  // free text may end
+  c.accept(257);
+  EXPECT_FALSE(c.allows(257));
+  EXPECT_FALSE(c.allows(259));
+  EXPECT_FALSE(c.allows(byte('{')));
+  for (char ch : std::string(R"([{"name": "get_time", "arguments": {}}])")) {
+    ASSERT_TRUE(c.allows(byte(ch))) << ch;
+    c.accept(byte(ch));
+  }
+  EXPECT_TRUE(c.complete());
+
+  auto forced = std::make_shared<ToolCallGrammar>(grammar(ChatFamily::kMistral, true, 1));
+  forced->syntax = mistral;
+  EXPECT_FALSE(ToolCallConstraint(pieces, *tok, forced).allows(257));  // forced calls carry no marker
+}
+
+TEST(ToolCallParser, AControlTokenMarkerOpensCallsWhereItWasGenerated) {
+  const ToolSyntax m = tool_syntax(ChatFamily::kMistral);
+  const std::string before = "Hi [1] {\"name\": \"f\"} ";
+  const std::string calls = R"([{"name": "f", "arguments": {"a": 1}}])";
+  const std::vector<std::string> want = {before, "f|{\"a\": 1}"};
+  for (bool ahead : {false, true}) {
+    for (bool bytewise : {false, true}) {
+      SCOPED_TRACE(fmt::format("ahead {} bytewise {}", ahead, bytewise));
+      ToolCallParser p(m, false);
+      std::vector<ToolCallParser::Event> out;
+      const auto feed = [&](const std::string& text) {
+        if (!bytewise) return p.feed(text, out);
+        for (char c : text) p.feed(std::string_view(&c, 1), out);
+      };
+      // The marker's offset may come before the text before it (held back by a stop string's check).
+      if (ahead) p.open_at(before.size(), out);
+      feed(before);
+      if (!ahead) p.open_at(before.size(), out);
+      feed(" " + calls);  // the grammar lets a space come first
+      p.finish(out);
+      EXPECT_EQ(summary(out), want);
+      EXPECT_EQ(p.calls(), 1);
+    }
+  }
+  // Without the marker the same text is content.
+  EXPECT_EQ(summary(parse(m, false, before + calls, true)), std::vector<std::string>{before + calls});
+}
+
+TEST(ToolCallParser, Llama3ReadsABareCallAtTheStart) {
+  const ToolSyntax l = tool_syntax(ChatFamily::kLlama3);
+  for (bool bytewise : {false, true}) {
+    EXPECT_EQ(summary(parse(l, false, "\n{\"name\": \"f\", \"parameters\": {\"a\": [1]}}", bytewise)),
+              (std::vector<std::string>{"", "f|{\"a\": [1]}"}));
+    for (const std::string text : {"Sure: {\"name\": \"f\", \"parameters\": {}}", "{\"names\": 1}", " {\"na"})
+      EXPECT_EQ(summary(parse(l, false, text, bytewise)), std::vector<std::string>{text});
+  }
 }
 
 std::vector<ToolChatMessage> history() {

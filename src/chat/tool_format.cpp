@@ -25,6 +25,7 @@ ToolSyntax tool_syntax(ChatFamily f) {
       s.close = "}";
       s.separator = "\n";
       s.args_key = "parameters";
+      s.bare_start = true;
       break;
     case ChatFamily::kMistral:
       s.marker = "[TOOL_CALLS]";
@@ -166,14 +167,36 @@ ToolCallParser::ToolCallParser(ToolSyntax syntax, bool forced) : syn_(std::move(
     after_skip_ = Phase::kName;
   } else {
     phase_ = Phase::kContent;
+    at_start_ = syn_.bare_start;
   }
 }
 
 void ToolCallParser::feed(std::string_view text, std::vector<Event>& out) {
-  for (char c : text) step(c, out);
+  for (char c : text) {
+    if (fed_ == open_at_) open(out);
+    step(c, out);
+    ++fed_;
+  }
+}
+
+void ToolCallParser::open_at(size_t offset, std::vector<Event>& out) {
+  open_at_ = offset;
+  if (fed_ == open_at_) open(out);
+}
+
+void ToolCallParser::open(std::vector<Event>& out) {
+  open_at_ = SIZE_MAX;
+  if (phase_ != Phase::kContent) return;
+  // What was held back as a possible text marker is content after all; the
+  // text from here is the calls, laid out as forced ones after whitespace.
+  if (!hold_.empty()) out.push_back({Event::kContent, 0, std::move(hold_)});
+  hold_.clear();
+  at_start_ = false;
+  phase_ = Phase::kLeadSpace;
 }
 
 void ToolCallParser::finish(std::vector<Event>& out) {
+  if (fed_ == open_at_) open(out);
   if (phase_ == Phase::kContent && !hold_.empty()) {
     out.push_back({Event::kContent, 0, std::move(hold_)});
     hold_.clear();
@@ -193,6 +216,28 @@ void ToolCallParser::step(char c, std::vector<Event>& out) {
     case Phase::kContent: {
       // Content is held back while it could still be the start of the marker.
       hold_ += c;
+      if (at_start_) {
+        // Whitespace, then perhaps a bare call's lead (the grammar completes
+        // bare_lead() to name_lead()).
+        const size_t ws = hold_.find_first_not_of(" \t\n\r");
+        if (ws == std::string::npos) return;
+        const std::string lead = syn_.name_lead();
+        const size_t n = hold_.size() - ws;
+        if (n <= lead.size() && lead.compare(0, n, hold_, ws, n) == 0) {
+          if (n == lead.size()) {
+            hold_.clear();
+            at_start_ = false;
+            phase_ = Phase::kName;
+          }
+          return;
+        }
+        at_start_ = false;
+      }
+      if (!syn_.text_marker) {
+        for (char h : hold_) append(out, Event::kContent, 0, h);
+        hold_.clear();
+        return;
+      }
       size_t cut = 0;
       while (cut < hold_.size() && trigger_.compare(0, hold_.size() - cut, hold_, cut, std::string::npos) != 0) ++cut;
       for (size_t k = 0; k < cut; ++k) append(out, Event::kContent, 0, hold_[k]);
@@ -203,6 +248,13 @@ void ToolCallParser::step(char c, std::vector<Event>& out) {
       }
       return;
     }
+    case Phase::kLeadSpace:
+      if (is_space(c)) return;
+      // This byte is the first of the calls' lead.
+      phase_ = Phase::kSkip;
+      skip_ = trigger_.size();
+      after_skip_ = Phase::kName;
+      [[fallthrough]];
     case Phase::kSkip:
       if (--skip_ == 0) phase_ = after_skip_;
       return;

@@ -10,10 +10,14 @@
 //   mistral [TOOL_CALLS][BODY, BODY]             ([TOOL_CALLS] is a control token)
 //   gemma   ```tool_call\n BODY \n```            (Gemma 3 has no native format: ours)
 //   llama2  BODY                                 (no native format)
-// Only chatml and gemma have a marker the model writes as text, so only they
-// can leave the choice to the model (tool_choice "auto").
+// With tool_choice "auto" the model chooses; a call opens with the family's
+// marker: text for chatml and gemma; a control token for mistral
+// ([TOOL_CALLS]) and llama3 (<|python_tag|>), recognized by its id since it
+// spells no text; and for llama3 also the body itself as the answer's first
+// text (Llama 3.x writes bare JSON calls). llama2 has none: no "auto".
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -45,10 +49,21 @@ struct ToolSyntax {
   std::string separator;  // between two calls
   std::string suffix;     // once, after the last call
   std::string args_key;   // "arguments" or "parameters"
-  bool text_marker = false;  // prefix + open is text the model writes on its own: "auto" works
+  bool text_marker = false;  // prefix + open is text the model writes on its own: it opens calls
+  // The vocab's id of `marker` when it is a control token (set where the
+  // vocab is known, tool_marker_token): generated, it opens calls.
+  int32_t marker_token = -1;
+  // A call may also open the answer (after whitespace) with no marker: its
+  // body's first bytes, bare_lead(), decide it.
+  bool bare_start = false;
   // The text between `open` and the name, and between the name and the arguments.
   std::string name_lead() const { return "{\"name\": \""; }
   std::string args_lead() const { return "\", \"" + args_key + "\": "; }
+  // At the answer's start, the text that opens a bare call; the rest of
+  // name_lead() is then held to by the grammar.
+  std::string bare_lead() const { return "{\"name\""; }
+  // Whether the model can open calls itself, so "auto" can leave it the choice.
+  bool model_opens() const { return text_marker || marker_token >= 0 || bare_start; }
 };
 
 ToolSyntax tool_syntax(ChatFamily f);
@@ -74,8 +89,10 @@ std::vector<ChatMessage> tool_conversation(ChatFamily f, const std::vector<ToolC
 
 // Reads generated text back into content and calls. The text is fed as it
 // is generated; in "auto" mode (forced = false) it is content until the
-// family's marker, in forced mode calls from the first byte. The layout is
-// the one ToolCallConstraint enforces, so it is read without backtracking.
+// family's marker, in forced mode calls from the first byte. A control-token
+// marker spells nothing, so whoever saw its id says where the calls begin
+// (open_at). The layout is the one ToolCallConstraint enforces, so it is
+// read without backtracking.
 class ToolCallParser {
  public:
   struct Event {
@@ -86,13 +103,17 @@ class ToolCallParser {
   ToolCallParser(ToolSyntax syntax, bool forced);
   // Appends the events this text completes to `out`.
   void feed(std::string_view text, std::vector<Event>& out);
+  // The family's control-token marker was generated where the text had
+  // `offset` bytes: calls begin there (it may lie ahead of the text fed).
+  void open_at(size_t offset, std::vector<Event>& out);
   // The end of the output: content held back as a possible marker is released.
   void finish(std::vector<Event>& out);
   int32_t calls() const { return calls_; }
 
  private:
-  enum class Phase : uint8_t { kContent, kSkip, kName, kBeforeArgs, kArgs, kAfterArgs, kAfterCall, kDone };
+  enum class Phase : uint8_t { kContent, kLeadSpace, kSkip, kName, kBeforeArgs, kArgs, kAfterArgs, kAfterCall, kDone };
   void step(char c, std::vector<Event>& out);
+  void open(std::vector<Event>& out);
   ToolSyntax syn_;
   std::string trigger_;  // prefix + open + name lead
   std::string next_;     // separator + open + name lead
@@ -103,6 +124,9 @@ class ToolCallParser {
   int32_t calls_ = 0;
   int32_t depth_ = 0;
   bool in_string_ = false, escape_ = false;
+  bool at_start_ = false;  // bare_start: only whitespace so far
+  size_t fed_ = 0;         // bytes fed
+  size_t open_at_ = SIZE_MAX;
 };
 
 }  // namespace tandem

@@ -80,7 +80,7 @@ void add_synth_command(CLI::App& app, int& rc) {
   cmd->add_option("-o,--output", o->out, "Output GGUF file")->required();
   cmd->add_option("--preset", o->preset,
                   fmt::format("A named shape: {}", fmt::join(synth_preset_names(), ", ")));
-  cmd->add_option("--arch", o->arch, "llama | qwen2 | qwen3 | gemma3 | qwen2moe | qwen3moe | deepseek2 (default llama)");
+  cmd->add_option("--arch", o->arch, "llama | qwen2 | qwen3 | gemma3 | qwen2moe | qwen3moe | deepseek2 | gpt-oss (default llama)");
   cmd->add_option("--name", o->name, "general.name (default synth-<arch>)");
   cmd->add_option("--layers", o->layers, "Number of blocks (default 2)");
   cmd->add_option("--embd", o->embd, "Embedding width (default 64)");
@@ -89,17 +89,17 @@ void add_synth_command(CLI::App& app, int& rc) {
   cmd->add_option("--kv-heads", o->kv_heads, "KV heads (default: heads)");
   cmd->add_option("--head-dim", o->head_dim, "Width of one head (default embd/heads)");
   cmd->add_option("--ctx", o->ctx, "context_length (default 2048)");
-  cmd->add_option("--window", o->window, "gemma3 sliding window (default 512)");
+  cmd->add_option("--window", o->window, "gemma3, gpt-oss: sliding window (default 512, gpt-oss 128)");
   cmd->add_option("--kv-lora", o->kv_lora, "deepseek2: latent width kv_lora_rank (default 512)");
   cmd->add_option("--q-lora", o->q_lora, "deepseek2: q LoRA rank (default 0: attn_q)");
   cmd->add_option("--rope-dim", o->rope_dim, "deepseek2: rotated dims per head (default 64)");
   cmd->add_option("--head-dim-v", o->head_dim_v, "deepseek2: value width per head (default 128)");
-  cmd->add_option("--yarn-factor", o->yarn_factor, "deepseek2: YaRN rope scaling factor (default none)");
-  cmd->add_option("--yarn-orig-ctx", o->yarn_orig_ctx, "deepseek2: YaRN original context length (default 4096)");
+  cmd->add_option("--yarn-factor", o->yarn_factor, "deepseek2, gpt-oss: YaRN rope scaling factor (default none)");
+  cmd->add_option("--yarn-orig-ctx", o->yarn_orig_ctx, "deepseek2, gpt-oss: YaRN original context length (default 4096)");
   cmd->add_option("--yarn-log-mul", o->yarn_log_mul, "deepseek2: YaRN log multiplier as GGUF stores it (default 0)");
-  cmd->add_option("--experts", o->experts, "Experts per layer (qwen*moe default 8; llama: Mixtral-style MoE; deepseek2: MoE layers)");
+  cmd->add_option("--experts", o->experts, "Experts per layer (qwen*moe, gpt-oss default 8; llama: Mixtral-style MoE; deepseek2: MoE layers)");
   cmd->add_option("--experts-used", o->experts_used, "Experts each token uses (default 2)");
-  cmd->add_option("--ff-exp", o->ff_exp, "qwen*moe, deepseek2: one expert's width (default --ff)");
+  cmd->add_option("--ff-exp", o->ff_exp, "qwen*moe, deepseek2, gpt-oss: one expert's width (default --ff)");
   cmd->add_option("--dense-lead", o->dense_lead, "deepseek2 with experts: leading dense layers (default 1)");
   cmd->add_option("--experts-shared", o->experts_shared, "deepseek2 with experts: shared experts (default 2)");
   cmd->add_option("--expert-scale", o->expert_scale, "deepseek2: routed experts' scaling factor (default 1)");

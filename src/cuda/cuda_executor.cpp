@@ -274,6 +274,10 @@ CudaExecutor::CudaExecutor(Model& m, const KvPlan& plan) : model_(m), cfg_(m.con
          "the CUDA backend's attention handles head dimensions up to 256 and up to 4096 value elements per KV head; "
          "this model has {} heads of {} / {} over {} KV heads",
          c.n_head, c.head_dim, c.head_dim_v, c.n_head_kv);
+  if (c.attn_sinks || c.attn_out_bias)
+    fail(ErrorKind::kUnsupported,
+         "the CUDA backend has no attention sinks or attention output bias ({}); run this model on the CPU",
+         c.arch_name);
   if (c.n_expert > 0)
     fail(ErrorKind::kUnsupported, "the CUDA backend runs dense feed-forward blocks only; this model has {} experts",
          c.n_expert);

@@ -106,6 +106,10 @@ struct RequestEvent {
   int32_t choice = 0;
   std::string text;                                 // new text since the last event
   std::vector<int32_t> tokens;                      // new token ids
+  // Tool calling in auto mode: the family's control-token marker was
+  // generated where the choice's text had this many bytes, so its calls
+  // begin there (the marker itself spells nothing). -1: not in this event.
+  int64_t tool_calls_at = -1;
   std::vector<TokenLogprob> logprobs;               // per new token (when asked)
   std::vector<std::vector<TokenLogprob>> top_logprobs;
   // With prompt_logprobs, once per choice before its first token: one entry

@@ -8,11 +8,17 @@
 #include "engine/logprobs.h"
 #include "engine/sequence.h"
 #include "engine/stop_strings.h"
+#include "engine/tool_call_grammar.h"
 
 namespace tandem {
 
 bool push_text(Sequence& s, int32_t token, RequestEvent& ev) {
   s.text += s.decoder->push(token);
+  // The call grammar takes the marker only while calls have not begun, so
+  // where it appears is where they begin.
+  if (const ToolCallGrammar* g = s.req->params.tool_calls.get();
+      g && !g->forced && token >= 0 && token == g->syntax.marker_token)
+    ev.tool_calls_at = static_cast<int64_t>(s.text.size());
   const StopMatch m = find_stop(s.text, s.req->params.stop);
   const size_t upto = m.pos != std::string::npos ? m.pos : m.safe_len;
   if (upto > s.emitted) {

@@ -12,6 +12,7 @@ ToolCallRecognizer::ToolCallRecognizer(const ToolCallGrammar& g) : g_(&g) {
     after_literal_ = Phase::kName;
   } else {
     phase_ = Phase::kWaiting;
+    at_start_ = s.bare_start;
   }
   names_ = g.functions.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << g.functions.size()) - 1;
   after_next_ = s.separator + s.open + s.name_lead();
@@ -38,10 +39,26 @@ bool ToolCallRecognizer::feed(char c) {
   switch (phase_) {
     case Phase::kWaiting: {
       // Free text until it ends with the marker; the calls' grammar holds from there.
+      if (at_start_) {
+        const std::string lead = s.bare_lead();
+        if (start_pos_ == 0 && (c == ' ' || c == '\t' || c == '\n' || c == '\r')) return true;
+        if (lead[start_pos_] == c) {
+          if (++start_pos_ == lead.size()) {
+            at_start_ = false;
+            phase_ = Phase::kLiteral;
+            literal_ = s.name_lead().substr(lead.size());
+            pos_ = 0;
+            after_literal_ = Phase::kName;
+          }
+          return true;
+        }
+        at_start_ = false;
+      }
+      if (!s.text_marker) return true;
       const std::string marker = s.prefix + s.open;
       tail_ += c;
       if (tail_.size() > marker.size()) tail_.erase(0, tail_.size() - marker.size());
-      if (!marker.empty() && tail_ == marker) {
+      if (tail_ == marker) {
         phase_ = Phase::kLiteral;
         literal_ = s.name_lead();
         pos_ = 0;
@@ -50,6 +67,10 @@ bool ToolCallRecognizer::feed(char c) {
       return true;
     }
     case Phase::kLiteral:
+      if (lead_ws_ >= 0) {
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') return ++lead_ws_ <= kMaxWhitespace;
+        lead_ws_ = -1;
+      }
       if (pos_ >= literal_.size() || literal_[pos_] != c) return false;
       if (++pos_ == literal_.size()) {
         if (after_literal_ == Phase::kAfterCall) {
@@ -126,6 +147,18 @@ bool ToolCallRecognizer::feed(char c) {
   return false;
 }
 
+bool ToolCallRecognizer::open() {
+  if (phase_ != Phase::kWaiting) return false;
+  const ToolSyntax& s = g_->syntax;
+  at_start_ = false;
+  phase_ = Phase::kLiteral;
+  literal_ = s.prefix + s.open + s.name_lead();
+  pos_ = 0;
+  lead_ws_ = 0;
+  after_literal_ = Phase::kName;
+  return true;
+}
+
 bool ToolCallRecognizer::within_bounds(char c) {
   if (in_string_) {
     ++string_bytes_;
@@ -171,8 +204,18 @@ ToolCallConstraint::ToolCallConstraint(std::shared_ptr<const std::vector<std::st
                                        std::shared_ptr<const ToolCallGrammar> grammar)
     : pieces_(std::move(pieces)), tok_(tok), grammar_(std::move(grammar)), rec_(*grammar_) {}
 
+int32_t tool_marker_token(const ToolSyntax& s, const Tokenizer& tok) {
+  if (s.marker.empty()) return -1;
+  const int32_t id = tok.find_token(s.marker);
+  if (id < 0 || tok.is_eog(id) || !tok.token_to_piece(id).empty()) return -1;
+  return id;
+}
+
 bool ToolCallConstraint::allows(int32_t token) const {
   if (token < 0 || static_cast<size_t>(token) >= pieces_->size()) return false;
+  // The marker opens calls while they have not begun (the recognizer is
+  // waiting only in auto mode).
+  if (token == grammar_->syntax.marker_token) return !rec_.active();
   if (tok_.is_eog(token)) return rec_.may_end();
   const std::string& piece = (*pieces_)[static_cast<size_t>(token)];
   if (piece.empty()) return !rec_.active();
@@ -181,6 +224,10 @@ bool ToolCallConstraint::allows(int32_t token) const {
 }
 
 void ToolCallConstraint::accept(int32_t token) {
+  if (token == grammar_->syntax.marker_token && token >= 0) {
+    rec_.open();
+    return;
+  }
   if (token >= 0 && static_cast<size_t>(token) < pieces_->size() && !tok_.is_eog(token))
     rec_.feed((*pieces_)[static_cast<size_t>(token)]);
 }

@@ -1,8 +1,9 @@
 // Constrained decoding of tool calls: the output is one or more calls in the
 // chat family's syntax (chat/tool_format.h), each naming one of the allowed
 // functions with arguments that fit that function's parameter schema. In
-// "auto" mode the output is free text until the family's marker, and held to
-// the calls from there on.
+// "auto" mode the output is free text until the family's marker (its text,
+// its control token, or a bare call's lead at the start), and held to the
+// calls from there on.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,10 @@ struct ToolCallGrammar {
   int32_t max_calls = 1;  // calls in one output (parallel_tool_calls)
 };
 
+// The vocab's id of the syntax's marker when it is a control token (it
+// spells no text, so only its id shows it was generated); -1 otherwise.
+int32_t tool_marker_token(const ToolSyntax& s, const Tokenizer& tok);
+
 // Byte by byte, as JsonRecognizer: whether the text so far can still become
 // the calls the grammar allows. Inside the arguments, values are bounded so
 // that every call ends within a known length: a string at most
@@ -44,6 +49,11 @@ class ToolCallRecognizer {
       if (!feed(c)) return false;
     return true;
   }
+  // The marker's control token was generated: the calls begin, after at
+  // most kMaxWhitespace whitespace bytes (SentencePiece vocabs spell the
+  // next piece with a leading space). False when they cannot begin here
+  // (forced, or already begun).
+  bool open();
   bool may_end() const;   // the output may end here
   bool complete() const;  // nothing may follow
   bool active() const { return phase_ != Phase::kWaiting; }  // auto: past the marker
@@ -55,8 +65,11 @@ class ToolCallRecognizer {
   const ToolCallGrammar* g_;
   Phase phase_;
   std::string tail_;     // kWaiting: the last bytes, as long as the marker
+  bool at_start_ = false;  // kWaiting with bare_start: no text but whitespace yet
+  size_t start_pos_ = 0;   // kWaiting: bytes of bare_lead() matched
   std::string literal_;  // kLiteral: the text that must come
   size_t pos_ = 0;       // kLiteral: bytes of it matched; kName: the name's bytes so far
+  int32_t lead_ws_ = -1;  // kLiteral after open(): whitespace bytes before it; -1: none may come
   Phase after_literal_ = Phase::kName;
   uint64_t names_ = 0;   // kName: the functions whose names still match
   int32_t function_ = -1;

@@ -94,6 +94,7 @@ struct TypeChoice {
   GgmlType base;
   bool mix_m;          // llama.cpp's _M rules on top of the base type
   uint32_t file_type;  // general.file_type (llama_ftype); pure K-quants take the _S number
+  bool mxfp4_moe = false;  // llama.cpp's MXFP4_MOE: the experts in MXFP4, every other matrix Q8_0
 };
 
 constexpr TypeChoice kTypes[] = {
@@ -105,6 +106,7 @@ constexpr TypeChoice kTypes[] = {
     {"q4_k", GgmlType::Q4_K, false, 14},  {"q5_k", GgmlType::Q5_K, false, 16},
     {"q6_k", GgmlType::Q6_K, false, 18},  {"q4_k_m", GgmlType::Q4_K, true, 15},
     {"q5_k_m", GgmlType::Q5_K, true, 17},  {"mxfp4", GgmlType::MXFP4, false, 38},
+    {"mxfp4_moe", GgmlType::MXFP4, false, 38, true},
 };
 
 const TypeChoice& type_choice(const std::string& name) {
@@ -127,7 +129,7 @@ bool use_more_bits(int i_layer, int n_layer) {
 // ---------------------------------------------------------------------------
 // The tensor plan.
 
-enum class Init { kMatrix, kNorm, kBias, kRopeFreqs };
+enum class Init { kMatrix, kNorm, kBias, kRopeFreqs, kSink };
 
 struct Planned {
   std::string name;
@@ -160,10 +162,17 @@ Resolved resolve(const SynthSpec& in) {
   SynthSpec& s = r.s;
   const bool llama = s.arch == "llama", qwen2 = s.arch == "qwen2", qwen3 = s.arch == "qwen3",
              gemma3 = s.arch == "gemma3", deepseek2 = s.arch == "deepseek2",
-             qwen_moe = s.arch == "qwen2moe" || s.arch == "qwen3moe";
-  if (!llama && !qwen2 && !qwen3 && !gemma3 && !deepseek2 && !qwen_moe)
+             qwen_moe = s.arch == "qwen2moe" || s.arch == "qwen3moe", gpt_oss = s.arch == "gpt-oss";
+  if (!llama && !qwen2 && !qwen3 && !gemma3 && !deepseek2 && !qwen_moe && !gpt_oss)
     fail(ErrorKind::kInvalidArgument,
-         "synth: unknown architecture '{}' (known: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, deepseek2)", s.arch);
+         "synth: unknown architecture '{}' (known: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, deepseek2, gpt-oss)",
+         s.arch);
+  if (deepseek2 || gpt_oss) {
+    if (!std::isfinite(s.yarn_factor) || s.yarn_factor < 0 || !std::isfinite(s.yarn_log_mul))
+      fail(ErrorKind::kInvalidArgument, "synth: yarn factor {} and log multiplier {} must be finite, factor >= 0",
+           s.yarn_factor, s.yarn_log_mul);
+    check_range("yarn-orig-ctx", s.yarn_orig_ctx, 1, 1 << 24);
+  }
   if (deepseek2) {
     if (s.n_head_kv != 0 && s.n_head_kv != 1)
       fail(ErrorKind::kInvalidArgument, "synth: deepseek2 caches one latent per token; kv-heads = {} must be 1",
@@ -179,10 +188,6 @@ Resolved resolve(const SynthSpec& in) {
     check_range("rope-dim", s.rope_dim, 2, s.head_dim - 1);
     if (s.rope_dim % 2 != 0)
       fail(ErrorKind::kInvalidArgument, "synth: rope-dim = {} is odd; RoPE rotates pairs", s.rope_dim);
-    if (!std::isfinite(s.yarn_factor) || s.yarn_factor < 0 || !std::isfinite(s.yarn_log_mul))
-      fail(ErrorKind::kInvalidArgument, "synth: yarn factor {} and log multiplier {} must be finite, factor >= 0",
-           s.yarn_factor, s.yarn_log_mul);
-    check_range("yarn-orig-ctx", s.yarn_orig_ctx, 1, 1 << 24);
     if (s.n_expert > 0) {
       if (s.n_layer_dense_lead < 0) s.n_layer_dense_lead = std::min(1, s.n_layer);
       if (s.n_expert_shared < 0) s.n_expert_shared = 2;
@@ -198,11 +203,11 @@ Resolved resolve(const SynthSpec& in) {
       s.n_expert_shared = 0;
     }
   } else if (s.kv_lora_rank != 0 || s.q_lora_rank != 0 || s.rope_dim != 0 || s.head_dim_v != 0 ||
-             s.yarn_factor != 0 || s.n_layer_dense_lead >= 0 || s.n_expert_shared >= 0 ||
+             (s.yarn_factor != 0 && !gpt_oss) || s.n_layer_dense_lead >= 0 || s.n_expert_shared >= 0 ||
              s.expert_weights_scale != 1.0f || s.expert_weights_norm) {
     fail(ErrorKind::kInvalidArgument,
-         "synth: kv-lora, q-lora, rope-dim, head-dim-v, yarn, dense-lead, experts-shared, expert-scale and "
-         "expert-norm are deepseek2's, not {}",
+         "synth: kv-lora, q-lora, rope-dim, head-dim-v, yarn (gpt-oss has it too), dense-lead, experts-shared, "
+         "expert-scale and expert-norm are deepseek2's, not {}",
          s.arch);
   }
   if (s.name.empty()) s.name = "synth-" + s.arch;
@@ -226,10 +231,10 @@ Resolved resolve(const SynthSpec& in) {
   if (s.head_dim % 2 != 0)
     fail(ErrorKind::kInvalidArgument, "synth: head-dim = {} is odd; RoPE rotates pairs", s.head_dim);
   check_range("ctx", s.n_ctx, 1, 1 << 24);
-  if (qwen_moe && s.n_expert == 0) s.n_expert = 8;
-  if (s.n_expert != 0 && !llama && !qwen_moe && !deepseek2)
-    fail(ErrorKind::kInvalidArgument, "synth: experts are supported for llama, qwen2moe, qwen3moe and deepseek2, not {}",
-         s.arch);
+  if ((qwen_moe || gpt_oss) && s.n_expert == 0) s.n_expert = 8;
+  if (s.n_expert != 0 && !llama && !qwen_moe && !deepseek2 && !gpt_oss)
+    fail(ErrorKind::kInvalidArgument,
+         "synth: experts are supported for llama, qwen2moe, qwen3moe, deepseek2 and gpt-oss, not {}", s.arch);
   if (s.n_expert != 0) {
     check_range("experts", s.n_expert, 1, 1 << 16);
     if (s.n_expert_used == 0) s.n_expert_used = std::min(2, s.n_expert);
@@ -245,22 +250,24 @@ Resolved resolve(const SynthSpec& in) {
          s.arch);
   if (s.n_ff_shexp != 0) check_range("ff-shexp", s.n_ff_shexp, 1, kBig);
 
-  if (gemma3) {
-    if (s.sliding_window == 0) s.sliding_window = 512;
+  if (gemma3 || gpt_oss) {
+    if (s.sliding_window == 0) s.sliding_window = gemma3 ? 512 : 128;
     check_range("window", s.sliding_window, 1, 1 << 24);
   } else if (s.sliding_window != 0) {
-    fail(ErrorKind::kInvalidArgument, "synth: a sliding window is only supported for gemma3, not {}", s.arch);
+    fail(ErrorKind::kInvalidArgument, "synth: a sliding window is only supported for gemma3 and gpt-oss, not {}",
+         s.arch);
   }
   if (s.rope_freqs && !llama)
     fail(ErrorKind::kInvalidArgument, "synth: rope_freqs factors are only supported for llama, not {}", s.arch);
 
-  r.rope_base = s.rope_base.value_or(llama || deepseek2 ? 10000.0f : 1000000.0f);
-  r.rms_eps = s.rms_eps.value_or(llama ? 1e-5f : 1e-6f);
+  r.rope_base = s.rope_base.value_or(llama || deepseek2 ? 10000.0f : gpt_oss ? 150000.0f : 1000000.0f);
+  r.rms_eps = s.rms_eps.value_or(llama || gpt_oss ? 1e-5f : 1e-6f);
   if (!std::isfinite(r.rope_base) || r.rope_base <= 0)
     fail(ErrorKind::kInvalidArgument, "synth: rope base {} must be a positive number", r.rope_base);
   if (!std::isfinite(r.rms_eps) || r.rms_eps <= 0)
     fail(ErrorKind::kInvalidArgument, "synth: rms epsilon {} must be a positive number", r.rms_eps);
-  r.tied = s.tied.value_or(!llama && !deepseek2 && !qwen_moe);  // llama.cpp's qwen2moe needs output.weight
+  // llama.cpp's qwen2moe and gpt-oss need output.weight.
+  r.tied = s.tied.value_or(!llama && !deepseek2 && !qwen_moe && !gpt_oss);
   type_choice(s.type);  // validates
   if (s.vocab_from.empty())
     fail(ErrorKind::kInvalidArgument,
@@ -275,6 +282,7 @@ Resolved resolve(const SynthSpec& in) {
 GgmlType matrix_type(const Resolved& r, const TypeChoice& tc, const std::string& name, int layer, int64_t ne0) {
   GgmlType t = tc.base;
   const bool is_output = name == "output.weight" || (r.tied && name == "token_embd.weight");
+  if (tc.mxfp4_moe) t = name.ends_with("_exps.weight") ? GgmlType::MXFP4 : GgmlType::Q8_0;
   if (tc.mix_m) {
     const int64_t qk = type_traits(tc.base).block_elems;
     if (is_output) {
@@ -375,6 +383,27 @@ std::vector<Planned> plan_tensors(const Resolved& r) {
       }
       continue;
     }
+    if (s.arch == "gpt-oss") {
+      // As llama.cpp loads gpt-oss: biased q/k/v/o, a sink logit per head,
+      // post_attention_norm as the FFN's input norm, a biased router and
+      // biased experts ([width, n_expert] per kind).
+      matrix(n("attn_q.weight"), E, QW, il);
+      matrix(n("attn_k.weight"), E, KW, il);
+      matrix(n("attn_v.weight"), E, KW, il);
+      matrix(n("attn_output.weight"), QW, E, il);
+      vec(n("attn_q.bias"), QW, Init::kBias);
+      vec(n("attn_k.bias"), KW, Init::kBias);
+      vec(n("attn_v.bias"), KW, Init::kBias);
+      vec(n("attn_output.bias"), E, Init::kBias);
+      vec(n("attn_sinks.weight"), s.n_head, Init::kSink);
+      vec(n("post_attention_norm.weight"), E, Init::kNorm);
+      routed(il);
+      vec(n("ffn_gate_inp.bias"), s.n_expert, Init::kBias);
+      p.push_back({n("ffn_gate_exps.bias"), {s.n_ff_exp, s.n_expert}, Init::kBias, GgmlType::F32});
+      p.push_back({n("ffn_up_exps.bias"), {s.n_ff_exp, s.n_expert}, Init::kBias, GgmlType::F32});
+      p.push_back({n("ffn_down_exps.bias"), {E, s.n_expert}, Init::kBias, GgmlType::F32});
+      continue;
+    }
     matrix(n("attn_q.weight"), E, QW, il);
     matrix(n("attn_k.weight"), E, KW, il);
     matrix(n("attn_v.weight"), E, KW, il);
@@ -423,8 +452,10 @@ void fill_row(const Planned& t, uint64_t tensor_seed, int64_t row, float* out) {
     return;
   }
   Rng rng(mix64(tensor_seed + static_cast<uint64_t>(row + 1) * kGolden));
+  // Sinks N(0, 1): logits of the size of the scores, so that they matter.
   const double std_dev = t.init == Init::kMatrix ? 1.0 / std::sqrt(static_cast<double>(n))
                          : t.init == Init::kBias ? 0.2
+                         : t.init == Init::kSink ? 1.0
                                                  : 0.1;
   const double mean = t.init == Init::kNorm ? 1.0 : 0.0;
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(mean + std_dev * rng.normal());
@@ -469,7 +500,7 @@ std::vector<std::string> synth_type_names() {
 
 std::vector<std::string> synth_preset_names() {
   return {"tinyllama-1.1b", "qwen3-0.6b",   "gemma3-270m",      "qwen3-30b-a3b",
-          "mixtral-8x7b",  "qwen1.5-moe-a2.7b", "deepseek-v2-lite-dense", "deepseek-v2-lite"};
+          "mixtral-8x7b",  "qwen1.5-moe-a2.7b", "deepseek-v2-lite-dense", "deepseek-v2-lite", "gpt-oss-20b"};
 }
 
 SynthSpec synth_preset(const std::string& name) {
@@ -492,6 +523,13 @@ SynthSpec synth_preset(const std::string& name) {
       s.n_expert = 64, s.n_expert_used = 6, s.n_ff_exp = 1408;
       s.n_layer_dense_lead = 1, s.n_expert_shared = 2, s.expert_weights_scale = 1.0f, s.expert_weights_norm = false;
     }
+  } else if (name == "gpt-oss-20b") {
+    // openai/gpt-oss-20b's config: 24 layers, 2880 wide, 64 heads (8 KV) of
+    // 64, 32 experts of 2880, 4 used, window 128, YaRN 32 over 4096.
+    s.arch = "gpt-oss";
+    s.n_layer = 24, s.n_embd = 2880, s.n_ff = 2880, s.n_head = 64, s.n_head_kv = 8, s.head_dim = 64;
+    s.n_expert = 32, s.n_expert_used = 4, s.n_ff_exp = 2880, s.sliding_window = 128;
+    s.n_ctx = 131072, s.yarn_factor = 32, s.yarn_orig_ctx = 4096;
   } else if (name == "qwen3-30b-a3b") {
     s.arch = "qwen3moe";
     s.n_layer = 48, s.n_embd = 2048, s.n_ff = 6144, s.n_head = 32, s.n_head_kv = 4, s.head_dim = 128;
@@ -566,14 +604,22 @@ SynthReport synth_model(const SynthSpec& spec, const std::string& out_path, int 
       w.add_u32(a + "rope.scaling.original_context_length", static_cast<uint32_t>(s.yarn_orig_ctx));
       w.add_f32(a + "rope.scaling.yarn_log_multiplier", s.yarn_log_mul);
     }
-  } else if (s.arch == "qwen3" || s.arch == "qwen3moe" || s.arch == "gemma3" || s.head_dim * s.n_head != s.n_embd) {
+  } else if (s.arch == "qwen3" || s.arch == "qwen3moe" || s.arch == "gemma3" || s.arch == "gpt-oss" ||
+             s.head_dim * s.n_head != s.n_embd) {
     // Qwen3 and Gemma 3 converters always write the head width; the others
     // only need it when it is not n_embd / n_head.
     w.add_u32(a + "attention.key_length", static_cast<uint32_t>(s.head_dim));
     w.add_u32(a + "attention.value_length", static_cast<uint32_t>(s.head_dim));
   }
   if (s.arch == "llama") w.add_u32(a + "rope.dimension_count", static_cast<uint32_t>(s.head_dim));
-  if (s.arch == "gemma3") w.add_u32(a + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window));
+  if (s.arch == "gemma3" || s.arch == "gpt-oss")
+    w.add_u32(a + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window));
+  if (s.arch == "gpt-oss" && s.yarn_factor > 0) {
+    // As the converter writes gpt-oss's YaRN (no log multiplier).
+    w.add_string(a + "rope.scaling.type", "yarn");
+    w.add_f32(a + "rope.scaling.factor", s.yarn_factor);
+    w.add_u32(a + "rope.scaling.original_context_length", static_cast<uint32_t>(s.yarn_orig_ctx));
+  }
   r.n_vocab = copy_tokenizer(s.vocab_from, w);
 
   const std::vector<Planned> plan = plan_tensors(r);

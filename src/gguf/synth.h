@@ -26,7 +26,7 @@
 namespace tandem {
 
 struct SynthSpec {
-  std::string arch = "llama";   // llama | qwen2 | qwen3 | gemma3 | qwen2moe | qwen3moe | deepseek2
+  std::string arch = "llama";   // llama | qwen2 | qwen3 | gemma3 | qwen2moe | qwen3moe | deepseek2 | gpt-oss
   std::string name;             // general.name; empty: "synth-<arch>"
   int32_t n_layer = 2;
   int32_t n_embd = 64;
@@ -45,7 +45,7 @@ struct SynthSpec {
   int32_t q_lora_rank = 0;
   int32_t rope_dim = 0;         // 0: 64
   int32_t head_dim_v = 0;       // 0: 128
-  // deepseek2: YaRN rope scaling (rope.scaling.*) when yarn_factor > 0, as
+  // deepseek2, gpt-oss: YaRN rope scaling (rope.scaling.*) when yarn_factor > 0, as
   // V2-Lite's file states it (factor 40, original context 4096, log
   // multiplier 0.0707, the converter's 0.1 x 0.707).
   float yarn_factor = 0;
@@ -58,14 +58,15 @@ struct SynthSpec {
   int32_t n_ctx = 2048;         // {arch}.context_length
   // Mixture of experts: qwen2moe and qwen3moe always (default 8 experts, 2
   // used), llama when n_expert > 0 (Mixtral's tensors, experts n_ff wide),
-  // deepseek2 when n_expert > 0.
+  // deepseek2 when n_expert > 0; gpt-oss always (default 8, 2 used), with
+  // biased attention, sinks, a biased router and biased experts.
   int32_t n_expert = 0;
   int32_t n_expert_used = 0;    // 0: 2
   int32_t n_ff_exp = 0;         // qwen*moe: one expert's width; 0: n_ff
   int32_t n_ff_shexp = 0;       // qwen2moe: the shared expert's width; 0: n_ff
   std::optional<float> rope_base;  // default: 10000 (llama), 1e6 (qwen2, qwen3, gemma3 global layers)
   std::optional<float> rms_eps;    // default: 1e-5 (llama), 1e-6 (others)
-  int32_t sliding_window = 0;   // gemma3 only; 0: 512
+  int32_t sliding_window = 0;   // gemma3 (0: 512) and gpt-oss (0: 128) only
   bool rope_freqs = false;      // llama only: a Llama-3 style rope_freqs.weight (factors 1..8)
   std::optional<bool> tied;     // output = token_embd; default: separate for llama and the MoE families, tied for the others
   std::string vocab_from;       // GGUF whose tokenizer.* keys are copied; n_vocab = its token count
@@ -74,7 +75,9 @@ struct SynthSpec {
   // K-quant falls back as llama.cpp does for rows that are not a multiple of
   // 256 (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0). q4_k_m / q5_k_m: llama.cpp's
   // _M mix (q6_k for the output matrix and for attn_v / ffn_down in the layers
-  // llama_tensor_get_type picks). Vectors (norms, biases, rope factors) are f32.
+  // llama_tensor_get_type picks). mxfp4_moe: llama.cpp's MXFP4_MOE (the
+  // expert tensors MXFP4, every other matrix q8_0, the router f32). Vectors
+  // (norms, biases, sinks, rope factors) are f32.
   std::string type = "f32";
   uint64_t seed = 0;
 };
@@ -95,7 +98,8 @@ struct SynthReport {
 // the same with V2-Lite's experts: first layer dense, then 64 experts of 1408,
 // 6 used, 2 shared, scale 1, no renormalisation.
 // qwen3-30b-a3b: qwen3moe, 48 layers, 2048 wide, 32 heads (4 KV) of 128, 128
-// experts of 768, 8 used. mixtral-8x7b: llama, 32 layers, 4096 wide, 8 experts
+// experts of 768, 8 used. gpt-oss-20b: 24 layers, 2880 wide, 64 heads (8 KV)
+// of 64, 32 experts of 2880, 4 used, window 128, YaRN 32 over 4096. mixtral-8x7b: llama, 32 layers, 4096 wide, 8 experts
 // of 14336, 2 used. qwen1.5-moe-a2.7b: qwen2moe, 24 layers, 2048 wide, 60
 // experts of 1408, 4 used, a shared expert of 5632.
 SynthSpec synth_preset(const std::string& name);  // throws kInvalidArgument, listing the names

@@ -60,6 +60,20 @@ int32_t first_pos(const AttnShape& s, int32_t pos) { return s.window > 0 ? std::
   M = mn;
 }
 
+// A sink logit joins a row's folded state (M, L, A) as one more term of the
+// denominator with nothing in the numerator (ggml's order: the larger of the
+// two maxima kept, the other side scaled down).
+[[gnu::noinline]] void add_sink(float& M, float& L, float* A, float sink, int32_t hdv) {
+  if (sink > M) {
+    const float ms = std::exp(M - sink);
+    for (int32_t d = 0; d < hdv; ++d) A[d] *= ms;
+    L = L * ms + 1.0f;
+    M = sink;
+  } else {
+    L += std::exp(sink - M);
+  }
+}
+
 [[gnu::noinline]] void finish(float L, const float* A, float* out, int32_t hdv) {
   for (int32_t d = 0; d < hdv; ++d) out[d] = A[d] / L;
 }
@@ -107,6 +121,7 @@ struct Scratch {
   std::vector<QuantizedQuery> cqq;
   std::vector<float*> out;
   std::vector<int32_t> lo, hi, clo, chi, row_of;
+  std::vector<float> sink;  // each row's head's sink logit (AttnShape::sinks set)
   std::vector<uint8_t> started;
 
   void fit(int32_t rows, int32_t hdv) {
@@ -121,6 +136,7 @@ struct Scratch {
     cqq.resize(r);
     out.resize(r);
     for (auto* v : {&lo, &hi, &clo, &chi, &row_of}) v->resize(r);
+    sink.resize(r);
     started.resize(r);
   }
 
@@ -290,6 +306,8 @@ void attend_rows(ChunkFn fn, const AttnShape& s, const KvLayerView& kv, int32_t 
       }
     }
   }
+  if (s.sinks)
+    for (int32_t r = 0; r < n; ++r) add_sink(sc.M[r], sc.L[r], sc.A.data() + size_t(r) * hdv, sc.sink[r], hdv);
   for (int32_t r = 0; r < n; ++r) finish(sc.L[r], sc.A.data() + size_t(r) * hdv, sc.out[r], hdv);
   if (!mass) return;
   for (int32_t r = 0; r < n; ++r)
@@ -339,6 +357,7 @@ void attention_prefill_at(KernelLevel level, const AttnShape& s, const KvLayerVi
           sc.out[r] = out + i * out_stride + int64_t{h} * s.head_dim_v;
           sc.lo[r] = first_pos(s, pos);
           sc.hi[r] = pos + 1;
+          if (s.sinks) sc.sink[r] = s.sinks[h];
         }
       attend_rows(fn, s, kv, g, r, sc.quantized(kv, r, s.head_dim), sc, mass ? mp.part(size_t(it)) : nullptr,
                   mass ? mp.base[size_t(it)] : 0);
@@ -372,6 +391,7 @@ void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerVie
       sc.out[j] = out + b * out_stride + int64_t{h} * hdv;
       sc.lo[j] = first_pos(s, positions[b]);
       sc.hi[j] = positions[b] + 1;
+      if (s.sinks) sc.sink[j] = s.sinks[h];
     }
     return g;
   };
@@ -492,6 +512,7 @@ void attention_decode_at(KernelLevel level, const AttnShape& s, const KvLayerVie
         for (int64_t pi = unit_first[u]; pi < unit_first[u + 1]; ++pi)
           fold(M, L, A, part_m[pi * group + j], part_l[pi * group + j], part_acc.data() + (pi * group + j) * hdv,
                hdv, pi == unit_first[u]);
+        if (s.sinks) add_sink(M, L, A, sc.sink[j], hdv);
         finish(L, A, sc.out[j], hdv);
         if (!um) continue;
         for (int64_t pi = unit_first[u]; pi < unit_first[u + 1]; ++pi) {

@@ -36,6 +36,11 @@ inline constexpr int32_t kAttnChunk = 128;
 struct AttnShape {
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0, head_dim_v = 0;
   int32_t window = 0;  // > 0: a query at p sees only positions > p - window
+  // Attention sinks (gpt-oss), n_head logits or null: head h's softmax
+  // denominator gains e^sinks[h], as a key whose value is zero would add. It
+  // is folded in once, after a row's last chunk, by the one routine every
+  // level and schedule shares; null leaves every result as it was.
+  const float* sinks = nullptr;
 };
 
 // A chunk of n queries of one sequence at positions pos0 .. pos0+n-1. Query

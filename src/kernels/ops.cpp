@@ -293,7 +293,17 @@ float gelu_tanh(float x) {
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
+static void swiglu_oai_gated(float* gate, const float* up, int64_t n) {
+  constexpr float kAlpha = 1.702f, kLimit = 7.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = std::min(gate[i], kLimit);
+    const float y = std::clamp(up[i], -kLimit, kLimit);
+    gate[i] = x / (1.0f + std::exp(kAlpha * -x)) * (y + 1.0f);
+  }
+}
+
 void gated_activation_at(KernelLevel level, Activation act, float* gate, const float* up, int64_t n) {
+  if (act == Activation::kSwigluOai) return swiglu_oai_gated(gate, up, n);
   const LevelFns& f = level_fns(level);
   (act == Activation::kGeluTanh ? f.gelu_gated : f.silu_gated)(gate, up, n);
 }

@@ -11,7 +11,9 @@
 namespace tandem {
 
 enum class RopeStyle { kNormal, kNeox };  // adjacent pairs (llama) / two halves (neox)
-enum class Activation { kSilu, kGeluTanh };
+// kSwigluOai: gpt-oss's clamped SwiGLU (ggml's swiglu_oai, alpha 1.702,
+// limit 7): x = min(gate, 7), y = clamp(up, -7, 7), x * sigmoid(1.702 x) * (y + 1).
+enum class Activation { kSilu, kGeluTanh, kSwigluOai };
 
 // out = x / rms(x) * w   (w may be null: no weight). out may alias x. The
 // sum of squares is in double as in ggml; the SIMD levels add it in a fixed
@@ -49,6 +51,8 @@ RopePair rope_pair(const RopeParams& p, int32_t i);
 // table lookups run 16 (AVX-512) or 8 (AVX2) at a time with hardware f16
 // conversions, which round like f32_to_f16: every level gives the same bits.
 // The SiLU's SIMD levels use the softmax's e^x, within a few ulp of libm's.
+// The clamped SwiGLU is the same scalar code at every level (libm's expf, as
+// ggml's CPU op): a few expert rows per token, next to their products.
 void gated_activation(Activation act, float* gate, const float* up, int64_t n);
 void gated_activation_at(KernelLevel level, Activation act, float* gate, const float* up, int64_t n);
 

@@ -18,6 +18,7 @@ const char* arch_name(Arch a) {
     case Arch::kDeepseek2: return "deepseek2";
     case Arch::kQwen2Moe: return "qwen2moe";
     case Arch::kQwen3Moe: return "qwen3moe";
+    case Arch::kGptOss: return "gpt-oss";
   }
   return "?";
 }
@@ -58,6 +59,10 @@ struct Keys {
 // Its attention factor cancels against the rope's own magnitude factor, so
 // the rotated parts keep magnitude rope_mscale (1 for DeepSeek-V2), and the
 // softmax scale takes mscale^2 with mscale = 1 + 0.1 * log_mul * ln(factor).
+// gpt-oss (no log multiplier): llama.cpp's rope multiplies every query and
+// key element by rope_mscale = 1 + 0.1 ln(factor); as all of a head is
+// rotated there, the plain attention path takes that as rope_mscale^2 in the
+// softmax scale (yarn_attn_mscale = rope_mscale) and rotates without it.
 void read_yarn(const GgufFile& f, const Keys& k, ModelConfig& c) {
   const float factor = k.opt_float("rope.scaling.factor", 1.0);
   if (factor <= 0) fail(ErrorKind::kInvalidFile, "{}: rope.scaling.factor {} <= 0", f.path(), factor);
@@ -149,7 +154,7 @@ void read_deepseek2_experts(const GgufFile& f, const Keys& k, ModelConfig& c) {
 // (its shared expert comes with a sigmoid gate, found by its tensors);
 // deepseek2 reads its own keys.
 void read_moe(const GgufFile& f, ModelConfig& c, const Keys& k) {
-  const bool moe_arch = c.arch == Arch::kQwen2Moe || c.arch == Arch::kQwen3Moe;
+  const bool moe_arch = c.arch == Arch::kQwen2Moe || c.arch == Arch::kQwen3Moe || c.arch == Arch::kGptOss;
   c.n_expert = k.opt_int("expert_count", 0, 0, 1 << 16);
   if (moe_arch && c.n_expert == 0) k.req_int("expert_count", 1, 1 << 16);  // names the missing key
   if (c.n_expert > 0) c.n_expert_used = k.req_int("expert_used_count", 1, c.n_expert);
@@ -159,7 +164,10 @@ void read_moe(const GgufFile& f, ModelConfig& c, const Keys& k) {
   c.n_ff_exp = moe_arch ? k.req_int("expert_feed_forward_length", 1, 1 << 20) : c.n_ff;
   c.n_ff_shexp = k.opt_int("expert_shared_feed_forward_length", 0, 0, 1 << 20);
   c.moe_gating = {};
-  c.moe_gating.normalize = c.arch != Arch::kQwen2Moe;
+  c.moe_gating.normalize = c.arch != Arch::kQwen2Moe && c.arch != Arch::kGptOss;
+  // gpt-oss: the k largest router logits, then a softmax over those k
+  // (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT), no renormalising.
+  if (c.arch == Arch::kGptOss) c.moe_gating.func = MoeGating::Func::kSoftmaxTopK;
 }
 
 }  // namespace
@@ -176,9 +184,11 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   else if (*arch == "deepseek2") c.arch = Arch::kDeepseek2;
   else if (*arch == "qwen2moe") c.arch = Arch::kQwen2Moe;
   else if (*arch == "qwen3moe") c.arch = Arch::kQwen3Moe;
+  else if (*arch == "gpt-oss") c.arch = Arch::kGptOss;
   else
     fail(ErrorKind::kUnsupported,
-         "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3, gemma3, deepseek2, qwen2moe, qwen3moe)",
+         "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3, gemma3, deepseek2, qwen2moe, "
+         "qwen3moe, gpt-oss)",
          f.path(), *arch);
   c.name = f.get_string("general.name").value_or(*arch);
 
@@ -207,7 +217,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     float factor = k.opt_float("rope.scaling.factor", 1.0);
     if (factor <= 0) fail(ErrorKind::kInvalidFile, "{}: rope.scaling.factor {} <= 0", f.path(), factor);
     c.rope_scale = 1.0f / factor;
-  } else if (scaling && *scaling == "yarn" && c.arch == Arch::kDeepseek2) {
+  } else if (scaling && *scaling == "yarn" && (c.arch == Arch::kDeepseek2 || c.arch == Arch::kGptOss)) {
     read_yarn(f, k, c);
   } else if (scaling && *scaling != "none" && !scaling->empty()) {
     fail(ErrorKind::kUnsupported, "{}: rope scaling type '{}' is not supported", f.path(), *scaling);
@@ -248,6 +258,20 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     case Arch::kDeepseek2:
       read_latent_attention(f, k, c);
       break;
+    case Arch::kGptOss: {
+      // As llama.cpp 0.3.36 reads gpt-oss: NEOX rope, biased q/k/v/o,
+      // attention sinks, the clamped SwiGLU in the experts; every other layer
+      // (0, 2, 4, ...) attends over a sliding window (its SWA pattern 2), the
+      // window from the file (the key is required there too).
+      c.rope_style = RopeStyle::kNeox;
+      c.qkv_bias = true;
+      c.attn_out_bias = true;
+      c.attn_sinks = true;
+      c.act = Activation::kSwigluOai;
+      c.sliding_window = k.req_int("attention.sliding_window", 1, 1 << 24);
+      for (int32_t il = 0; il < c.n_layer; ++il) c.layer_is_swa[il] = il % 2 == 0;
+      break;
+    }
   }
   read_moe(f, c, k);
   // Gemma 3 27B scales queries by 1/sqrt(n_embd/n_head); the others by 1/sqrt(head_dim).

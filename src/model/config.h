@@ -14,7 +14,7 @@ namespace tandem {
 
 class GgufFile;
 
-enum class Arch { kLlama, kQwen2, kQwen3, kGemma3, kDeepseek2, kQwen2Moe, kQwen3Moe };
+enum class Arch { kLlama, kQwen2, kQwen3, kGemma3, kDeepseek2, kQwen2Moe, kQwen3Moe, kGptOss };
 
 // How a mixture-of-experts router turns its logits into the weights of the
 // experts it picks (model/moe_ffn.h runs it). The families differ only here.
@@ -49,7 +49,7 @@ struct ModelConfig {
   int32_t rope_dims = 0;          // rotated dims per head (<= head_dim)
   float rope_base = 10000.0f;     // global layers
   float rope_scale = 1.0f;        // position multiplier (1/linear factor)
-  // YaRN (deepseek2): rope_scale is 1/factor; the ramp's pair range; the
+  // YaRN (deepseek2, gpt-oss): rope_scale is 1/factor; the ramp's pair range; the
   // factor the rotated parts' magnitude is multiplied by (ggml's mscale).
   bool rope_yarn = false;
   float yarn_low = 0.0f, yarn_high = 0.0f;
@@ -67,6 +67,10 @@ struct ModelConfig {
   bool qkv_bias = false;          // qwen2
   bool qk_norm = false;           // qwen3, gemma3
   bool sandwich_norm = false;     // gemma3: norms after attention and FFN too
+  // gpt-oss: attn_output.bias, and one learned logit per query head
+  // (attn_sinks) that joins each softmax's denominator, never its numerator.
+  bool attn_out_bias = false;
+  bool attn_sinks = false;
 
   // Multi-head latent attention (deepseek2): > 0 turns it on. Each token's
   // keys and values are one kv_lora_rank-wide latent plus rope_dims rotated

@@ -319,6 +319,7 @@ struct Model::LayerSteps {
       m.attention_rows(il, batch, c0, n, seqs, kv, pool);
       if (!keep) {
         s.mm.run(L.wo, s.attn.data(), OW, n, s.o.data() + c0 * E, E, pool);
+        add_out_bias(L, s.o.data() + c0 * E, n);
         continue;
       }
       for (; k < keep->size() && (*keep)[k] < c0 + n; ++k)
@@ -329,9 +330,18 @@ struct Model::LayerSteps {
       // copying in increasing order never overwrites a row still to move.
       R = static_cast<int64_t>(keep->size());
       s.mm.run(L.wo, s.attn_kept.data(), OW, R, s.o.data(), E, pool);
+      add_out_bias(L, s.o.data(), R);
       for (int64_t i = 0; i < R; ++i)
         if ((*keep)[i] != i) std::copy_n(s.x.data() + (*keep)[i] * E, E, s.x.data() + i * E);
     }
+  }
+
+  // o += the output projection's bias (gpt-oss), n rows from o.
+  void add_out_bias(const LayerWeights& L, float* o, int64_t n) {
+    if (L.bo.empty()) return;
+    const int64_t E = m.cfg_.n_embd;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < E; ++i) o[r * E + i] += L.bo[i];
   }
 
   // x += o for every row going on, o normed first where the model norms a
@@ -536,7 +546,8 @@ void Model::attention_rows(int32_t il, const Batch& batch, int64_t c0, int64_t n
   const bool swa = c.layer_is_swa[il];
   const RopeParams rope = layer_rope(c, w_, il);
   const int32_t half = c.rope_dims / 2;
-  const AttnShape shape{c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, swa ? c.sliding_window : 0};
+  const AttnShape shape{c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, swa ? c.sliding_window : 0,
+                        L.sinks.empty() ? nullptr : L.sinks.data()};
   if (c.latent_attention()) {
     if (static_cast<int64_t>(s.attn.size()) < n * OW) s.attn.resize(n * OW);
     latent_attention_rows(il, batch, c0, n, seqs, kv, pool, s.xn.data() + c0 * E, s.attn.data());

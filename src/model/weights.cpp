@@ -92,6 +92,16 @@ class Binder {
     return m;
   }
 
+  // A 2-D float tensor [width, n_expert] (gpt-oss's per-expert biases),
+  // expert-major, its shape checked against the metadata.
+  WeightVector expert_biases(const std::string& name, int64_t width, int64_t n_expert) const {
+    const GgufTensor* t = find(name, true);
+    if (t->dims.size() != 2 || t->dims[0] != width || t->dims[1] != n_expert)
+      fail(ErrorKind::kInvalidFile, "{}: tensor '{}' has shape {}, expected [{}, {}] (expert_count {})", f_.path(),
+           name, shape(*t), width, n_expert, n_expert);
+    return vector(name, width * n_expert);
+  }
+
   WeightVector vector(const std::string& name, int64_t n, bool required = true) const {
     const GgufTensor* t = find(name, required);
     if (!t) return {};
@@ -171,6 +181,8 @@ void bind_attention(const Binder& b, const ModelConfig& c, int32_t il, LayerWeig
     L.bk = b.vector(n("attn_k.bias"), k_width);
     L.bv = b.vector(n("attn_v.bias"), v_width);
   }
+  if (c.attn_out_bias) L.bo = b.vector(n("attn_output.bias"), c.n_embd);
+  if (c.attn_sinks) L.sinks = b.vector(n("attn_sinks.weight"), c.n_head);
   if (c.qk_norm) {
     L.q_norm = b.vector(n("attn_q_norm.weight"), c.head_dim);
     L.k_norm = b.vector(n("attn_k_norm.weight"), c.head_dim);
@@ -190,6 +202,13 @@ MoeWeights bind_moe(const Binder& b, const ModelConfig& c, int32_t il) {
   m.down = b.experts(n("ffn_down_exps.weight"), F, c.n_embd, c.n_expert);
   // DeepSeek-V3-style files bias the choice of experts (not their weights).
   if (c.arch == Arch::kDeepseek2) m.select_bias = b.vector(n("exp_probs_b.bias"), c.n_expert, /*required=*/false);
+  // gpt-oss: the router's bias on its logits, and each expert's biases.
+  if (c.arch == Arch::kGptOss) {
+    m.router_bias = b.vector(n("ffn_gate_inp.bias"), c.n_expert);
+    m.gate_bias = b.expert_biases(n("ffn_gate_exps.bias"), F, c.n_expert);
+    m.up_bias = b.expert_biases(n("ffn_up_exps.bias"), F, c.n_expert);
+    m.down_bias = b.expert_biases(n("ffn_down_exps.bias"), c.n_embd, c.n_expert);
+  }
   if (c.n_ff_shexp > 0) {
     m.sh_gate = b.matrix(n("ffn_gate_shexp.weight"), c.n_embd, c.n_ff_shexp);
     m.sh_up = b.matrix(n("ffn_up_shexp.weight"), c.n_embd, c.n_ff_shexp);
@@ -243,7 +262,8 @@ ModelWeights ModelWeights::bind(const GgufFile& f, ModelConfig& c) {
       L.post_attn_norm = b.vector(n("post_attention_norm.weight"), c.n_embd);
       L.post_ffn_norm = b.vector(n("post_ffw_norm.weight"), c.n_embd);
     }
-    L.ffn_norm = b.vector(n("ffn_norm.weight"), c.n_embd);
+    // gpt-oss names its FFN input norm post_attention_norm (llama.cpp's attn_post_norm).
+    L.ffn_norm = b.vector(n(c.arch == Arch::kGptOss ? "post_attention_norm.weight" : "ffn_norm.weight"), c.n_embd);
     if (c.n_expert > 0 && il >= c.n_layer_dense_lead) L.moe = bind_moe(b, c, il);
     if (!L.moe) {
       L.w_gate = b.matrix(n("ffn_gate.weight"), c.n_embd, c.n_ff);

@@ -37,10 +37,12 @@ struct MoeWeights {
 struct LayerWeights {
   WeightVector attn_norm;
   WeightMatrix wq, wk, wv, wo;
-  WeightVector bq, bk, bv;          // qwen2
+  WeightVector bq, bk, bv;          // qwen2, gpt-oss
+  WeightVector bo;                  // gpt-oss: attn_output.bias
+  WeightVector sinks;               // gpt-oss: attn_sinks, one logit per query head
   WeightVector q_norm, k_norm;      // qwen3, gemma3 (per head, head_dim wide)
   WeightVector post_attn_norm;      // gemma3
-  WeightVector ffn_norm;
+  WeightVector ffn_norm;            // gpt-oss: post_attention_norm (its FFN input norm)
   WeightMatrix w_gate, w_up, w_down;
   WeightVector post_ffn_norm;       // gemma3
   MoeWeights moe;                   // set on a mixture-of-experts layer (w_gate/up/down then absent)

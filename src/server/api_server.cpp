@@ -425,11 +425,15 @@ struct Server::Impl final : HttpHandler {
     using TC = ApiRequest::ToolChoice;
     auto g = std::make_shared<ToolCallGrammar>();
     g->syntax = tool_syntax(family);
-    if (r.tool_choice == TC::kAuto && !g->syntax.text_marker)
+    g->syntax.marker_token = tool_marker_token(g->syntax, intake.tokenizer());
+    if (r.tool_choice == TC::kAuto && !g->syntax.model_opens())
       throw_invalid("tool_choice",
                     fmt::format("'tool_choice' 'auto' is not available for this model: its chat format ({}) has no "
-                                "tool-call marker written as text; send 'required' or a named function",
-                                intake.chat_template()->variant()));
+                                "tool-call marker{}; send 'required' or a named function",
+                                intake.chat_template()->variant(),
+                                g->syntax.marker.empty()
+                                    ? std::string()
+                                    : fmt::format(" (its vocabulary has no control token {})", g->syntax.marker)));
     g->forced = r.tool_choice != TC::kAuto;
     g->max_calls = r.parallel_tool_calls ? kMaxParallelCalls : 1;
     for (size_t i = 0; i < r.tools.size(); ++i)

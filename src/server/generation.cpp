@@ -200,7 +200,7 @@ bool GenerationResponse::pump_stream(ResponseWriter& w, double now_s) {
         break;
       }
     }
-    if (ev.text.empty() && ev.logprobs.empty() && !ev.finished) continue;
+    if (ev.text.empty() && ev.logprobs.empty() && !ev.finished && ev.tool_calls_at < 0) continue;
     if (meta_.tools && meta_.endpoint == Endpoint::kChat) {
       if (tool_parsers_.empty())
         for (int32_t c = 0; c < gen_->n(); ++c) tool_parsers_.emplace_back(meta_.tools->syntax, meta_.tools->forced);

@@ -15,6 +15,7 @@ void ChoiceState::add(const RequestEvent& ev, const std::vector<size_t>& offs) {
   offsets.insert(offsets.end(), offs.begin(), offs.end());
   top_logprobs.insert(top_logprobs.end(), ev.top_logprobs.begin(), ev.top_logprobs.end());
   completion_tokens = ev.completion_tokens;
+  if (ev.tool_calls_at >= 0 && tool_calls_at < 0) tool_calls_at = ev.tool_calls_at;
   if (ev.finished) {
     finished = true;
     finish_reason = ev.finish_reason;
@@ -128,6 +129,7 @@ json full_response(const ResponseMeta& m, const std::vector<ChoiceState>& choice
       // The text read back into content and calls, as the stream's deltas add up.
       ToolCallParser parser(m.tools->syntax, m.tools->forced);
       std::vector<ToolCallParser::Event> evs;
+      if (c.tool_calls_at >= 0) parser.open_at(static_cast<size_t>(c.tool_calls_at), evs);
       parser.feed(c.text, evs);
       parser.finish(evs);
       std::string content;
@@ -194,6 +196,7 @@ std::string tool_call_id(const ResponseMeta& m, int32_t choice, int32_t call) {
 
 std::vector<json> tool_event_chunks(const ResponseMeta& m, const RequestEvent& ev, ToolCallParser& parser) {
   std::vector<ToolCallParser::Event> evs;
+  if (ev.tool_calls_at >= 0) parser.open_at(static_cast<size_t>(ev.tool_calls_at), evs);
   parser.feed(ev.text, evs);
   if (ev.finished) parser.finish(evs);
   std::vector<json> out;

@@ -54,6 +54,7 @@ struct ChoiceState {
   std::string finish_reason;
   std::string error;
   int32_t completion_tokens = 0;
+  int64_t tool_calls_at = -1;  // where a control-token marker opened tool calls in `text`
   void add(const RequestEvent& ev, const std::vector<size_t>& offsets);
 };
 

@@ -1,10 +1,14 @@
 """Tool calling in /v1/chat/completions through the official openai client, on Gemma 3 270M:
-the call loop, every tool_choice, streamed deltas, parallel calls, and the 400s."""
+the call loop, every tool_choice, streamed deltas, parallel calls, and the 400s; and "auto" on the
+families whose calls open with a control token (Mistral's [TOOL_CALLS], Llama 3's <|python_tag|>),
+on random-weight models with those vocabularies and chat templates."""
 
 import json
 
 import openai
 import pytest
+
+from harness import STORIES, Server, run_cli
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
@@ -162,3 +166,145 @@ def test_bad_tool_requests_are_400s_naming_the_field(gemma, body, param, words):
     assert err["param"] == param, err
     assert param in err["message"] or param.startswith("tool_choice"), err
     assert words in err["message"], err
+
+
+# Random-weight models of the families whose call marker is a control token: stories260K's
+# vocabulary with the family's control tokens added and a chat template that selects it.
+FAMILIES = {
+    "llama3": ("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}",
+               ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>"], "<|python_tag|>"),
+    "mistral": ("{{ '[INST]' + message['content'] + '[/INST]' }}{# [AVAILABLE_TOOLS] #}",
+                ["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
+                 "[/TOOL_RESULTS]"], "[TOOL_CALLS]"),
+}
+
+
+def family_model(directory, family, with_marker=True):
+    """A one-layer synth model whose vocab and chat template are the family's; its marker's id."""
+    import gguf
+    template, added, marker = FAMILIES[family]
+    if not with_marker:
+        added = [t for t in added if t != marker]
+    r = gguf.GGUFReader(STORIES)
+    field = r.fields
+    tokens = [bytes(field["tokenizer.ggml.tokens"].parts[i]).decode() for i in field["tokenizer.ggml.tokens"].data]
+    scores = [float(field["tokenizer.ggml.scores"].parts[i][0]) for i in field["tokenizer.ggml.scores"].data]
+    types = [int(field["tokenizer.ggml.token_type"].parts[i][0]) for i in field["tokenizer.ggml.token_type"].data]
+    assert tokens[HE] == "\u2581He"
+    base = len(tokens)
+    tokens += added
+    scores += [0.0] * len(added)
+    types += [gguf.TokenType.CONTROL] * len(added)
+    vocab = str(directory / f"{family}-vocab.gguf")
+    w = gguf.GGUFWriter(vocab, "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types([int(t) for t in types])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_chat_template(template)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    model = str(directory / f"{family}{'' if with_marker else '-nomarker'}.gguf")
+    run_cli("synth", "-o", model, "--vocab-from", vocab, "--layers", "1", "--seed", "7")
+    return model, (base + added.index(marker) if with_marker else None)
+
+
+# Arguments of bounded length, which a random-weight model finishes well within max_tokens.
+SET_UNIT = {"type": "function", "function": {
+    "name": "set_unit", "parameters": {"type": "object", "required": ["unit"], "additionalProperties": False,
+                                       "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}}}}
+SHORT = [TIME, SET_UNIT]
+HE = 346  # stories260K's "▁He"
+
+
+def check_short_call(call):
+    assert call.type == "function" and call.id.startswith("call_")
+    args = json.loads(call.function.arguments)
+    if call.function.name == "set_unit":
+        assert args in ({"unit": "celsius"}, {"unit": "fahrenheit"})
+    else:
+        assert call.function.name == "get_time"
+        assert set(args) == {"utc_offset"} and isinstance(args["utc_offset"], int)
+
+
+@pytest.fixture(scope="module", params=["llama3", "mistral"])
+def family(request, tmp_path_factory):
+    path, marker_id = family_model(tmp_path_factory.mktemp("tools"), request.param)
+    srv = Server(path, "--ctx-size", "1024", "--model-alias", "gemma-test")
+    yield request.param, srv, marker_id
+    rc = srv.stop()
+    assert rc == 0, f"server exited with {rc} on SIGTERM:\n{srv.log_text()}"
+
+
+def test_auto_opens_calls_at_the_control_token_marker(family):
+    name, srv, marker = family
+    c = srv.client()
+    marker_text = FAMILIES[name][2]
+    # The marker forced by a bias: a call follows, of an allowed name with arguments of its schema.
+    kw = dict(messages=ASK, tools=SHORT, tool_choice="auto", parallel_tool_calls=False, max_tokens=100,
+              logit_bias={str(marker): 100})
+    r = create(c, **kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    assert len(ch.message.tool_calls) == 1 and ch.message.content is None
+    check_short_call(ch.message.tool_calls[0])
+    # Text, then the marker: a token biased above it, its frequency penalty (2 per use) letting the
+    # marker win after some. Streamed: content deltas, then the call's deltas, adding up to the
+    # whole answer; the marker's text is in neither.
+    kw["logit_bias"] = {str(HE): 100, str(marker): 80}
+    kw["frequency_penalty"] = 2
+    r = create(c, **kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    assert ch.message.content.strip().startswith("He") and marker_text not in ch.message.content
+    check_short_call(ch.message.tool_calls[0])
+    chunks = list(create(c, stream=True, **kw))
+    content, call = "", {"name": None, "arguments": ""}
+    for chunk in chunks:
+        d = chunk.choices[0].delta
+        if d.content:
+            assert call["name"] is None  # no content once the call began
+            content += d.content
+        for t in d.tool_calls or []:
+            assert t.index == 0
+            if t.function.name:
+                assert call["name"] is None and t.id.startswith("call_") and t.function.arguments == ""
+                call["name"] = t.function.name
+            call["arguments"] += t.function.arguments or ""
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    want = ch.message.tool_calls[0].function
+    assert (content, call["name"], call["arguments"]) == (ch.message.content, want.name, want.arguments)
+    # The marker forbidden: content only, streamed or not, and never the marker's text.
+    kw = dict(messages=ASK, tools=SHORT, tool_choice="auto", max_tokens=24, logit_bias={str(marker): -100})
+    r = create(c, **kw)
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason != "tool_calls"
+    assert marker_text not in r.choices[0].message.content
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in create(c, stream=True, **kw))
+    assert streamed == r.choices[0].message.content
+    # Left to the model (greedy, random weights): whatever it writes, the marker's text is no content.
+    r = create(c, messages=ASK, tools=SHORT, tool_choice="auto", max_tokens=24)
+    assert marker_text not in (r.choices[0].message.content or "")
+    for call in r.choices[0].message.tool_calls or []:
+        check_short_call(call)
+
+
+def test_auto_is_refused_where_the_vocab_lacks_the_marker(tmp_path):
+    # Mistral's marker is only a control token: without it in the vocabulary, "auto" cannot work.
+    path, _ = family_model(tmp_path, "mistral", with_marker=False)
+    srv = Server(path, "--ctx-size", "512", "--model-alias", "gemma-test")
+    try:
+        c = srv.client()
+        with pytest.raises(openai.BadRequestError) as e:
+            create(c, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=4)
+        err = e.value.body
+        assert err["param"] == "tool_choice" and "[TOOL_CALLS]" in err["message"], err
+        # required still works: it needs no marker.
+        r = create(c, messages=ASK, tools=SHORT, tool_choice="required", parallel_tool_calls=False, max_tokens=100)
+        assert r.choices[0].finish_reason == "tool_calls"
+        check_short_call(r.choices[0].message.tool_calls[0])
+    finally:
+        assert srv.stop() == 0
