@@ -6,7 +6,15 @@
 // o200k splits, which decide which merges can apply.
 #include "tokenizer_reference.h"
 
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "chat/model_chat.h"
 #include "gguf/gguf.h"
+#include "gguf/synth.h"
+#include "model/model.h"
+#include "test_support.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/unicode.h"
 
@@ -70,6 +78,57 @@ TEST(TokenizerGpt4o, SplitsByCaseRunsDigitTriplesAndPunctuationTails) {
   EXPECT_EQ(pre.split("end.\n/x", false), (V{"end", ".\n/", "x"}));
   // Non-ASCII letters count as upper and lower case alike (llama.cpp's rule).
   EXPECT_EQ(pre.split("\xC3\xA9" "cole\xC3\x89" "cole", false), (V{"\xC3\xA9" "cole\xC3\x89" "cole"}));
+}
+
+// gpt-oss with an o200k-pretokenized vocabulary, as real gpt-oss files carry:
+// it loads, its tokenizer is the gpt-4o one, it generates, and its chat
+// format (the architecture's default, the vocabulary having no template) is harmony.
+TEST(TokenizerGpt4o, GptOssModelWithItLoadsAndRuns) {
+  namespace fs = std::filesystem;
+  const std::string tag = std::to_string(::getpid());
+  const fs::path vocab = fs::temp_directory_path() / ("tandem_gpt4o_vocab_" + tag + ".gguf");
+  const fs::path path = fs::temp_directory_path() / ("tandem_gpt4o_gptoss_" + tag + ".gguf");
+  {
+    const auto bytes = gpt2_vocab_with_pre("gpt-4o");
+    std::ofstream(vocab, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+  SynthSpec s;
+  s.arch = "gpt-oss";
+  s.n_layer = 2;
+  s.n_embd = 64;
+  s.n_ff = 96;
+  s.n_head = 4;
+  s.n_head_kv = 2;
+  s.head_dim = 32;
+  s.n_expert = 8;
+  s.n_expert_used = 2;
+  s.n_ff_exp = 32;
+  s.sliding_window = 8;
+  s.vocab_from = vocab.string();
+  synth_model(s, path.string(), 1);
+  fs::remove(vocab);
+
+  auto model = Model::load(path.string());
+  const Tokenizer& tok = model->tokenizer();
+  // Same ids as llama.cpp gave for the relabelled vocabulary.
+  const auto ref = testing_tok::load_reference("ggml-vocab-gpt-4o.json");
+  for (size_t i = 0; i < 20; ++i) {
+    const auto& c = ref["cases"][i];
+    const auto& e = c["encodings"][1];  // add_special = parse_special = false
+    ASSERT_FALSE(e["add_special"].get<bool>());
+    EXPECT_EQ(tok.encode(testing_tok::unhex(c["hex"].get<std::string>()), false, false),
+              e["ids"].get<std::vector<int32_t>>());
+  }
+  auto file = GgufFile::open(path.string());
+  const ChatTemplate chat = chat_template_for(*file);
+  EXPECT_EQ(chat.family(), ChatFamily::kGptOss);
+  const auto prompt = tok.encode(chat.apply({{"user", "What is 12345 + 678?"}}, true), true, true);
+  const Completion out = test::greedy(*model, prompt, 8, /*stop_at_eog=*/false, 128);
+  EXPECT_TRUE(out.error.empty()) << out.error;
+  EXPECT_EQ(out.tokens.size(), 8u);
+  model.reset();
+  file.reset();
+  fs::remove(path);
 }
 
 }  // namespace
