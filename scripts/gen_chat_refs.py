@@ -4,6 +4,7 @@ what llama.cpp's llama_chat_apply_template (through llama-cpp-python) and the
 template itself (rendered with jinja2 the way transformers does) make of them.
 
     /tmp/venvtest/v/bin/python scripts/gen_chat_refs.py
+    (or llama-cpp-python's interpreter with jinja2 on its PYTHONPATH)
 
 Needs llama-cpp-python and jinja2; gguf too, for the optional template read
 out of a model file (the shared phi-3 vocabulary).
@@ -95,6 +96,12 @@ MISTRAL_V02_OLD = r"""{{ bos_token }}{% for message in messages %}{% if (message
 # Mistral (their "v1" format, system prompt allowed).
 MISTRAL_V1 = "{%- if messages[0]['role'] == 'system' %}\n    {%- set system_message = messages[0]['content'] %}\n    {%- set loop_messages = messages[1:] %}\n{%- else %}\n    {%- set loop_messages = messages %}\n{%- endif %}\n\n{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}\n        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}\n    {%- endif %}\n    {%- if message['role'] == 'user' %}\n        {%- if loop.first and system_message is defined %}\n            {{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}\n        {%- else %}\n            {{- ' [INST] ' + message['content'] + ' [/INST]' }}\n        {%- endif %}\n    {%- elif message['role'] == 'assistant' %}\n        {{- ' ' + message['content'] + eos_token}}\n    {%- else %}\n        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}\n    {%- endif %}\n{%- endfor %}\n"
 
+# openai/gpt-oss-120b chat_template.jinja (harmony), kept beside the references
+# because of its size. llama.cpp renders its own fixed harmony subset, not this
+# template (no system preamble, no channels), so "jinja_equal" is false there.
+with open(os.path.join(ROOT, "tests", "data", "chat", "gpt-oss.jinja"), encoding="utf-8") as _f:
+    GPT_OSS = _f.read()
+
 TEMPLATES = [
     # name, source, template, expected family, expected variant, eos_token for jinja
     ("gemma3", "google/gemma-3-4b-it tokenizer_config.json", GEMMA3, "gemma", "gemma", "<eos>"),
@@ -103,6 +110,7 @@ TEMPLATES = [
     ("chatml", "teknium/OpenHermes-2.5-Mistral-7B tokenizer_config.json", CHATML, "chatml", "chatml", "<|im_end|>"),
     ("mistral_v3", "mistralai/Mistral-7B-Instruct-v0.3 tokenizer_config.json", MISTRAL_V3, "mistral", "mistral-v3", "</s>"),
     ("mistral_v1", "mistralai/Mistral-7B-Instruct-v0.2 tokenizer_config.json (revised)", MISTRAL_V1, "mistral", "mistral-v1", "</s>"),
+    ("gpt_oss", "openai/gpt-oss-120b chat_template.jinja (tests/data/chat/gpt-oss.jinja)", GPT_OSS, "gpt-oss", "gpt-oss", "<|return|>"),
     ("mistral_v02_old", "mistralai/Mistral-7B-Instruct-v0.2 tokenizer_config.json (original)", MISTRAL_V02_OLD, "llama2", "llama2", "</s>"),
 ]
 
@@ -160,6 +168,8 @@ def jinja_apply(tmpl, msgs, add_ass, eos):
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.globals["raise_exception"] = raise_exception
+    # A fixed date keeps the harmony template's system preamble reproducible.
+    env.globals["strftime_now"] = lambda fmt: "2026-12-07"
     try:
         return env.from_string(tmpl).render(
             messages=[{"role": r, "content": c} for r, c in msgs],

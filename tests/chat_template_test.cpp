@@ -145,6 +145,7 @@ TEST(ChatTemplateTest, FromFamilyDefaults) {
       {ChatFamily::kLlama3, {"llama3", "llama3"}},
       {ChatFamily::kChatML, {"chatml", "chatml"}},
       {ChatFamily::kMistral, {"mistral", "mistral-v3"}},
+      {ChatFamily::kGptOss, {"gpt-oss", "gpt-oss"}},
   };
   for (const auto& [family, names] : expected) {
     const ChatTemplate ct = ChatTemplate::from_family(family);
@@ -165,6 +166,7 @@ TEST(ChatTemplateTest, StopStrings) {
   EXPECT_EQ(ChatTemplate::from_family(ChatFamily::kChatML).stop_strings(), V{"<|im_end|>"});
   EXPECT_EQ(ChatTemplate::from_family(ChatFamily::kLlama2).stop_strings(), V{"</s>"});
   EXPECT_EQ(ChatTemplate::from_family(ChatFamily::kMistral).stop_strings(), V{"</s>"});
+  EXPECT_EQ(ChatTemplate::from_family(ChatFamily::kGptOss).stop_strings(), (V{"<|return|>", "<|call|>"}));
 }
 
 TEST(ChatTemplateTest, UnknownTemplateQuotesItsStart) {
@@ -197,6 +199,20 @@ TEST(ChatTemplateTest, DetectionFollowsLlamaCppOrder) {
   EXPECT_EQ(ChatTemplate::detect("{{ '[SYSTEM_PROMPT]' }}[INST]").variant(), "mistral-v7");
   EXPECT_EQ(ChatTemplate::detect("<<SYS>> [INST]").variant(), "llama2-sys");
   EXPECT_EQ(ChatTemplate::detect("{{ bos_token + '[INST] ' }} <<SYS>>").variant(), "llama2-sys-bos");
+  // Harmony's markers are checked last: llama3's and llama4's come first.
+  EXPECT_EQ(ChatTemplate::detect("<|start|>{{ role }}<|channel|>").family(), ChatFamily::kGptOss);
+  EXPECT_EQ(ChatTemplate::detect("<|start|><|channel|><|start_header_id|><|end_header_id|>").family(),
+            ChatFamily::kLlama3);
+  EXPECT_NE(error_message("<|start|><|channel|><|header_start|><|header_end|>", ErrorKind::kUnsupported)
+                .find("'llama4'"),
+            std::string::npos);
+  // deepseek3 needs all three of its markers, as in llama.cpp.
+  const std::string ds3 = "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C><\xEF\xBD\x9C" "User\xEF\xBD\x9C>";
+  EXPECT_EQ(ChatTemplate::detect(ds3 + "<|start|><|channel|>").family(), ChatFamily::kGptOss);
+  error_message(ds3 + "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C><|start|><|channel|>",
+                ErrorKind::kUnsupported);
+  // Only "<|start|>": not harmony.
+  error_message("<|start|>{{ role }}<|message|>", ErrorKind::kUnsupported);
 }
 
 TEST(ChatTemplateTest, RejectsUnknownRoles) {

@@ -70,6 +70,7 @@ Role parse_role(const ChatMessage& m, size_t index) {
 struct OtherFormat {
   std::string_view a, b;  // both must occur; empty b: a alone suffices
   std::string_view name;
+  std::string_view c = {};  // a third marker that must occur too, where llama.cpp asks for one
 };
 constexpr std::array kBeforeGemma = {
     OtherFormat{"<|assistant|>", "<|end|>", "phi3"},
@@ -87,10 +88,31 @@ constexpr std::array kBeforeLlama3 = {
     OtherFormat{"<|START_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "command-r"},
 };
 
+constexpr std::array kBeforeGptOss = {
+    OtherFormat{"[gMASK]sop", "", "chatglm3"},
+    OtherFormat{"<\xE7\x94\xA8\xE6\x88\xB7>", "", "minicpm"},  // <用户>
+    OtherFormat{"'Assistant: ' + message['content'] + eos_token", "", "deepseek2"},
+    // <｜Assistant｜>, <｜User｜>, <｜end▁of▁sentence｜>
+    OtherFormat{"<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>", "<\xEF\xBD\x9C" "User\xEF\xBD\x9C>", "deepseek3",
+                "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"},
+    OtherFormat{"[|system|]", "[|assistant|]", "exaone", "[|endofturn|]"},
+    OtherFormat{"rwkv-world", "", "rwkv-world"},
+    OtherFormat{"{{- 'User: ' + message['content']|trim + '\\n\\n' -}}", "", "rwkv-world"},
+    OtherFormat{"<|start_of_role|>", "", "granite"},
+    OtherFormat{"message['role'] + additional_special_tokens[0] + message['content'] + additional_special_tokens[1]", "",
+                "gigachat"},
+    OtherFormat{"<|role_start|>", "", "megrez"},
+    OtherFormat{" \xD0\x90\xD1\x81\xD1\x81\xD0\xB8\xD1\x81\xD1\x82\xD0\xB5\xD0\xBD\xD1\x82:", "", "yandex"},  // " Ассистент:"
+    OtherFormat{"<role>ASSISTANT</role>", "'HUMAN'", "bailing"},
+    OtherFormat{"<|header_start|>", "<|header_end|>", "llama4"},
+    OtherFormat{"<|endofuserprompt|>", "", "dots1"},
+    OtherFormat{"<|extra_0|>", "<|extra_4|>", "hunyuan-moe"},
+};
+
 template <size_t N>
 void reject_others(std::string_view t, const std::array<OtherFormat, N>& others) {
   for (const OtherFormat& o : others) {
-    if (contains(t, o.a) && (o.b.empty() || contains(t, o.b))) {
+    if (contains(t, o.a) && (o.b.empty() || contains(t, o.b)) && (o.c.empty() || contains(t, o.c))) {
       fail(ErrorKind::kUnsupported, "chat template looks like the '{}' format, which Tandem does not render: {}", o.name,
            quote_start(t));
     }
@@ -98,7 +120,7 @@ void reject_others(std::string_view t, const std::array<OtherFormat, N>& others)
 }
 
 // llama.cpp's names, indexed by ChatTemplate::Variant's declaration order.
-constexpr std::array<std::pair<std::string_view, int>, 12> kVariantNames = {{
+constexpr std::array<std::pair<std::string_view, int>, 13> kVariantNames = {{
     {"gemma", 0},
     {"llama3", 1},
     {"chatml", 2},
@@ -111,6 +133,7 @@ constexpr std::array<std::pair<std::string_view, int>, 12> kVariantNames = {{
     {"mistral-v3-tekken", 9},
     {"mistral-v7", 10},
     {"mistral-v7-tekken", 11},
+    {"gpt-oss", 12},
 }};
 
 }  // namespace
@@ -129,6 +152,7 @@ ChatFamily ChatTemplate::family_of(Variant v) {
     case Variant::kMistralV3Tekken:
     case Variant::kMistralV7:
     case Variant::kMistralV7Tekken: return ChatFamily::kMistral;
+    case Variant::kGptOss: return ChatFamily::kGptOss;
   }
   return ChatFamily::kChatML;  // unreachable: every enumerator is handled above
 }
@@ -140,6 +164,7 @@ ChatTemplate ChatTemplate::from_family(ChatFamily f) {
     case ChatFamily::kLlama3: return ChatTemplate(Variant::kLlama3);
     case ChatFamily::kChatML: return ChatTemplate(Variant::kChatML);
     case ChatFamily::kMistral: return ChatTemplate(Variant::kMistralV3);
+    case ChatFamily::kGptOss: return ChatTemplate(Variant::kGptOss);
   }
   fail(ErrorKind::kInvalidArgument, "unknown chat family {}", static_cast<int>(f));
 }
@@ -180,8 +205,10 @@ ChatTemplate ChatTemplate::detect(std::string_view t) {
   if (contains(t, "<start_of_turn>")) return ChatTemplate(Variant::kGemma);
   reject_others(t, kBeforeLlama3);
   if (contains(t, "<|start_header_id|>") && contains(t, "<|end_header_id|>")) return ChatTemplate(Variant::kLlama3);
+  reject_others(t, kBeforeGptOss);
+  if (contains(t, "<|start|>") && contains(t, "<|channel|>")) return ChatTemplate(Variant::kGptOss);
   fail(ErrorKind::kUnsupported,
-       "unsupported chat template (known: gemma, llama2, llama3, chatml, mistral): {}", quote_start(t));
+       "unsupported chat template (known: gemma, llama2, llama3, chatml, mistral, gpt-oss): {}", quote_start(t));
 }
 
 std::string_view ChatTemplate::name() const {
@@ -191,6 +218,7 @@ std::string_view ChatTemplate::name() const {
     case ChatFamily::kLlama3: return "llama3";
     case ChatFamily::kChatML: return "chatml";
     case ChatFamily::kMistral: return "mistral";
+    case ChatFamily::kGptOss: return "gpt-oss";
   }
   return "?";
 }
@@ -209,6 +237,8 @@ std::vector<std::string> ChatTemplate::stop_strings() const {
     case ChatFamily::kChatML: return {"<|im_end|>"};
     case ChatFamily::kLlama2:
     case ChatFamily::kMistral: return {"</s>"};
+    // The end of the final answer and of a tool call; "<|end|>" only closes a channel's message.
+    case ChatFamily::kGptOss: return {"<|return|>", "<|call|>"};
   }
   return {};
 }
@@ -365,6 +395,15 @@ RenderedChat ChatTemplate::render(const std::vector<ChatMessage>& msgs, bool add
       }
       break;
     }
+
+    case Variant::kGptOss:
+      for (const ChatMessage& m : msgs) {
+        out += "<|start|>" + m.role + "<|message|>";
+        out.content(m.content);
+        out += m.role == "assistant" ? "<|return|>" : "<|end|>";
+      }
+      if (add_generation_prompt) out += "<|start|>assistant";
+      break;
   }
   return std::move(out.result);
 }

@@ -33,7 +33,10 @@ struct RenderedChat {
   std::vector<std::pair<size_t, size_t>> content;  // (offset, length)
 };
 
-enum class ChatFamily { kGemma, kLlama2, kLlama3, kChatML, kMistral };
+// kGptOss: OpenAI's harmony format (gpt-oss), as llama.cpp's built-in "gpt-oss"
+// renders it: "<|start|>role<|message|>content<|end|>", an assistant turn
+// closed by "<|return|>", no channels and no system preamble.
+enum class ChatFamily { kGemma, kLlama2, kLlama3, kChatML, kMistral, kGptOss };
 
 class ChatTemplate {
  public:
@@ -45,7 +48,7 @@ class ChatTemplate {
   static ChatTemplate from_family(ChatFamily f);
 
   ChatFamily family() const { return family_; }
-  std::string_view name() const;  // "gemma", "llama2", "llama3", "chatml", "mistral"
+  std::string_view name() const;  // "gemma", "llama2", "llama3", "chatml", "mistral", "gpt-oss"
   // llama.cpp's name for the exact rendering, e.g. "llama2-sys-strip", "mistral-v3".
   std::string_view variant() const;
   // The prompt text. Includes the BOS text only where the family's template
@@ -66,6 +69,7 @@ class ChatTemplate {
     kGemma, kLlama3, kChatML,
     kLlama2, kLlama2Sys, kLlama2SysBos, kLlama2SysStrip,
     kMistralV1, kMistralV3, kMistralV3Tekken, kMistralV7, kMistralV7Tekken,
+    kGptOss,
   };
   static ChatFamily family_of(Variant v);
   explicit ChatTemplate(Variant v) : family_(family_of(v)), variant_(v) {}

@@ -35,6 +35,8 @@ ToolSyntax tool_syntax(ChatFamily f) {
       s.suffix = "]";
       break;
     case ChatFamily::kLlama2:
+    // Harmony's own calls ("to=functions.x ... <|call|>") are not rendered: gpt-oss gets the plain JSON form.
+    case ChatFamily::kGptOss:
       s.close = "}";
       s.separator = "\n";
       break;
@@ -75,7 +77,8 @@ std::string result_text(ChatFamily f, const ToolChatMessage& m) {
       return "[TOOL_RESULTS]" + json{{"call_id", m.tool_call_id}, {"content", m.content}}.dump() + "[/TOOL_RESULTS]";
     case ChatFamily::kLlama3: return m.content;
     case ChatFamily::kGemma:
-    case ChatFamily::kLlama2: return "```tool_output\n" + m.content + "\n```";
+    case ChatFamily::kLlama2:
+    case ChatFamily::kGptOss: return "```tool_output\n" + m.content + "\n```";
   }
   return m.content;
 }
@@ -105,7 +108,8 @@ std::string describe_tools(ChatFamily f, const std::vector<ToolFunction>& tools)
       return "[AVAILABLE_TOOLS]" + arr.dump() + "[/AVAILABLE_TOOLS]";
     }
     case ChatFamily::kGemma:
-    case ChatFamily::kLlama2: {
+    case ChatFamily::kLlama2:
+    case ChatFamily::kGptOss: {
       const std::string fence = f == ChatFamily::kGemma ? "```tool_call\n" : "";
       const std::string end = f == ChatFamily::kGemma ? "\n```" : "";
       return "You have access to the following functions:\n" + list +

@@ -23,6 +23,16 @@ constexpr const char* kLlama3 =
     R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr const char* kQwen2 =
     R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// o200k (gpt-4o, gpt-oss, llama4), as llama.cpp runs it: a letter run is an
+// optional "upper" run then a "lower" run (or the reverse), where upper means
+// any letter but a-z and lower any letter but A-Z, so non-ASCII letters count
+// as both and combining marks as neither (tiktoken's \p{Lu}/\p{Ll}/\p{M}
+// classes differ on non-ASCII text; llama.cpp is the reference here). A
+// contraction may follow the run in either case; "/" may follow punctuation.
+constexpr const char* kGpt4o =
+    R"([^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])*(?:(?=\p{L})[^A-Z])+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?)"
+    R"(|[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])+(?:(?=\p{L})[^A-Z])*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?)"
+    R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr const char* kCjk = R"([\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]+)";
 constexpr const char* kPoro = R"( ?[^(\s|.,!?\x{2026}\x{3002}\x{FF0C}\x{3001}\x{964}\x{6D4}\x{60C})]+)";
 
@@ -65,6 +75,7 @@ std::vector<PreTokenizerSpec> make_specs() {
       {kGpt2});
   add({"qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"}, {kQwen2}).clean_spaces = false;
   add({"stablelm2"}, {kQwen2});
+  add({"gpt-4o", "llama4", "kanana2", "talkie"}, {kGpt4o}).clean_spaces = false;
   add({"poro-chat"}, {kPoro}).clean_spaces = false;
   add({"bloom", "gpt3-finnish"}, {kPoro});
   add({"viking"}, {kPoro, R"(\p{N})"}).clean_spaces = false;
