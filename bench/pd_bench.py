@@ -206,14 +206,15 @@ def main():
     ap.add_argument("--kv-types", default="f16,q8_0")
     ap.add_argument("--skip-layouts", action="store_true", help="only the transfer cost")
     ap.add_argument("--fetch-share", default=None, help="the decode instance's --kv-fetch-share")
+    ap.add_argument("--layouts", default="pd,colocated", help="which layouts to run")
     args = ap.parse_args()
     rng = random.Random(7)
     print(f"# {open('/proc/cpuinfo').read().split('model name')[1].split(':')[1].splitlines()[0].strip()}; "
           f"load before: {os.getloadavg()[0]:.1f}")
     if not args.skip_layouts:
-        res = {"pd": [], "colocated": []}
+        res = {name: [] for name in args.layouts.split(",")}
         for r in range(args.rounds):
-            for name in ("pd", "colocated"):
+            for name in res:
                 if name == "pd":
                     p = Server(args.model, "0", 1, "--role", "prefill")
                     d = Server(args.model, "1", 1, "--role", "decode",
@@ -238,11 +239,20 @@ def main():
                       f"{pctl(loaded, .99):.1f} | {pctl(loaded, .99) / pctl(alone, .99):.2f}x | "
                       f"{statistics.median(ttfts) * 1000 if ttfts else float('nan'):.0f} | {len(ttfts)} | "
                       f"{gen / secs:.1f} |")
+            if len(runs) > 1:  # every round's gaps together: the p99 of several thousand gaps
+                alone = [g for r in runs for g in r[0]]
+                loaded = [g for r in runs for g in r[1]]
+                ttfts = [t for r in runs for t in r[2]]
+                print(f"| {name}, {len(runs)} rounds pooled | {pctl(alone, .5):.1f} | {pctl(alone, .99):.1f} | "
+                      f"{pctl(loaded, .5):.1f} | {pctl(loaded, .99):.1f} | "
+                      f"**{pctl(loaded, .99) / pctl(alone, .99):.2f}x** | "
+                      f"{statistics.median(ttfts) * 1000 if ttfts else float('nan'):.0f} | {len(ttfts)} | "
+                      f"{sum(r[3] for r in runs) / sum(r[4] for r in runs):.1f} |")
     print()
     print("| KV type | prompt tokens | fetch ms / 1k tokens | then into the pool (engine thread) | MB / 1k tokens | "
           "prefill ms / 1k tokens (saved) |")
     print("|---|---|---|---|---|---|")
-    for kv in args.kv_types.split(","):
+    for kv in filter(None, args.kv_types.split(",")):
         for ms, imp, mb, pre, n in transfer_cost(args, kv, rng):
             print(f"| {kv} | {n} | {ms:.1f} | {imp:.1f} | {mb:.2f} | {pre:.0f} |")
     print(f"# load after: {os.getloadavg()[0]:.1f}")
