@@ -47,13 +47,6 @@ class KvStoreTest : public ::testing::Test {
     c.kv_store_bytes = bytes;
     return c;
   }
-  static RequestParams greedy(int32_t n) {
-    RequestParams p;
-    p.sampling.temperature = 0;
-    p.max_tokens = n;
-    p.stop_at_eog = false;
-    return p;
-  }
   std::vector<int32_t> prompt() const {
     const std::string s =
         "Once upon a time there was a little girl named Lily. She loved to play outside in the park with her "
@@ -67,7 +60,7 @@ class KvStoreTest : public ::testing::Test {
   static Run run(Model& model, const EngineConfig& c, const std::vector<int32_t>& p) {
     Engine e(model, c);
     Run r;
-    r.out = e.run_one(p, greedy(24));
+    r.out = e.run_one(p, test::greedy_to(24));
     e.flush_kv_store();
     r.m = e.metrics();
     return r;
@@ -114,7 +107,8 @@ TEST_F(KvStoreTest, RestartReadsThePromptBack) {
       if (x.kind == KvCacheEvent::Kind::kStored) stored.push_back(x.hash);
   });
   std::vector<int32_t> tokens;
-  e.submit(p, greedy(24), [&](const RequestEvent& ev) { tokens.insert(tokens.end(), ev.tokens.begin(), ev.tokens.end()); });
+  e.submit(p, test::greedy_to(24),
+           [&](const RequestEvent& ev) { tokens.insert(tokens.end(), ev.tokens.begin(), ev.tokens.end()); });
   while (e.step()) {  // Engine::step publishes the step's KV events after it
   }
   EXPECT_EQ(tokens, first.out.tokens);

@@ -33,13 +33,6 @@ class KvTransferEngineTest : public ::testing::Test {
     c.kv_import_share = share;
     return c;
   }
-  static RequestParams greedy(int32_t n) {
-    RequestParams p;
-    p.sampling.temperature = 0;
-    p.max_tokens = n;
-    p.stop_at_eog = false;
-    return p;
-  }
   // Over 6 blocks of 16: the first step's import (4 blocks while another
   // sequence decodes) leaves some for the next.
   std::vector<int32_t> prompt() const {
@@ -53,7 +46,7 @@ class KvTransferEngineTest : public ::testing::Test {
   static KvBlockRun exported(const std::vector<int32_t>& p) {
     Engine e(*model_, config(1));
     KvBlockRun run;
-    RequestParams params = greedy(1);
+    RequestParams params = test::greedy_to(1);
     params.on_kv_export = [&](KvBlockRun r) { run = std::move(r); };
     e.run_one(p, params);
     return run;
@@ -83,7 +76,7 @@ TEST_F(KvTransferEngineTest, ImportedPromptAnswersAsComputedBesideADecodingSeque
   const std::vector<int32_t> p = prompt();
   const int32_t n_full = static_cast<int32_t>(p.size()) / 16;
   ASSERT_GT(n_full, 5);
-  const Completion want = Engine(*model_, config(1)).run_one(p, greedy(20));
+  const Completion want = Engine(*model_, config(1)).run_one(p, test::greedy_to(20));
 
   auto imp = std::make_shared<RequestParams::KvImport>();
   imp->run = exported(p);
@@ -93,9 +86,9 @@ TEST_F(KvTransferEngineTest, ImportedPromptAnswersAsComputedBesideADecodingSeque
 
   Engine e(*model_, config(0.01));
   Out other, got;
-  e.submit(model_->tokenizer().encode("The cat sat on the mat", true, true), greedy(60), collect(other));
+  e.submit(model_->tokenizer().encode("The cat sat on the mat", true, true), test::greedy_to(60), collect(other));
   for (int i = 0; i < 3; ++i) e.step();  // decoding now
-  RequestParams params = greedy(20);
+  RequestParams params = test::greedy_to(20);
   params.kv_import = imp;
   e.submit(p, params, collect(got));
   while (e.step()) {
@@ -119,9 +112,9 @@ TEST_F(KvTransferEngineTest, CancelledWhileItsBlocksGoInEndsAndHoldsNothing) {
   imp->done = [&](const KvImportResult& r) { results.push_back(r); };
   Engine e(*model_, config(0.01));
   Out other, got;
-  e.submit(model_->tokenizer().encode("The cat sat on the mat", true, true), greedy(40), collect(other));
+  e.submit(model_->tokenizer().encode("The cat sat on the mat", true, true), test::greedy_to(40), collect(other));
   for (int i = 0; i < 3; ++i) e.step();
-  RequestParams params = greedy(20);
+  RequestParams params = test::greedy_to(20);
   params.kv_import = imp;
   const uint64_t id = e.submit(p, params, collect(got));
   e.step();  // its first 4 blocks go in; the rest wait for later steps

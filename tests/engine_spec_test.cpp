@@ -31,13 +31,6 @@ struct Outcome {
   RequestTimings timings;
 };
 
-RequestParams greedy(int32_t max_tokens) {
-  RequestParams p;
-  p.sampling.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.stop_at_eog = false;
-  return p;
-}
 
 EngineConfig config(SpecMode mode, int32_t max_draft = 8, bool adaptive = false, int32_t ctx = 512) {
   EngineConfig c;
@@ -84,7 +77,7 @@ TEST_F(Spec, GreedyIsIdenticalForEveryDrafter) {
   std::vector<RequestParams> params;
   for (const char* p : kPrompts) {
     prompts.push_back(tok(p));
-    params.push_back(greedy(160));
+    params.push_back(test::greedy_to(160));
   }
   std::vector<Outcome> plain;
   for (size_t i = 0; i < prompts.size(); ++i) plain.push_back(run_all(*model_, config(SpecMode::kOff), {prompts[i]}, {params[i]})[0]);
@@ -125,7 +118,7 @@ TEST_F(Spec, BatchInvarianceHolds) {
   std::vector<RequestParams> params;
   for (int i = 0; i < 32; ++i) {
     prompts.push_back(tok(std::string(kPrompts[i % 5]) + std::string(i % 4, ' ')));
-    params.push_back(greedy(40 + i));
+    params.push_back(test::greedy_to(40 + i));
   }
   std::vector<Outcome> alone;
   for (size_t i = 0; i < prompts.size(); ++i) alone.push_back(run_all(*model_, config(SpecMode::kOff), {prompts[i]}, {params[i]})[0]);
@@ -148,22 +141,23 @@ TEST_F(Spec, RollbackKeepsTheCacheConsistent) {
   EngineConfig cfg = config(SpecMode::kNgram, 16, false);
   cfg.prefix_caching = true;
   const std::vector<int32_t> p = tok(kPrompts[2]);
-  const std::vector<Outcome> first = run_all(*model_, cfg, {p}, {greedy(120)});
+  const std::vector<Outcome> first = run_all(*model_, cfg, {p}, {test::greedy_to(120)});
   Engine e(*model_, cfg);
   std::vector<int32_t> again = p;
   again.insert(again.end(), first[0].tokens.begin(), first[0].tokens.begin() + 100);
   Outcome a, b;
-  e.submit(p, greedy(120), [&](const RequestEvent& ev) { a.tokens.insert(a.tokens.end(), ev.tokens.begin(), ev.tokens.end()); });
+  e.submit(p, test::greedy_to(120),
+           [&](const RequestEvent& ev) { a.tokens.insert(a.tokens.end(), ev.tokens.begin(), ev.tokens.end()); });
   while (e.step()) e.check_invariants();
   int32_t cached = 0;
-  e.submit(again, greedy(30), [&](const RequestEvent& ev) {
+  e.submit(again, test::greedy_to(30), [&](const RequestEvent& ev) {
     b.tokens.insert(b.tokens.end(), ev.tokens.begin(), ev.tokens.end());
     cached = std::max(cached, ev.cached_prompt_tokens);
   });
   while (e.step()) e.check_invariants();
   EXPECT_EQ(a.tokens, first[0].tokens);
   EXPECT_GT(cached, 64);  // the first request's output blocks were published and reused
-  const Outcome plain = run_all(*model_, config(SpecMode::kOff), {again}, {greedy(30)})[0];
+  const Outcome plain = run_all(*model_, config(SpecMode::kOff), {again}, {test::greedy_to(30)})[0];
   EXPECT_EQ(b.tokens, plain.tokens);
   EXPECT_EQ(e.metrics().kv_blocks_used, 0);
 }
@@ -172,8 +166,8 @@ TEST_F(Spec, RollbackKeepsTheCacheConsistent) {
 // everyone preempts as before; the output never changes.
 TEST_F(Spec, ContextEndPreemptionAndLimits) {
   const std::vector<int32_t> p = tok(kPrompts[4]);
-  const Outcome plain = run_all(*model_, config(SpecMode::kOff, 8, false, 48), {p}, {greedy(-1)})[0];
-  const Outcome spec = run_all(*model_, config(SpecMode::kNgram, 16, false, 48), {p}, {greedy(-1)})[0];
+  const Outcome plain = run_all(*model_, config(SpecMode::kOff, 8, false, 48), {p}, {test::greedy_to(-1)})[0];
+  const Outcome spec = run_all(*model_, config(SpecMode::kNgram, 16, false, 48), {p}, {test::greedy_to(-1)})[0];
   EXPECT_EQ(spec.tokens, plain.tokens);
   EXPECT_EQ(static_cast<int32_t>(p.size() + spec.tokens.size()), 48);
   // Five sequences of ~110 tokens in 12 blocks of 16.
@@ -181,7 +175,7 @@ TEST_F(Spec, ContextEndPreemptionAndLimits) {
   std::vector<RequestParams> params;
   for (const char* s : kPrompts) {
     prompts.push_back(tok(s));
-    params.push_back(greedy(100));
+    params.push_back(test::greedy_to(100));
   }
   EngineConfig tight = config(SpecMode::kNgram, 8, false, 128);
   tight.kv_tokens = 192;
@@ -190,7 +184,7 @@ TEST_F(Spec, ContextEndPreemptionAndLimits) {
   for (size_t i = 0; i < prompts.size(); ++i)
     EXPECT_EQ(squeezed[i].tokens, run_all(*model_, config(SpecMode::kOff, 8, false, 128), {prompts[i]}, {params[i]})[0].tokens);
   // A request may turn speculation off.
-  RequestParams off = greedy(100);
+  RequestParams off = test::greedy_to(100);
   off.spec_max = 0;
   EXPECT_EQ(run_all(*model_, config(SpecMode::kNgram, 8, false), {prompts[4]}, {off})[0].timings.drafted, 0);
 }
@@ -314,9 +308,9 @@ TEST(SpecArchitectures, GreedyIsIdentical) {
     synth_model(s, file.string(), 1);
     auto m = Model::load(file.string());
     const std::vector<int32_t> p = m->tokenizer().encode("one two three one two three one two", true, true);
-    const Outcome plain = run_all(*m, config(SpecMode::kOff), {p}, {greedy(64)})[0];
-    const Outcome ngram = run_all(*m, config(SpecMode::kNgram, 8, false), {p}, {greedy(64)})[0];
-    const Outcome draft = run_all(*m, config(SpecMode::kDraft, 3, false), {p}, {greedy(64)}, m.get())[0];
+    const Outcome plain = run_all(*m, config(SpecMode::kOff), {p}, {test::greedy_to(64)})[0];
+    const Outcome ngram = run_all(*m, config(SpecMode::kNgram, 8, false), {p}, {test::greedy_to(64)})[0];
+    const Outcome draft = run_all(*m, config(SpecMode::kDraft, 3, false), {p}, {test::greedy_to(64)}, m.get())[0];
     EXPECT_EQ(ngram.tokens, plain.tokens);
     EXPECT_EQ(draft.tokens, plain.tokens);
     EXPECT_GT(draft.timings.drafted, 0);
@@ -334,7 +328,8 @@ TEST_F(Spec, PromptsArrivingBesideDraftsAreNotHeldBack) {
   ASSERT_EQ(cfg.policy, SchedulePolicy::kLatency);
   Engine e(*model_, cfg);
   for (int i = 0; i < 12; ++i)
-    e.submit(tok("Tim had a red ball. Tim had a red ball. Tim had a red"), greedy(300), [](const RequestEvent&) {});
+    e.submit(tok("Tim had a red ball. Tim had a red ball. Tim had a red"), test::greedy_to(300),
+             [](const RequestEvent&) {});
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(e.step());
   ASSERT_GT(e.metrics().spec_drafted, 0u) << "the decoding sequences should be drafting";
   std::string text;
@@ -342,7 +337,7 @@ TEST_F(Spec, PromptsArrivingBesideDraftsAreNotHeldBack) {
   const std::vector<int32_t> prompt = tok(text);
   ASSERT_GT(prompt.size(), 60u);
   bool first = false;
-  e.submit(prompt, greedy(4), [&first](const RequestEvent& ev) { first = first || !ev.tokens.empty(); });
+  e.submit(prompt, test::greedy_to(4), [&first](const RequestEvent& ev) { first = first || !ev.tokens.empty(); });
   int steps = 0;
   const auto decode_only = [&e] { return e.metrics().phases[static_cast<size_t>(Phase::kDecode)].steps; };
   const uint64_t d0 = decode_only();

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <span>
 #include <utility>
 
 #include <gtest/gtest.h>
@@ -112,25 +113,34 @@ std::string load_error(const std::string& path) {
   return "";
 }
 
-TEST(MoeLoad, MetadataThatDisagreesWithTheTensorsIsRefusedNamingTheTensor) {
-  const std::string good = synth_to_temp(small_moe("qwen3moe"), "meta");
-  ASSERT_NO_THROW(Model::load(good));
-  struct Case {
-    const char* key;
-    uint32_t value;
-    const char* named;
-  } cases[] = {
-      {"qwen3moe.expert_count", 16, "blk.0.ffn_gate_inp.weight"},
-      {"qwen3moe.expert_feed_forward_length", 64, "blk.0.ffn_gate_exps.weight"},
-      {"qwen3moe.expert_used_count", 9, "qwen3moe.expert_used_count"},
-      {"qwen3moe.embedding_length", 128, "token_embd.weight"},
-  };
-  for (const Case& c : cases) {
+// A metadata key set to a value its tensors contradict, and what the
+// refusal must name.
+struct MetadataCase {
+  const char* key;
+  uint32_t value;
+  const char* named;
+};
+
+// Each case written into a copy of `good` is refused at load, naming it.
+void expect_each_refused(const std::string& good, std::span<const MetadataCase> cases) {
+  for (const MetadataCase& c : cases) {
     const std::string bad = with_key(good, c.key, c.value);
     const std::string err = load_error(bad);
     EXPECT_NE(err.find(c.named), std::string::npos) << c.key << " = " << c.value << ": " << err;
     fs::remove(bad);
   }
+}
+
+TEST(MoeLoad, MetadataThatDisagreesWithTheTensorsIsRefusedNamingTheTensor) {
+  const std::string good = synth_to_temp(small_moe("qwen3moe"), "meta");
+  ASSERT_NO_THROW(Model::load(good));
+  const MetadataCase cases[] = {
+      {"qwen3moe.expert_count", 16, "blk.0.ffn_gate_inp.weight"},
+      {"qwen3moe.expert_feed_forward_length", 64, "blk.0.ffn_gate_exps.weight"},
+      {"qwen3moe.expert_used_count", 9, "qwen3moe.expert_used_count"},
+      {"qwen3moe.embedding_length", 128, "token_embd.weight"},
+  };
+  expect_each_refused(good, cases);
   fs::remove(good);
 }
 
@@ -150,23 +160,14 @@ TEST(MoeLoad, GptOssMetadataThatDisagreesWithTheTensorsIsRefusedNamingIt) {
     EXPECT_EQ(m->weights().layers[1].sinks.size(), 4u);
     EXPECT_EQ(m->weights().layers[1].moe.down_bias.size(), 8u * 64);
   }
-  struct Case {
-    const char* key;
-    uint32_t value;
-    const char* named;
-  } cases[] = {
+  const MetadataCase cases[] = {
       {"gpt-oss.expert_count", 16, "blk.0.ffn_gate_inp.weight"},
       {"gpt-oss.expert_feed_forward_length", 64, "blk.0.ffn_gate_exps.weight"},
       {"gpt-oss.attention.head_count", 8, "blk.0.attn_q.weight"},
       {"gpt-oss.attention.head_count_kv", 4, "blk.0.attn_k.weight"},
       {"gpt-oss.expert_used_count", 9, "gpt-oss.expert_used_count"},
   };
-  for (const Case& c : cases) {
-    const std::string bad = with_key(good, c.key, c.value);
-    const std::string err = load_error(bad);
-    EXPECT_NE(err.find(c.named), std::string::npos) << c.key << " = " << c.value << ": " << err;
-    fs::remove(bad);
-  }
+  expect_each_refused(good, cases);
   fs::remove(good);
 }
 
@@ -216,13 +217,6 @@ void run_until_idle(Engine& e) {
   }
 }
 
-RequestParams greedy(int32_t max_tokens) {
-  RequestParams p;
-  p.sampling.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.stop_at_eog = false;
-  return p;
-}
 
 // Ten requests at once (prompt chunks and decodes in the same steps, the
 // experts' rows grouped across sequences) give every request the tokens it
@@ -253,7 +247,7 @@ TEST(MoeEngine, MixedStepsAreBatchInvariant) {
         for (const auto& p : prompts) {
           Engine e(*model, base);
           Out o;
-          e.submit(p, greedy(12), collect(o));
+          e.submit(p, test::greedy_to(12), collect(o));
           run_until_idle(e);
           ASSERT_TRUE(o.done);
           alone.push_back(o.tokens);
@@ -262,7 +256,7 @@ TEST(MoeEngine, MixedStepsAreBatchInvariant) {
         mixed.max_batch_tokens = 24;
         Engine e(*model, mixed);
         std::vector<Out> outs(prompts.size());
-        for (size_t i = 0; i < prompts.size(); ++i) e.submit(prompts[i], greedy(12), collect(outs[i]));
+        for (size_t i = 0; i < prompts.size(); ++i) e.submit(prompts[i], test::greedy_to(12), collect(outs[i]));
         run_until_idle(e);
         for (size_t i = 0; i < prompts.size(); ++i)
           EXPECT_EQ(outs[i].tokens, alone[i]) << arch << " " << type << " request " << i << " kv " << static_cast<int>(kv)

@@ -17,6 +17,16 @@
 
 namespace tandem::test {
 
+// A greedy request that runs to max_tokens (an end-of-generation token does
+// not stop it), so that outputs compared are always the same length.
+inline RequestParams greedy_to(int32_t max_tokens) {
+  RequestParams p;
+  p.sampling.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.stop_at_eog = false;
+  return p;
+}
+
 // One greedy request on the serving engine, sized as `tandem run` sizes it.
 inline Completion greedy(Model& model, std::vector<int32_t> prompt, int32_t max_tokens, bool stop_at_eog = true,
                          int32_t ctx = 512, int32_t threads = 2) {
@@ -29,9 +39,7 @@ inline Completion greedy(Model& model, std::vector<int32_t> prompt, int32_t max_
   ec.max_batch_tokens = ctx;
   ec.prefix_caching = false;
   Engine engine(model, ec);
-  RequestParams p;
-  p.sampling.temperature = 0;
-  p.max_tokens = max_tokens;
+  RequestParams p = greedy_to(max_tokens);
   p.stop_at_eog = stop_at_eog;
   return engine.run_one(std::move(prompt), p);
 }
