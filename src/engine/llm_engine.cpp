@@ -89,7 +89,6 @@ struct Engine::Impl {
   };
   std::deque<Importing> importing;
   double import_s_per_block = 0;  // measured, for the per-step budget
-  double last_step_s = 0;
 
   // Step scratch.
   StepBatch batch;
@@ -300,6 +299,7 @@ void Engine::Impl::import_transferred() {
   // waits on the step), else what the share of a step's time allows.
   int32_t budget = INT32_MAX;
   if (cfg.kv_import_share < 1 && sched->n_decoding() > 0) {
+    const double last_step_s = steps.count() > 0 ? steps.recent(0).end_s - steps.recent(0).start_s : 0;
     if (import_s_per_block <= 0) budget = 4;  // a first measure of the copy
     else budget = std::max(1, static_cast<int32_t>(cfg.kv_import_share * last_step_s / import_s_per_block));
   }
@@ -484,7 +484,6 @@ double Engine::Impl::forward(std::span<const ScheduledSeq> scheduled) {
   }
   const Phase phase = batch.phase();
   const int32_t rows = static_cast<int32_t>(batch.rows.size());
-  last_step_s = t1 - t0;
   steps.add({phase, t0, t1, rows, static_cast<int32_t>(scheduled.size())});
   // The pacer counts decoding sequences, as its budget is asked for them:
   // their drafts are part of what a decode step of theirs costs.
