@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "engine/kv_store.h"
 #include "engine/llm_engine.h"
+#include "kv/block_hash.h"
 #include "gguf/synth.h"
 #include "model/model.h"
 #include "perf/bench.h"
@@ -73,7 +74,7 @@ class KvStoreTest : public ::testing::Test {
   }
   // The file of the prompt's block i.
   fs::path block_file(size_t i) const {
-    return dir_ / fmt::format("{:016x}.kvb", KvStore::block_hashes(prompt(), 16, "")[i]);
+    return dir_ / fmt::format("{:016x}.kvb", prompt_block_hashes(prompt(), 16, "")[i]);
   }
 
   static Model* model_;
@@ -112,7 +113,7 @@ TEST_F(KvStoreTest, RestartReadsThePromptBack) {
   while (e.step()) {  // Engine::step publishes the step's KV events after it
   }
   EXPECT_EQ(tokens, first.out.tokens);
-  const std::vector<uint64_t> names = KvStore::block_hashes(p, 16, "");
+  const std::vector<uint64_t> names = prompt_block_hashes(p, 16, "");
   ASSERT_GE(stored.size(), n_full);
   EXPECT_EQ(std::vector<uint64_t>(stored.begin(), stored.begin() + ptrdiff_t(n_full)), names);
   EXPECT_EQ(e.metrics().store.blocks_read, n_full);

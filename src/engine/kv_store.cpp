@@ -71,20 +71,6 @@ bool write_all(int fd, const std::byte* in, size_t n) {
 
 }  // namespace
 
-std::vector<uint64_t> KvStore::block_hashes(std::span<const int32_t> tokens, int32_t block_size,
-                                            std::string_view salt, size_t most) {
-  std::vector<uint64_t> out;
-  const size_t n = std::min(most, tokens.size() / size_t(block_size));
-  out.reserve(n);
-  uint64_t parent = root_block_hash("");
-  for (size_t i = 0; i < n; ++i) {
-    parent = chained_block_hash(parent, tokens.subspan(i * size_t(block_size), size_t(block_size)),
-                                i == 0 ? salt : std::string_view());
-    out.push_back(parent);
-  }
-  return out;
-}
-
 KvStore::KvStore(std::string dir, int64_t max_bytes, const KvBlockLayout& layout, BlockManager& blocks,
                  Executor& exec)
     : dir_(std::move(dir)), max_bytes_(max_bytes), layout_(layout), blocks_(blocks), exec_(exec) {
@@ -130,7 +116,7 @@ int32_t KvStore::load(std::span<const int32_t> prompt, std::string_view salt) {
   const int32_t first = blocks_.cached_blocks(prompt, salt);
   if (first >= n_full) return 0;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<uint64_t> hashes = block_hashes(prompt, bs, salt);
+  const std::vector<uint64_t> hashes = prompt_block_hashes(prompt, bs, salt);
   // Cheap miss first: no file for the next block (the common case).
   if (::access(path_of(hashes[size_t(first)]).c_str(), R_OK) != 0) return 0;
   std::vector<std::byte> payload;
@@ -203,7 +189,7 @@ void KvStore::save(const Sequence& s, int32_t from) {
   if (b.detached || from < 0 || size_t(from) >= b.prefix.size()) return;
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<uint64_t> hashes =
-      block_hashes(s.tokens, layout_.block_size, s.req->params.cache_salt, b.prefix.size());
+      prompt_block_hashes(s.tokens, layout_.block_size, s.req->params.cache_salt, b.prefix.size());
   const size_t pb = size_t(layout_.page_bytes);
   for (size_t i = size_t(from); i < hashes.size(); ++i) {
     // Every group's page, as published (a windowed page given back in this

@@ -57,10 +57,6 @@ class KvStore {
   void flush();
   KvStoreStats stats() const;
 
-  // The content hashes of the prompt's full blocks, chained from seed "".
-  static std::vector<uint64_t> block_hashes(std::span<const int32_t> tokens, int32_t block_size,
-                                            std::string_view salt, size_t most = SIZE_MAX);
-
  private:
   struct Pending {
     KvBlockKey key;

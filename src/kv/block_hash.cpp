@@ -1,5 +1,7 @@
 #include "kv/block_hash.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "runtime/sha256.h"
@@ -52,6 +54,20 @@ uint64_t chained_block_hash(uint64_t parent, std::span<const int32_t> tokens, st
     cbor.append(salt);
   }
   return low64(cbor);
+}
+
+std::vector<uint64_t> prompt_block_hashes(std::span<const int32_t> tokens, int32_t block_size, std::string_view salt,
+                                          size_t most) {
+  std::vector<uint64_t> out;
+  const size_t n = std::min(most, tokens.size() / size_t(block_size));
+  out.reserve(n);
+  uint64_t parent = root_block_hash("");
+  for (size_t i = 0; i < n; ++i) {
+    parent = chained_block_hash(parent, tokens.subspan(i * size_t(block_size), size_t(block_size)),
+                                i == 0 ? salt : std::string_view());
+    out.push_back(parent);
+  }
+  return out;
 }
 
 }  // namespace tandem

@@ -27,16 +27,6 @@ double thread_cpu_s() {
   return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
 
-// The content hash of the prompt's block `index` (a chain from its first).
-uint64_t block_hash_at(std::span<const int32_t> tokens, int32_t block_size, int32_t index, uint64_t* parent) {
-  uint64_t h = root_block_hash("");
-  for (int32_t b = 0; b <= index; ++b) {
-    if (parent) *parent = h;
-    h = chained_block_hash(h, tokens.subspan(size_t(b) * block_size, size_t(block_size)));
-  }
-  return h;
-}
-
 }  // namespace
 
 const char* role_name(Role r) {
@@ -55,27 +45,28 @@ Role parse_role(const std::string& name) {
   fail(ErrorKind::kInvalidArgument, "unknown role '{}' (prefill, decode or both)", name);
 }
 
-std::string encode_block(const KvBlockLayout& layout, const KvBlockRun& run, int32_t i) {
+std::string encode_block(const KvBlockLayout& layout, const KvBlockRun& run, std::span<const uint64_t> hashes,
+                         int32_t i) {
   const size_t bs = size_t(run.block_size);
   KvBlockKey key;
   key.tokens.assign(run.tokens.begin() + bs * size_t(i), run.tokens.begin() + bs * size_t(i + 1));
   // The run starts at the prompt's first block (run.first == 0 on export).
-  key.hash = block_hash_at(run.tokens, run.block_size, i, &key.parent);
-  key.has_parent = run.first + i > 0;
-  if (!key.has_parent) key.parent = 0;
+  key.hash = hashes[size_t(i)];
+  key.has_parent = i > 0;
+  key.parent = i > 0 ? hashes[size_t(i) - 1] : 0;
   const auto payload = std::span<const std::byte>(run.data).subspan(run.block_bytes * size_t(i), run.block_bytes);
   const std::vector<std::byte> b = encode_kv_block(layout, key, payload);
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
 void decode_block(const KvBlockLayout& layout, std::span<const std::byte> bytes, int32_t index,
-                  std::span<const int32_t> prompt, KvBlockRun& run) {
+                  std::span<const int32_t> prompt, uint64_t hash, KvBlockRun& run) {
   const KvBlockChecked d = check_kv_block(bytes, layout);
   if (!d) fail(ErrorKind::kInvalidArgument, "block {}: {}", index, d.message);
   const int64_t from = int64_t{index} * layout.block_size;
   if (from + layout.block_size > static_cast<int64_t>(prompt.size()) ||
       !std::equal(d.key.tokens.begin(), d.key.tokens.end(), prompt.begin() + from) ||
-      d.key.hash != block_hash_at(prompt, layout.block_size, index, nullptr))
+      d.key.hash != hash)
     fail(ErrorKind::kInvalidArgument, "block {} was computed for other tokens than this prompt's", index);
   run.tokens.insert(run.tokens.end(), prompt.begin() + from, prompt.begin() + from + layout.block_size);
   run.data.insert(run.data.end(), d.payload.begin(), d.payload.end());
@@ -103,22 +94,25 @@ int KvTransfer::listen() {
 
 std::vector<uint64_t> KvTransfer::pin(KvBlockRun run) {
   expire();
-  auto shared = std::make_shared<const KvBlockRun>(std::move(run));
+  auto shared = std::make_shared<PinnedRun>();
+  shared->hashes = prompt_block_hashes(run.tokens, run.block_size);  // once for the run, not per block sent
+  shared->run = std::move(run);
   std::vector<uint64_t> ids;
   const double t = now_s();
   std::lock_guard<std::mutex> lock(mu_);
-  for (int32_t i = 0; i < shared->n_blocks(); ++i) {
+  const int32_t n = shared->run.n_blocks();
+  for (int32_t i = 0; i < n; ++i) {
     const uint64_t id = next_id_++;
     pinned_[id] = Pinned{shared, i, t};
     ids.push_back(id);
   }
-  stats_.pinned_blocks += shared->n_blocks();
-  stats_.pinned_bytes += static_cast<int64_t>(shared->block_bytes) * shared->n_blocks();
+  stats_.pinned_blocks += n;
+  stats_.pinned_bytes += static_cast<int64_t>(shared->run.block_bytes) * n;
   return ids;
 }
 
 std::optional<std::string> KvTransfer::take_block(uint64_t id) {
-  std::shared_ptr<const KvBlockRun> run;
+  std::shared_ptr<const PinnedRun> run;
   int32_t index = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -127,7 +121,7 @@ std::optional<std::string> KvTransfer::take_block(uint64_t id) {
     run = it->second.run;
     index = it->second.index;
   }
-  std::string b = encode_block(layout_, *run, index);
+  std::string b = encode_block(layout_, run->run, run->hashes, index);
   stats_.sent_blocks += 1;
   stats_.sent_bytes += b.size();
   return b;
@@ -139,7 +133,7 @@ void KvTransfer::release(std::span<const uint64_t> ids) {
     const auto it = pinned_.find(id);
     if (it == pinned_.end()) continue;
     stats_.pinned_blocks -= 1;
-    stats_.pinned_bytes -= static_cast<int64_t>(it->second.run->block_bytes);
+    stats_.pinned_bytes -= static_cast<int64_t>(it->second.run->run.block_bytes);
     pinned_.erase(it);
   }
 }
@@ -153,7 +147,7 @@ void KvTransfer::expire() {
       continue;
     }
     stats_.pinned_blocks -= 1;
-    stats_.pinned_bytes -= static_cast<int64_t>(it->second.run->block_bytes);
+    stats_.pinned_bytes -= static_cast<int64_t>(it->second.run->run.block_bytes);
     stats_.expired_blocks += 1;
     it = pinned_.erase(it);
   }
@@ -181,11 +175,12 @@ KvBlockRun KvTransfer::fetch(const KvTransferParams& t, std::span<const int32_t>
   const size_t one = 4096 + size_t(layout_.block_size) * 4 + layout_.payload_bytes();
   const size_t max_block = std::max<size_t>(16 * one, size_t{64} << 20);
   try {
+    const std::vector<uint64_t> hashes = prompt_block_hashes(prompt, layout_.block_size, {}, n);
     double cpu = thread_cpu_s();
     transport_->fetch(t.remote_host, t.remote_port, t.remote_block_ids, std::min<size_t>(size_t(skip), n), max_block,
                       cfg_.fetch_timeout_s, [&](size_t i, std::span<const std::byte> block) {
                         stats_.received_bytes += block.size();
-                        decode_block(layout_, block, static_cast<int32_t>(i), prompt, run);
+                        decode_block(layout_, block, static_cast<int32_t>(i), prompt, hashes[i], run);
                         stats_.received_blocks += 1;
                         // Paced while this instance decodes: the receiving
                         // (copy, checksum) shares its cores, and a fetch run

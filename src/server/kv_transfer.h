@@ -60,15 +60,16 @@ struct KvTransferStats {
 };
 
 // Block i of a run in the shared block format (kv/block_format.h), named by
-// its content hash (kv/block_hash.h, no seed) over the run's tokens, which
-// start at the prompt's first block.
-std::string encode_block(const KvBlockLayout& layout, const KvBlockRun& run, int32_t i);
+// its content hash: `hashes` are prompt_block_hashes (kv/block_hash.h) of the
+// run's tokens, which start at the prompt's first block.
+std::string encode_block(const KvBlockLayout& layout, const KvBlockRun& run, std::span<const uint64_t> hashes,
+                         int32_t i);
 // Checks `bytes` against `layout` and the prompt (block `index` must hold the
-// prompt's tokens there, under the same hash), and appends the block to
-// `run`. Throws kInvalidArgument with the format's message naming the first
+// prompt's tokens there, under `hash`, its prompt_block_hashes entry), and
+// appends the block to `run`. Throws kInvalidArgument with the format's message naming the first
 // difference (model, KV type, block size, counts, checksum).
 void decode_block(const KvBlockLayout& layout, std::span<const std::byte> bytes, int32_t index,
-                  std::span<const int32_t> prompt, KvBlockRun& run);
+                  std::span<const int32_t> prompt, uint64_t hash, KvBlockRun& run);
 
 class KvTransfer {
  public:
@@ -103,8 +104,12 @@ class KvTransfer {
   std::string prometheus() const;
 
  private:
+  struct PinnedRun {
+    KvBlockRun run;
+    std::vector<uint64_t> hashes;  // of its blocks, computed once when pinned
+  };
   struct Pinned {
-    std::shared_ptr<const KvBlockRun> run;
+    std::shared_ptr<const PinnedRun> run;
     int32_t index = 0;  // in the run
     double since = 0;
   };
