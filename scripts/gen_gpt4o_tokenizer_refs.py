@@ -9,7 +9,7 @@ o200k rules: case runs, non-ASCII letters and marks, digit runs, capitalised
 contractions, newlines and '/' after punctuation, emoji. The merges are
 GPT-2's; the splits, which decide which merges can apply, are o200k's.
 
-  /work/ref/bin/python scripts/gen_gpt4o_tokenizer_refs.py
+  /tmp/ref/bin/python scripts/gen_gpt4o_tokenizer_refs.py   (the venv of scripts/gen_arch_refs.py)
 
 Writes tests/data/tokenizer/ggml-vocab-gpt-4o.json (read by
 tests/tokenizer_gpt4o_test.cpp, which makes the same copy in memory).
